@@ -1,0 +1,244 @@
+//! Case-insensitive key matching and unknown-key reporting, as Go's `encoding/json` matches
+//! struct fields: an exact match is preferred, otherwise a case-insensitive one; later keys that
+//! land on the same field win; keys the schema does not know are dropped (and reported here).
+
+use serde_json::{Map, Value};
+
+/// The shape of the config schema, enough to canonicalise keys.
+pub(crate) enum Shape {
+    /// An object with known fields.
+    Struct(&'static [(&'static str, Shape)]),
+    /// A free-form map: keys kept as written.
+    Map,
+    /// An array whose elements have this shape.
+    Array(&'static Shape),
+    /// A scalar (or anything not walked further).
+    Leaf,
+}
+
+use Shape::{Array, Leaf, Map as FreeMap, Struct};
+
+const VERSION_ONLY: Shape = Struct(&[("version", Leaf)]);
+
+/// The config schema (new shape plus the legacy keys the adapter reads).
+pub(crate) const SCHEMA: Shape = Struct(&[
+    (
+        "azure",
+        Struct(&[
+            ("subscriptionId", Leaf),
+            ("tenantId", Leaf),
+            ("cloud", Leaf),
+            ("resourceManagerEndpoint", Leaf),
+            (
+                "servicePrincipal",
+                Struct(&[
+                    ("tenantId", Leaf),
+                    ("clientId", Leaf),
+                    ("clientSecret", Leaf),
+                ]),
+            ),
+            ("managedIdentity", Struct(&[("clientId", Leaf)])),
+            ("bootstrapToken", Struct(&[("token", Leaf)])),
+            (
+                "arc",
+                Struct(&[
+                    ("enabled", Leaf),
+                    ("machineName", Leaf),
+                    ("tags", FreeMap),
+                    ("resourceGroup", Leaf),
+                    ("location", Leaf),
+                ]),
+            ),
+            (
+                "targetCluster",
+                Struct(&[("resourceId", Leaf), ("location", Leaf)]),
+            ),
+            ("targetAgentPoolName", Leaf),
+        ]),
+    ),
+    (
+        "agent",
+        Struct(&[
+            ("logLevel", Leaf),
+            ("logDir", Leaf),
+            ("nodeName", Leaf),
+            (
+                "machineClient",
+                Struct(&[("mode", Leaf), ("endpointUrl", Leaf)]),
+            ),
+            ("machineReconcileInterval", Leaf),
+            ("requireMachineRegistration", Leaf),
+            ("machineOperationMode", Leaf),
+        ]),
+    ),
+    (
+        "components",
+        Struct(&[
+            ("kubernetes", Leaf),
+            ("containerd", Leaf),
+            ("runc", Leaf),
+            ("sandboxImage", Leaf),
+        ]),
+    ),
+    (
+        "bootstrap",
+        Struct(&[
+            ("ociImage", Leaf),
+            ("offlineArtifacts", Struct(&[("source", Leaf)])),
+            ("additionalHostDevices", Leaf),
+        ]),
+    ),
+    (
+        "networking",
+        Struct(&[("dnsServiceIP", Leaf), ("cniVersion", Leaf)]),
+    ),
+    (
+        "node",
+        Struct(&[
+            ("maxPods", Leaf),
+            ("labels", FreeMap),
+            ("taints", Leaf),
+            (
+                "kubelet",
+                Struct(&[
+                    ("verbosity", Leaf),
+                    ("imageGCHighThreshold", Leaf),
+                    ("imageGCLowThreshold", Leaf),
+                    ("clusterFQDN", Leaf),
+                    ("caCertData", Leaf),
+                    ("nodeIP", Leaf),
+                    // legacy
+                    ("dnsServiceIP", Leaf),
+                    ("serverURL", Leaf),
+                ]),
+            ),
+        ]),
+    ),
+    ("npd", VERSION_ONLY),
+    (
+        "hostRouting",
+        Struct(&[
+            (
+                "staticRoutes",
+                Struct(&[
+                    ("enabled", Leaf),
+                    (
+                        "routes",
+                        Array(&Struct(&[
+                            ("destination", Leaf),
+                            ("gateway", Leaf),
+                            ("dev", Leaf),
+                            ("metric", Leaf),
+                        ])),
+                    ),
+                ]),
+            ),
+            (
+                "routeOverlap",
+                Struct(&[("expectedCidrs", Leaf), ("mode", Leaf)]),
+            ),
+        ]),
+    ),
+    // legacy top-level sections
+    ("kubernetes", VERSION_ONLY),
+    ("containerd", VERSION_ONLY),
+    ("runc", VERSION_ONLY),
+    ("cni", VERSION_ONLY),
+]);
+
+/// Rewrites every schema key to its canonical spelling and drops unknown keys, returning the new
+/// value and the dotted paths of the dropped keys.
+pub(crate) fn canonicalize(raw: &Value) -> (Value, Vec<String>) {
+    let mut unknown = Vec::new();
+    let v = walk(raw, &SCHEMA, "", &mut unknown);
+    (v, unknown)
+}
+
+fn walk(v: &Value, shape: &Shape, path: &str, unknown: &mut Vec<String>) -> Value {
+    match (shape, v) {
+        (Struct(fields), Value::Object(obj)) => {
+            let mut out = Map::new();
+            for (k, sub) in obj {
+                let field = fields
+                    .iter()
+                    .find(|(name, _)| *name == k)
+                    .or_else(|| fields.iter().find(|(name, _)| eq_fold(name, k)));
+                let child_path = if path.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{path}.{k}")
+                };
+                match field {
+                    Some((name, sub_shape)) => {
+                        let canon = walk(sub, sub_shape, &child_path, unknown);
+                        // A later key for the same field wins, as in Go.
+                        out.shift_remove(*name);
+                        out.insert((*name).to_string(), canon);
+                    }
+                    None => unknown.push(child_path),
+                }
+            }
+            Value::Object(out)
+        }
+        (Array(elem), Value::Array(items)) => Value::Array(
+            items
+                .iter()
+                .enumerate()
+                .map(|(i, item)| walk(item, elem, &format!("{path}[{i}]"), unknown))
+                .collect(),
+        ),
+        _ => v.clone(),
+    }
+}
+
+/// Case-insensitive comparison (Go folds Unicode simply; lowercase comparison is equivalent for
+/// the ASCII keys of this schema).
+fn eq_fold(a: &str, b: &str) -> bool {
+    a.len() == b.len() && a.to_lowercase() == b.to_lowercase()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn keys_match_case_insensitively_and_exact_wins() {
+        let raw = json!({
+            "Agent": {"NODENAME": "a", "logdir": "/x"},
+            "node": {"labels": {"Foo/Bar": "1"}},
+        });
+        let (v, unknown) = canonicalize(&raw);
+        assert_eq!(
+            v,
+            json!({"agent": {"nodeName": "a", "logDir": "/x"}, "node": {"labels": {"Foo/Bar": "1"}}})
+        );
+        assert!(unknown.is_empty());
+    }
+
+    #[test]
+    fn later_key_for_the_same_field_wins() {
+        let raw: Value =
+            serde_json::from_str(r#"{"agent":{"nodeName":"a","NodeName":"b"}}"#).unwrap();
+        let (v, _) = canonicalize(&raw);
+        assert_eq!(v["agent"]["nodeName"], "b");
+    }
+
+    #[test]
+    fn unknown_keys_are_dropped_and_reported() {
+        let raw = json!({"agnet": {}, "agent": {"nodeNmae": "x"}, "hostRouting": {"staticRoutes": {"routes": [{"dst": "1"}]}}});
+        let (v, unknown) = canonicalize(&raw);
+        assert_eq!(
+            unknown,
+            vec![
+                "agnet",
+                "agent.nodeNmae",
+                "hostRouting.staticRoutes.routes[0].dst"
+            ]
+        );
+        assert_eq!(
+            v,
+            json!({"agent": {}, "hostRouting": {"staticRoutes": {"routes": [{}]}}})
+        );
+    }
+}

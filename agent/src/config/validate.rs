@@ -1,0 +1,492 @@
+//! Defaults and validation, in the upstream order: defaults, node name, target cluster
+//! derivation, Azure, agent, bootstrap, authentication, bootstrap-token specifics. The first
+//! failing rule is reported, naming its field.
+
+use std::sync::LazyLock;
+
+use regex::Regex;
+
+use super::{
+    Config, DEFAULT_AGENT_POOL, DEFAULT_LOG_DIR, DEFAULT_NPD_VERSION, DEFAULT_RUNC_VERSION,
+    GoDuration, MANAGED_LABEL,
+};
+
+/// A failed rule: the field (dotted JSON path) and what is wrong with it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {message}")]
+pub struct ValidationError {
+    /// Dotted JSON path of the field (or a short rule name for cross-field rules).
+    pub field: String,
+    /// What is wrong.
+    pub message: String,
+}
+
+fn err(field: &str, message: impl Into<String>) -> ValidationError {
+    ValidationError {
+        field: field.to_string(),
+        message: message.into(),
+    }
+}
+
+// The patterns are literals checked by the tests below; compiling them cannot fail.
+#[allow(clippy::expect_used)]
+static RESOURCE_ID: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(
+        r"(?i)^/subscriptions/([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})/resourcegroups/([A-Za-z0-9_.-]+)/providers/microsoft\.containerservice/managedclusters/([A-Za-z0-9_.-]+)$",
+    )
+    .expect("static regex")
+});
+#[allow(clippy::expect_used)]
+static TOKEN: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(r"^[a-z0-9]{6}\.[a-z0-9]{16}$").expect("static regex"));
+#[allow(clippy::expect_used)]
+static DNS1123_LABEL: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$").expect("static regex"));
+#[allow(clippy::expect_used)]
+static DEVICE_GROUP: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(r"^(char|block)-[A-Za-z0-9_.*-]+$").expect("static regex"));
+
+const DEFAULT_RECONCILE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// Whether `s` is a DNS-1123 subdomain (what Kubernetes requires of a node name).
+pub fn is_dns1123_subdomain(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 253
+        && s.split('.')
+            .all(|l| l.len() <= 63 && DNS1123_LABEL.is_match(l))
+}
+
+/// The API server URL from `node.kubelet.clusterFQDN` (trimmed): a value with `://` is taken as
+/// it is; `host:port` gets `https://`; a bare host gets `https://` and `:443`.
+pub fn api_server_url(cluster_fqdn: &str) -> String {
+    let v = cluster_fqdn.trim();
+    if v.is_empty() {
+        String::new()
+    } else if v.contains("://") {
+        v.to_string()
+    } else if v.contains(':') {
+        format!("https://{v}")
+    } else {
+        format!("https://{v}:443")
+    }
+}
+
+pub(crate) fn apply_defaults(c: &mut Config) {
+    let a = &mut c.azure;
+    let rme = a.resource_manager_endpoint.trim();
+    a.resource_manager_endpoint = if rme.is_empty() {
+        match a.cloud.trim() {
+            "AzureUSGovernment" | "AzureGovernmentCloud" => "https://management.usgovcloudapi.net",
+            "AzureChinaCloud" => "https://management.chinacloudapi.cn",
+            _ => "https://management.azure.com",
+        }
+        .to_string()
+    } else {
+        rme.trim_end_matches('/').to_string()
+    };
+    a.target_agent_pool_name = a.target_agent_pool_name.trim().to_string();
+    if a.target_agent_pool_name.is_empty() {
+        a.target_agent_pool_name = DEFAULT_AGENT_POOL.into();
+    }
+    let g = &mut c.agent;
+    if g.log_level.is_empty() {
+        g.log_level = "info".into();
+    }
+    if g.log_dir.is_empty() {
+        g.log_dir = DEFAULT_LOG_DIR.into();
+    }
+    if g.machine_client.mode.is_empty() {
+        g.machine_client.mode = "arm".into();
+    }
+    if g.machine_reconcile_interval.0.is_zero() {
+        g.machine_reconcile_interval = GoDuration(DEFAULT_RECONCILE_INTERVAL);
+    }
+    if g.machine_operation_mode.is_empty() {
+        g.machine_operation_mode = "auto".into();
+    }
+    let n = &mut c.node;
+    if n.max_pods == 0 {
+        n.max_pods = 110;
+    }
+    // Always set: keeps cloud-controller-manager from deleting NotReady unmanaged nodes.
+    n.labels.insert(MANAGED_LABEL.into(), "false".into());
+    if n.kubelet.verbosity == 0 {
+        n.kubelet.verbosity = 2;
+    }
+    if n.kubelet.image_gc_high_threshold == 0 {
+        n.kubelet.image_gc_high_threshold = 85;
+    }
+    if n.kubelet.image_gc_low_threshold == 0 {
+        n.kubelet.image_gc_low_threshold = 80;
+    }
+    if c.networking.dns_service_ip.is_empty() {
+        c.networking.dns_service_ip = "10.0.0.10".into();
+    }
+    let offline = c
+        .bootstrap
+        .offline_artifacts
+        .as_ref()
+        .is_some_and(|o| !o.source.is_empty());
+    if !offline && c.components.runc.is_empty() {
+        c.components.runc = DEFAULT_RUNC_VERSION.into();
+    }
+    if c.npd.version.is_empty() {
+        c.npd.version = DEFAULT_NPD_VERSION.into();
+    }
+}
+
+/// Applies defaults then checks every rule in order.
+pub(crate) fn validate(
+    c: &mut Config,
+    hostname: &dyn Fn() -> std::io::Result<String>,
+) -> Result<(), ValidationError> {
+    apply_defaults(c);
+    resolve_node_name(c, hostname)?;
+    derive_target_cluster(c);
+    validate_azure(c)?;
+    validate_agent(c)?;
+    validate_bootstrap(c)?;
+    validate_auth(c)?;
+    if c.azure.bootstrap_token.is_some() {
+        validate_bootstrap_token(c).map_err(|e| ValidationError {
+            field: e.field,
+            message: format!("invalid bootstrap token configuration: {}", e.message),
+        })?;
+    }
+    Ok(())
+}
+
+fn resolve_node_name(
+    c: &mut Config,
+    hostname: &dyn Fn() -> std::io::Result<String>,
+) -> Result<(), ValidationError> {
+    let set = c.agent.node_name.trim().to_string();
+    if !set.is_empty() {
+        if !is_dns1123_subdomain(&set) {
+            return Err(err(
+                "agent.nodeName",
+                format!(
+                    "{set:?} is not a valid Kubernetes node name (a lowercase DNS-1123 subdomain)"
+                ),
+            ));
+        }
+        c.agent.node_name = set;
+        return Ok(());
+    }
+    let host = hostname()
+        .map_err(|e| err("agent.nodeName", format!("cannot read the hostname: {e}")))?
+        .trim()
+        .to_lowercase();
+    if host.is_empty() || !is_dns1123_subdomain(&host) {
+        return Err(err(
+            "agent.nodeName",
+            format!(
+                "hostname {host:?} is not a valid Kubernetes node name; set agent.nodeName to a valid lowercase Kubernetes node name"
+            ),
+        ));
+    }
+    c.agent.node_name = host;
+    Ok(())
+}
+
+fn derive_target_cluster(c: &mut Config) {
+    let Some(tc) = c.azure.target_cluster.as_mut() else {
+        return;
+    };
+    if let Some(m) = RESOURCE_ID.captures(tc.resource_id.trim()) {
+        tc.subscription_id = m[1].to_string();
+        tc.resource_group = m[2].to_string();
+        tc.name = m[3].to_string();
+        if c.azure.subscription_id.is_empty() {
+            c.azure.subscription_id = tc.subscription_id.clone();
+        }
+    }
+}
+
+fn validate_azure(c: &Config) -> Result<(), ValidationError> {
+    let a = &c.azure;
+    let arc_enabled = a.arc.as_ref().is_some_and(|x| x.enabled);
+    if arc_enabled && a.tenant_id.trim().is_empty() {
+        return Err(err(
+            "azure.tenantId",
+            "is required when azure.arc.enabled is true",
+        ));
+    }
+    let Some(tc) = &a.target_cluster else {
+        return Err(err("azure.targetCluster", "is required"));
+    };
+    if tc.resource_id.trim().is_empty() {
+        return Err(err("azure.targetCluster.resourceId", "is required"));
+    }
+    if !RESOURCE_ID.is_match(tc.resource_id.trim()) {
+        return Err(err(
+            "azure.targetCluster.resourceId",
+            format!(
+                "{:?} is not a managed cluster resource ID (/subscriptions/<guid>/resourceGroups/<group>/providers/Microsoft.ContainerService/managedClusters/<name>)",
+                tc.resource_id
+            ),
+        ));
+    }
+    if a.target_agent_pool_name.is_empty() {
+        return Err(err("azure.targetAgentPoolName", "is required"));
+    }
+    if a.subscription_id.trim().is_empty() {
+        return Err(err("azure.subscriptionId", "is required"));
+    }
+    check_https_endpoint(&a.resource_manager_endpoint, false)
+        .map_err(|m| err("azure.resourceManagerEndpoint", m))?;
+    if let Some(sp) = &a.service_principal {
+        if sp.tenant_id.trim().is_empty() {
+            return Err(err("azure.servicePrincipal.tenantId", "is required"));
+        }
+        if sp.client_id.trim().is_empty() {
+            return Err(err("azure.servicePrincipal.clientId", "is required"));
+        }
+        if sp.client_secret.is_blank() {
+            return Err(err("azure.servicePrincipal.clientSecret", "is required"));
+        }
+    }
+    if let Some(bt) = &a.bootstrap_token
+        && !TOKEN.is_match(bt.token.expose())
+    {
+        return Err(err(
+            "azure.bootstrapToken.token",
+            "must match [a-z0-9]{6}.[a-z0-9]{16}",
+        ));
+    }
+    if let Some(arc) = a.arc.as_ref().filter(|x| x.enabled) {
+        for (field, v) in [
+            ("azure.arc.machineName", &arc.machine_name),
+            ("azure.arc.resourceGroup", &arc.resource_group),
+            ("azure.arc.location", &arc.location),
+        ] {
+            if v.trim().is_empty() {
+                return Err(err(field, "is required when azure.arc.enabled is true"));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Checks an absolute `https` URL with no user info, path, query or fragment. `allow_port`
+/// decides whether a port may be given.
+fn check_https_endpoint(raw: &str, allow_port: bool) -> Result<(), String> {
+    let Some(rest) = raw.strip_prefix("https://") else {
+        return Err(format!("{raw:?} must be an absolute https URL"));
+    };
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(end);
+    if authority.is_empty() {
+        return Err(format!("{raw:?} has no host"));
+    }
+    if authority.contains('@') {
+        return Err(format!("{raw:?} must not contain user info"));
+    }
+    let host_port = authority;
+    let port_part = match host_port.strip_prefix('[') {
+        Some(v6) => v6.split_once(']').map(|(_, p)| p).unwrap_or(""),
+        None => host_port.split_once(':').map(|(_, p)| p).map_or("", |p| p),
+    };
+    let has_port = host_port.starts_with('[') && port_part.starts_with(':')
+        || !host_port.starts_with('[') && host_port.contains(':');
+    if has_port && !allow_port {
+        return Err(format!("{raw:?} must not contain a port"));
+    }
+    if has_port {
+        let p = port_part.trim_start_matches(':');
+        if p.parse::<u16>().is_err() {
+            return Err(format!("{raw:?} has an invalid port"));
+        }
+    }
+    if !tail.is_empty() && tail != "/" {
+        return Err(format!(
+            "{raw:?} must not contain a path, query or fragment"
+        ));
+    }
+    if url::Url::parse(raw).is_err() {
+        return Err(format!("{raw:?} is not a valid URL"));
+    }
+    Ok(())
+}
+
+fn validate_agent(c: &Config) -> Result<(), ValidationError> {
+    let g = &c.agent;
+    if crate::logging::parse_level(&g.log_level).is_none() {
+        return Err(err(
+            "agent.logLevel",
+            format!(
+                "{:?} is not one of debug, info, warning, error",
+                g.log_level
+            ),
+        ));
+    }
+    let mode = g.machine_client.mode.trim();
+    let endpoint = g.machine_client.endpoint_url.trim();
+    match mode {
+        "arm" => {
+            if !endpoint.is_empty() {
+                match url::Url::parse(endpoint) {
+                    Ok(u) if (u.scheme() == "http" || u.scheme() == "https") && u.has_host() => {}
+                    _ => {
+                        return Err(err(
+                            "agent.machineClient.endpointUrl",
+                            format!(
+                                "{endpoint:?} must be an absolute http or https URL in arm mode"
+                            ),
+                        ));
+                    }
+                }
+            }
+        }
+        "in-cluster" => {
+            if endpoint.is_empty() {
+                return Err(err(
+                    "agent.machineClient.endpointUrl",
+                    "is required in in-cluster mode",
+                ));
+            }
+            if endpoint.contains("://") || endpoint.starts_with("//") || !endpoint.starts_with('/')
+            {
+                return Err(err(
+                    "agent.machineClient.endpointUrl",
+                    format!(
+                        "{endpoint:?} must be a Kubernetes API path starting with / (no scheme or host) in in-cluster mode"
+                    ),
+                ));
+            }
+            if endpoint.contains('#') {
+                return Err(err(
+                    "agent.machineClient.endpointUrl",
+                    format!("{endpoint:?} must not contain a fragment"),
+                ));
+            }
+        }
+        other => {
+            return Err(err(
+                "agent.machineClient.mode",
+                format!("{other:?} is not one of arm, in-cluster"),
+            ));
+        }
+    }
+    match g.machine_operation_mode.trim() {
+        "auto" | "disable" => Ok(()),
+        other => Err(err(
+            "agent.machineOperationMode",
+            format!("{other:?} is not one of auto, disable"),
+        )),
+    }
+}
+
+fn validate_bootstrap(c: &Config) -> Result<(), ValidationError> {
+    for (i, d) in c.bootstrap.additional_host_devices.iter().enumerate() {
+        let field = format!("bootstrap.additionalHostDevices[{i}]");
+        if DEVICE_GROUP.is_match(d) {
+            continue;
+        }
+        if !d.starts_with("/dev/") {
+            return Err(err(
+                &field,
+                format!(
+                    "{d:?} must be an absolute path under /dev or a device group such as char-input"
+                ),
+            ));
+        }
+        let clean = d.split('/').all(|seg| seg != "." && seg != "..")
+            && !d.contains("//")
+            && !d.ends_with('/');
+        if !clean || d.chars().any(|ch| ch.is_whitespace() || ch == ':') {
+            return Err(err(&field, format!("{d:?} must be a clean path")));
+        }
+    }
+    Ok(())
+}
+
+fn validate_auth(c: &Config) -> Result<(), ValidationError> {
+    let a = &c.azure;
+    let arm_methods = usize::from(a.arc.as_ref().is_some_and(|x| x.enabled))
+        + usize::from(a.service_principal.is_some())
+        + usize::from(a.managed_identity.is_some());
+    if arm_methods == 0 && a.bootstrap_token.is_none() {
+        return Err(err(
+            "azure",
+            "at least one authentication method must be configured: Arc, Service Principal, Managed Identity, or Bootstrap Token",
+        ));
+    }
+    if arm_methods > 1 {
+        return Err(err(
+            "azure",
+            "only one Azure authentication method can be enabled at a time (Arc, Service Principal or Managed Identity); a bootstrap token may be combined with one of them",
+        ));
+    }
+    Ok(())
+}
+
+fn validate_bootstrap_token(c: &Config) -> Result<(), ValidationError> {
+    if let Some(bt) = &c.azure.bootstrap_token
+        && !TOKEN.is_match(bt.token.expose())
+    {
+        return Err(err(
+            "azure.bootstrapToken.token",
+            "must match [a-z0-9]{6}.[a-z0-9]{16}",
+        ));
+    }
+    let url = c.api_server_url();
+    if url.is_empty() {
+        return Err(err(
+            "node.kubelet.clusterFQDN",
+            "node.kubelet.clusterFQDN is required when using bootstrap token authentication",
+        ));
+    }
+    check_https_endpoint(&url, true)
+        .map_err(|m| err("node.kubelet.clusterFQDN", format!("API server URL {m}")))?;
+    if c.node.kubelet.ca_cert_data.trim().is_empty() {
+        return Err(err(
+            "node.kubelet.caCertData",
+            "is required when using bootstrap token authentication",
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn api_server_url_forms() {
+        assert_eq!(api_server_url(" a.b "), "https://a.b:443");
+        assert_eq!(api_server_url("a.b:6443"), "https://a.b:6443");
+        assert_eq!(api_server_url("https://a.b:443"), "https://a.b:443");
+        assert_eq!(api_server_url(""), "");
+    }
+
+    #[test]
+    fn https_endpoint_rules() {
+        assert!(check_https_endpoint("https://management.azure.com", false).is_ok());
+        assert!(check_https_endpoint("https://management.azure.com/", false).is_ok());
+        for bad in [
+            "http://x",
+            "https://x:443",
+            "https://u@x",
+            "https://x/path",
+            "https://x?q=1",
+            "https://x#f",
+            "https://",
+            "management.azure.com",
+        ] {
+            assert!(check_https_endpoint(bad, false).is_err(), "{bad}");
+        }
+        assert!(check_https_endpoint("https://x:6443", true).is_ok());
+        assert!(check_https_endpoint("https://[::1]:6443", true).is_ok());
+        assert!(check_https_endpoint("https://x:99999", true).is_err());
+    }
+
+    #[test]
+    fn dns1123() {
+        assert!(is_dns1123_subdomain("flex-node-1"));
+        assert!(is_dns1123_subdomain("a.b-c.d"));
+        for bad in ["", "Upper", "-a", "a-", "a_b", "a..b", &"x".repeat(64)] {
+            assert!(!is_dns1123_subdomain(bad), "{bad}");
+        }
+    }
+}

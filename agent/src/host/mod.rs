@@ -1,0 +1,56 @@
+//! `setupHost`: prepare the host for nspawn machines, as upstream's host phase does.
+//!
+//! Serial: `install-packages`, then (upstream runs these in parallel; they touch disjoint files
+//! and units) `configure-os`, `configure-nftables`, `disable-docker`, `disable-swap`,
+//! `harden-apt`, `install-arc`. In the agent's container `install-packages` is left out: the
+//! container's `PATH` is the image's, and a package manager there would install into the
+//! container.
+
+mod os;
+mod packages;
+
+use crate::config::Config;
+use crate::context::Host;
+use crate::task::{StepError, step};
+
+pub use os::{
+    APT_NEEDRESTART_PATH, APT_UNATTENDED_PATH, DOCKER_DAEMON_JSON, NFT_CLEAR_PATH, NFT_FLUSH_UNIT,
+    NFT_FLUSH_UNIT_PATH, SYSCTL_PATH, configure_nftables, configure_os, disable_docker,
+    disable_swap, harden_apt, render_sysctl,
+};
+pub use packages::{PackageError, REQUIRED_PACKAGES, check_capabilities, install_packages};
+
+/// Runs `setupHost`.
+pub async fn setup_host(host: &Host, config: &Config) -> Result<(), StepError> {
+    if host.containerized() {
+        tracing::info!(
+            task = "install-packages",
+            "skipped in the agent's container"
+        );
+    } else {
+        step("install-packages", install_packages(host, config)).await?;
+    }
+    step("configure-os", configure_os(host)).await?;
+    step("configure-nftables", configure_nftables(host)).await?;
+    step("disable-docker", disable_docker(host)).await?;
+    step("disable-swap", disable_swap(host)).await?;
+    step("harden-apt", harden_apt(host)).await?;
+    step("install-arc", install_arc(config)).await?;
+    Ok(())
+}
+
+/// `install-arc`: a no-op unless `azure.arc.enabled`. Connecting a host to Azure Arc needs
+/// Azure credentials and the `azcmagent` installer from the network; this agent does not
+/// implement it yet and says so rather than pretending.
+pub async fn install_arc(config: &Config) -> anyhow::Result<()> {
+    if config.azure.arc.as_ref().is_some_and(|a| a.enabled) {
+        anyhow::bail!(
+            "azure.arc.enabled is true, but Azure Arc onboarding is not implemented by this agent; use a bootstrap token, service principal or managed identity"
+        );
+    }
+    tracing::info!("Arc is disabled, skipping installation");
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

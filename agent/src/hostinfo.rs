@@ -1,0 +1,95 @@
+//! Facts about the host the agent reads but does not change: who it runs as, the hostname,
+//! whether a path is on a read-only mount, free space, and whether it runs in its container.
+//!
+//! Behind the [`HostInfo`] trait so flows can be tested with [`crate::testing::FakeHostInfo`].
+
+use std::path::Path;
+
+/// The environment variable the agent's container image sets (`true`) to switch on container
+/// mode.
+pub const CONTAINERIZED_ENV: &str = "AKS_FLEX_NODE_CONTAINERIZED";
+
+/// Read-only facts about the host.
+pub trait HostInfo: Send + Sync {
+    /// The effective user id.
+    fn euid(&self) -> u32;
+    /// The kernel's hostname (not yet lowercased).
+    fn hostname(&self) -> std::io::Result<String>;
+    /// Whether `path` lies on a read-only mount.
+    fn is_read_only(&self, path: &Path) -> std::io::Result<bool>;
+    /// Bytes available to unprivileged users under `path`.
+    fn free_bytes(&self, path: &Path) -> std::io::Result<u64>;
+    /// Whether the agent runs in its container image (`AKS_FLEX_NODE_CONTAINERIZED`).
+    fn containerized(&self) -> bool;
+}
+
+/// Parses a boolean as Go's `strconv.ParseBool` does (`1 t T TRUE true True` and the false
+/// forms); anything else is `None`.
+pub fn parse_go_bool(s: &str) -> Option<bool> {
+    match s {
+        "1" | "t" | "T" | "TRUE" | "true" | "True" => Some(true),
+        "0" | "f" | "F" | "FALSE" | "false" | "False" => Some(false),
+        _ => None,
+    }
+}
+
+/// The real host, read through syscalls.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RealHostInfo;
+
+impl HostInfo for RealHostInfo {
+    fn euid(&self) -> u32 {
+        rustix::process::geteuid().as_raw()
+    }
+
+    fn hostname(&self) -> std::io::Result<String> {
+        let uts = rustix::system::uname();
+        Ok(uts.nodename().to_string_lossy().into_owned())
+    }
+
+    fn is_read_only(&self, path: &Path) -> std::io::Result<bool> {
+        let st = rustix::fs::statvfs(path)?;
+        Ok(st.f_flag.contains(rustix::fs::StatVfsMountFlags::RDONLY))
+    }
+
+    fn free_bytes(&self, path: &Path) -> std::io::Result<u64> {
+        let st = rustix::fs::statvfs(path)?;
+        Ok(st.f_bavail.saturating_mul(st.f_frsize))
+    }
+
+    fn containerized(&self) -> bool {
+        std::env::var(CONTAINERIZED_ENV)
+            .ok()
+            .and_then(|v| parse_go_bool(v.trim()))
+            .unwrap_or(false)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn go_bool_forms() {
+        for t in ["1", "t", "T", "TRUE", "true", "True"] {
+            assert_eq!(parse_go_bool(t), Some(true), "{t}");
+        }
+        for f in ["0", "f", "F", "FALSE", "false", "False"] {
+            assert_eq!(parse_go_bool(f), Some(false), "{f}");
+        }
+        for bad in ["yes", "", "tRUE", "2"] {
+            assert_eq!(parse_go_bool(bad), None, "{bad}");
+        }
+    }
+
+    /// Real syscalls on this machine: `/proc` is read-write... `/` has free space, and we have a
+    /// hostname.
+    #[test]
+    fn real_host_answers() {
+        let h = RealHostInfo;
+        assert!(!h.hostname().unwrap().is_empty());
+        assert!(h.free_bytes(Path::new("/")).unwrap() > 0);
+        let dir = tempfile::tempdir().unwrap();
+        assert!(!h.is_read_only(dir.path()).unwrap());
+    }
+}

@@ -1,0 +1,297 @@
+//! The daemon state file, `/etc/aks-flex-node/daemon-state.json` (0600), and its checksum
+//! sidecar `<path>.sha256` (0600): the lowercase hex SHA-256 of the exact JSON bytes plus `\n`.
+//!
+//! Load: a missing state file is "no state"; a present state file with an unreadable or
+//! mismatching checksum, or JSON that does not decode, is an error naming the file. Save writes
+//! the JSON, then the checksum, each atomically. Delete removes both.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::fs::{FsError, HostFs};
+
+/// Default location of the state file.
+pub const STATE_PATH: &str = "/etc/aks-flex-node/daemon-state.json";
+
+/// The two machine sides.
+pub const KUBE1: &str = "kube1";
+/// The second machine side.
+pub const KUBE2: &str = "kube2";
+
+/// What the daemon has applied and which machine side is active.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DaemonState {
+    /// Settings version (ETag) of the applied goal.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub applied_settings_version: String,
+    /// Kubernetes version of the applied goal.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub applied_kubernetes_version: String,
+    /// Settings version before the last repave.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub previous_settings_version: String,
+    /// Kubernetes version before the last repave.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub previous_kubernetes_version: String,
+    /// `kube1` or `kube2`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub active_machine: String,
+}
+
+impl DaemonState {
+    /// The active machine, checked to be `kube1` or `kube2`.
+    pub fn active(&self) -> Result<&str, StateError> {
+        match self.active_machine.as_str() {
+            "" => Err(StateError::MissingActiveMachine),
+            m @ (KUBE1 | KUBE2) => Ok(m),
+            other => Err(StateError::InvalidActiveMachine(other.to_string())),
+        }
+    }
+
+    /// The JSON bytes as saved: 2-space indent and a trailing newline.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut s = serde_json::to_string_pretty(self).unwrap_or_else(|_| "{}".into());
+        s.push('\n');
+        s.into_bytes()
+    }
+}
+
+/// A state file problem.
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    /// Reading or writing failed.
+    #[error(transparent)]
+    Fs(#[from] FsError),
+    /// The checksum file is missing or unreadable.
+    #[error("read daemon state checksum {path}: {reason}")]
+    ChecksumUnreadable {
+        /// The checksum file.
+        path: PathBuf,
+        /// Why.
+        reason: String,
+    },
+    /// The checksum does not match the state file.
+    #[error("daemon state checksum mismatch for {0}")]
+    ChecksumMismatch(PathBuf),
+    /// The JSON does not decode.
+    #[error("decode daemon state {path}: {reason}")]
+    Decode {
+        /// The state file.
+        path: PathBuf,
+        /// The decoder's message.
+        reason: String,
+    },
+    /// No active machine recorded.
+    #[error("daemon state is missing active machine")]
+    MissingActiveMachine,
+    /// An active machine other than kube1/kube2.
+    #[error("daemon state active machine {0:?} is invalid")]
+    InvalidActiveMachine(String),
+}
+
+/// Loads and saves [`DaemonState`] under a [`HostFs`].
+#[derive(Clone, Debug)]
+pub struct StateStore {
+    fs: HostFs,
+    path: PathBuf,
+}
+
+impl StateStore {
+    /// The store at the default path.
+    pub fn new(fs: HostFs) -> Self {
+        Self::at(fs, STATE_PATH)
+    }
+
+    /// A store at `path` (a host path).
+    pub fn at(fs: HostFs, path: impl Into<PathBuf>) -> Self {
+        Self {
+            fs,
+            path: path.into(),
+        }
+    }
+
+    /// The state file's host path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn checksum_path(&self) -> PathBuf {
+        let mut p = self.path.clone().into_os_string();
+        p.push(".sha256");
+        PathBuf::from(p)
+    }
+
+    /// Loads the state; `Ok(None)` when there is no state file.
+    pub fn load(&self) -> Result<Option<DaemonState>, StateError> {
+        let Some(bytes) = self.fs.read(&self.path)? else {
+            return Ok(None);
+        };
+        let sum_path = self.checksum_path();
+        let sum = match self.fs.read_to_string(&sum_path) {
+            Ok(Some(s)) => s,
+            Ok(None) => {
+                return Err(StateError::ChecksumUnreadable {
+                    path: sum_path,
+                    reason: "file does not exist".into(),
+                });
+            }
+            Err(e) => {
+                return Err(StateError::ChecksumUnreadable {
+                    path: sum_path,
+                    reason: e.source.to_string(),
+                });
+            }
+        };
+        if sum.trim() != checksum(&bytes) {
+            return Err(StateError::ChecksumMismatch(self.path.clone()));
+        }
+        serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|e| StateError::Decode {
+                path: self.path.clone(),
+                reason: e.to_string(),
+            })
+    }
+
+    /// Saves the state: the JSON, then its checksum, each atomically with mode 0600.
+    pub fn save(&self, state: &DaemonState) -> Result<(), StateError> {
+        let bytes = state.to_bytes();
+        self.fs.write_atomic(&self.path, &bytes, 0o600)?;
+        let sum = format!("{}\n", checksum(&bytes));
+        self.fs
+            .write_atomic(&self.checksum_path(), sum.as_bytes(), 0o600)?;
+        Ok(())
+    }
+
+    /// Removes the state and its checksum (missing files are fine).
+    pub fn delete(&self) -> Result<(), StateError> {
+        self.fs.remove_file(&self.path)?;
+        self.fs.remove_file(&self.checksum_path())?;
+        Ok(())
+    }
+}
+
+/// Lowercase hex SHA-256.
+pub fn checksum(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn store() -> (tempfile::TempDir, StateStore) {
+        let d = tempfile::tempdir().unwrap();
+        let s = StateStore::new(HostFs::new(d.path()));
+        (d, s)
+    }
+
+    fn sample() -> DaemonState {
+        DaemonState {
+            applied_settings_version: "repave-token-1783000000".into(),
+            applied_kubernetes_version: "1.35.3".into(),
+            previous_settings_version: "1.35.0".into(),
+            previous_kubernetes_version: "1.35.0".into(),
+            active_machine: "kube2".into(),
+        }
+    }
+
+    #[test]
+    fn missing_state_is_none() {
+        let (_d, s) = store();
+        assert_eq!(s.load().unwrap(), None);
+    }
+
+    #[test]
+    fn save_load_roundtrip_and_exact_format() {
+        let (d, s) = store();
+        s.save(&sample()).unwrap();
+        assert_eq!(s.load().unwrap(), Some(sample()));
+        let real = d.path().join("etc/aks-flex-node/daemon-state.json");
+        let json = std::fs::read_to_string(&real).unwrap();
+        insta::assert_snapshot!(json, @r#"
+        {
+          "appliedSettingsVersion": "repave-token-1783000000",
+          "appliedKubernetesVersion": "1.35.3",
+          "previousSettingsVersion": "1.35.0",
+          "previousKubernetesVersion": "1.35.0",
+          "activeMachine": "kube2"
+        }
+        "#);
+        let sum = std::fs::read_to_string(real.with_extension("json.sha256")).unwrap();
+        assert_eq!(sum, format!("{}\n", checksum(json.as_bytes())));
+        let fs = HostFs::new(d.path());
+        assert_eq!(fs.mode(Path::new(STATE_PATH)), Some(0o600));
+        assert_eq!(
+            fs.mode(Path::new("/etc/aks-flex-node/daemon-state.json.sha256")),
+            Some(0o600)
+        );
+    }
+
+    #[test]
+    fn tampered_state_is_a_mismatch_naming_the_file() {
+        let (d, s) = store();
+        s.save(&sample()).unwrap();
+        let real = d.path().join("etc/aks-flex-node/daemon-state.json");
+        let tampered = std::fs::read_to_string(&real)
+            .unwrap()
+            .replace("kube2", "kube1");
+        std::fs::write(&real, tampered).unwrap();
+        let e = s.load().unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "daemon state checksum mismatch for /etc/aks-flex-node/daemon-state.json"
+        );
+    }
+
+    #[test]
+    fn missing_checksum_and_bad_json_are_errors() {
+        let (d, s) = store();
+        let fs = HostFs::new(d.path());
+        fs.write_atomic(Path::new(STATE_PATH), b"{}", 0o600)
+            .unwrap();
+        let e = s.load().unwrap_err().to_string();
+        assert!(e.contains("daemon-state.json.sha256"), "{e}");
+        let bad = b"not json";
+        fs.write_atomic(Path::new(STATE_PATH), bad, 0o600).unwrap();
+        fs.write_atomic(
+            Path::new("/etc/aks-flex-node/daemon-state.json.sha256"),
+            format!("{}\n", checksum(bad)).as_bytes(),
+            0o600,
+        )
+        .unwrap();
+        let e = s.load().unwrap_err().to_string();
+        assert!(
+            e.starts_with("decode daemon state /etc/aks-flex-node/daemon-state.json"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn delete_removes_both_and_is_idempotent() {
+        let (_d, s) = store();
+        s.save(&sample()).unwrap();
+        s.delete().unwrap();
+        assert_eq!(s.load().unwrap(), None);
+        s.delete().unwrap();
+    }
+
+    #[test]
+    fn active_machine_validation() {
+        let mut st = sample();
+        assert_eq!(st.active().unwrap(), "kube2");
+        st.active_machine = String::new();
+        assert_eq!(
+            st.active().unwrap_err().to_string(),
+            "daemon state is missing active machine"
+        );
+        st.active_machine = "kube3".into();
+        assert_eq!(
+            st.active().unwrap_err().to_string(),
+            "daemon state active machine \"kube3\" is invalid"
+        );
+    }
+}

@@ -1,0 +1,308 @@
+//! systemd: the agent's unit file, installing and uninstalling it, and a manager client.
+//!
+//! [`SystemdManager`] is the narrow interface every flow uses. Two implementations:
+//! [`SystemctlManager`] runs `systemctl`/`systemd-run` through the [`Runner`] (what upstream
+//! does, and what the container mode routes through `host-exec`), and [`DbusManager`] talks to
+//! `org.freedesktop.systemd1` over D-Bus with zbus. The recording fake is
+//! [`crate::testing::FakeSystemd`].
+
+mod dbus;
+mod units;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::fs::HostFs;
+use crate::runner::{Cmd, Runner};
+
+pub use dbus::DbusManager;
+pub use units::{AGENT_UNIT, AGENT_UNIT_PATH, render_agent_unit};
+
+/// A systemd call that failed.
+#[derive(Debug, thiserror::Error)]
+pub enum SystemdError {
+    /// The call failed; `call` is what was asked (`start foo.service`).
+    #[error("systemd {call}: {message}")]
+    Call {
+        /// What was asked.
+        call: String,
+        /// Why it failed.
+        message: String,
+    },
+    /// Writing or removing a unit file failed.
+    #[error(transparent)]
+    Fs(#[from] crate::fs::FsError),
+}
+
+/// A transient timer that runs a command once, `on_active` after it is started, with the given
+/// accuracy (systemd's default accuracy of one minute would make it fire up to a minute late).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TransientTimer {
+    /// Unit base name: `<name>.timer` and `<name>.service` are created.
+    pub name: String,
+    /// Description of both units.
+    pub description: String,
+    /// Delay after the timer starts.
+    pub on_active: Duration,
+    /// `AccuracySec=`.
+    pub accuracy: Duration,
+    /// Absolute program path followed by its arguments.
+    pub command: Vec<String>,
+}
+
+/// The systemd operations the agent needs.
+#[async_trait]
+pub trait SystemdManager: Send + Sync {
+    /// `systemctl daemon-reload`.
+    async fn daemon_reload(&self) -> Result<(), SystemdError>;
+    /// `systemctl enable <unit>`.
+    async fn enable(&self, unit: &str) -> Result<(), SystemdError>;
+    /// `systemctl disable <unit>`.
+    async fn disable(&self, unit: &str) -> Result<(), SystemdError>;
+    /// `systemctl mask <unit>`.
+    async fn mask(&self, unit: &str) -> Result<(), SystemdError>;
+    /// `systemctl start <unit>` (waits for the job).
+    async fn start(&self, unit: &str) -> Result<(), SystemdError>;
+    /// `systemctl stop <unit>` (waits for the job).
+    async fn stop(&self, unit: &str) -> Result<(), SystemdError>;
+    /// `systemctl restart <unit>` (waits for the job).
+    async fn restart(&self, unit: &str) -> Result<(), SystemdError>;
+    /// `systemctl reset-failed <unit>`.
+    async fn reset_failed(&self, unit: &str) -> Result<(), SystemdError>;
+    /// Whether the unit is active (`systemctl is-active --quiet`).
+    async fn is_active(&self, unit: &str) -> Result<bool, SystemdError>;
+    /// Starts a transient timer and its service.
+    async fn start_transient_timer(&self, timer: &TransientTimer) -> Result<(), SystemdError>;
+}
+
+/// Formats a duration for a systemd time span (`100ms`, `1s`).
+pub fn systemd_timespan(d: Duration) -> String {
+    let ms = d.as_millis();
+    if ms.is_multiple_of(1000) {
+        format!("{}s", ms / 1000)
+    } else {
+        format!("{ms}ms")
+    }
+}
+
+/// [`SystemdManager`] over the `systemctl` and `systemd-run` commands.
+#[derive(Clone)]
+pub struct SystemctlManager {
+    runner: Arc<dyn Runner>,
+}
+
+impl SystemctlManager {
+    /// A manager that runs commands through `runner`.
+    pub fn new(runner: Arc<dyn Runner>) -> Self {
+        Self { runner }
+    }
+
+    async fn systemctl(&self, args: &[&str]) -> Result<(), SystemdError> {
+        let cmd = Cmd::new("systemctl").args(args.iter().copied());
+        self.runner
+            .run(&cmd)
+            .await
+            .map(|_| ())
+            .map_err(|e| SystemdError::Call {
+                call: args.join(" "),
+                message: e.to_string(),
+            })
+    }
+}
+
+#[async_trait]
+impl SystemdManager for SystemctlManager {
+    async fn daemon_reload(&self) -> Result<(), SystemdError> {
+        self.systemctl(&["daemon-reload"]).await
+    }
+    async fn enable(&self, unit: &str) -> Result<(), SystemdError> {
+        self.systemctl(&["enable", unit]).await
+    }
+    async fn disable(&self, unit: &str) -> Result<(), SystemdError> {
+        self.systemctl(&["disable", unit]).await
+    }
+    async fn mask(&self, unit: &str) -> Result<(), SystemdError> {
+        self.systemctl(&["mask", unit]).await
+    }
+    async fn start(&self, unit: &str) -> Result<(), SystemdError> {
+        self.systemctl(&["start", unit]).await
+    }
+    async fn stop(&self, unit: &str) -> Result<(), SystemdError> {
+        self.systemctl(&["stop", unit]).await
+    }
+    async fn restart(&self, unit: &str) -> Result<(), SystemdError> {
+        self.systemctl(&["restart", unit]).await
+    }
+    async fn reset_failed(&self, unit: &str) -> Result<(), SystemdError> {
+        self.systemctl(&["reset-failed", unit]).await
+    }
+    async fn is_active(&self, unit: &str) -> Result<bool, SystemdError> {
+        let cmd = Cmd::new("systemctl").args(["is-active", "--quiet", unit]);
+        let out = self
+            .runner
+            .output(&cmd)
+            .await
+            .map_err(|e| SystemdError::Call {
+                call: format!("is-active {unit}"),
+                message: e.to_string(),
+            })?;
+        Ok(out.success())
+    }
+    async fn start_transient_timer(&self, t: &TransientTimer) -> Result<(), SystemdError> {
+        let cmd = Cmd::new("systemd-run")
+            .arg(format!("--unit={}", t.name))
+            .arg(format!("--description={}", t.description))
+            .arg(format!("--on-active={}", systemd_timespan(t.on_active)))
+            .arg(format!(
+                "--timer-property=AccuracySec={}",
+                systemd_timespan(t.accuracy)
+            ))
+            .arg("--")
+            .args(t.command.iter().cloned());
+        self.runner
+            .run(&cmd)
+            .await
+            .map(|_| ())
+            .map_err(|e| SystemdError::Call {
+                call: format!("start transient timer {}", t.name),
+                message: e.to_string(),
+            })
+    }
+}
+
+/// `InstallService`: writes the agent's unit (0644), reloads, enables and starts it.
+pub async fn install_service(
+    fs: &HostFs,
+    systemd: &dyn SystemdManager,
+    unit_contents: &str,
+) -> Result<(), SystemdError> {
+    fs.write_atomic(Path::new(AGENT_UNIT_PATH), unit_contents.as_bytes(), 0o644)?;
+    systemd.daemon_reload().await?;
+    systemd.enable(AGENT_UNIT).await?;
+    systemd.start(AGENT_UNIT).await?;
+    tracing::info!(unit = AGENT_UNIT, "systemd service installed and started");
+    Ok(())
+}
+
+/// `UninstallService`: stop and disable (failures are warnings), remove the unit file (missing is
+/// fine), reload (failure is fatal).
+pub async fn uninstall_service(
+    fs: &HostFs,
+    systemd: &dyn SystemdManager,
+) -> Result<(), SystemdError> {
+    if let Err(e) = systemd.stop(AGENT_UNIT).await {
+        tracing::warn!(unit = AGENT_UNIT, error = %e, "failed to stop service");
+    }
+    if let Err(e) = systemd.disable(AGENT_UNIT).await {
+        tracing::warn!(unit = AGENT_UNIT, error = %e, "failed to disable service");
+    }
+    fs.remove_file(Path::new(AGENT_UNIT_PATH))?;
+    systemd.daemon_reload().await?;
+    tracing::info!(unit = AGENT_UNIT, "systemd service uninstalled");
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runner::Output;
+    use crate::testing::{FakeRunner, FakeSystemd};
+
+    #[tokio::test]
+    async fn systemctl_manager_argv() {
+        let r = FakeRunner::new();
+        r.on(
+            "systemctl is-active --quiet b.service",
+            Output::failed(3, ""),
+        );
+        let m = SystemctlManager::new(Arc::new(r.clone()));
+        m.daemon_reload().await.unwrap();
+        m.enable("a.service").await.unwrap();
+        m.start("a.service").await.unwrap();
+        m.mask("docker.socket").await.unwrap();
+        assert!(m.is_active("a.service").await.unwrap());
+        assert!(!m.is_active("b.service").await.unwrap());
+        m.start_transient_timer(&TransientTimer {
+            name: "aks-flex-node-restart".into(),
+            description: "Restart the agent".into(),
+            on_active: Duration::from_secs(1),
+            accuracy: Duration::from_millis(100),
+            command: vec![
+                "/usr/bin/systemctl".into(),
+                "restart".into(),
+                AGENT_UNIT.into(),
+            ],
+        })
+        .await
+        .unwrap();
+        insta::assert_snapshot!(r.transcript(), @r#"
+        systemctl daemon-reload
+        systemctl enable a.service
+        systemctl start a.service
+        systemctl mask docker.socket
+        systemctl is-active --quiet a.service
+        systemctl is-active --quiet b.service
+        systemd-run --unit=aks-flex-node-restart "--description=Restart the agent" --on-active=1s --timer-property=AccuracySec=100ms -- /usr/bin/systemctl restart aks-flex-node-agent.service
+        "#);
+    }
+
+    #[tokio::test]
+    async fn systemctl_failure_names_call_and_stderr() {
+        let r = FakeRunner::new();
+        r.on(
+            "systemctl start x.service",
+            Output::failed(1, "Unit x.service not found."),
+        );
+        let m = SystemctlManager::new(Arc::new(r));
+        let e = m.start("x.service").await.unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "systemd start x.service: systemctl start x.service failed: exit status 1: Unit x.service not found."
+        );
+    }
+
+    #[tokio::test]
+    async fn install_and_uninstall_service() {
+        let d = tempfile::tempdir().unwrap();
+        let fs = HostFs::new(d.path());
+        let sd = FakeSystemd::new();
+        install_service(&fs, &sd, &render_agent_unit())
+            .await
+            .unwrap();
+        assert_eq!(fs.mode(Path::new(AGENT_UNIT_PATH)), Some(0o644));
+        assert_eq!(
+            fs.read_to_string(Path::new(AGENT_UNIT_PATH))
+                .unwrap()
+                .unwrap(),
+            render_agent_unit()
+        );
+        sd.fail_on("stop aks-flex-node-agent.service");
+        uninstall_service(&fs, &sd).await.unwrap();
+        assert!(!fs.exists(Path::new(AGENT_UNIT_PATH)));
+        // Idempotent: a second uninstall succeeds.
+        uninstall_service(&fs, &sd).await.unwrap();
+        insta::assert_snapshot!(sd.calls().join("\n"), @r"
+        daemon-reload
+        enable aks-flex-node-agent.service
+        start aks-flex-node-agent.service
+        stop aks-flex-node-agent.service
+        disable aks-flex-node-agent.service
+        daemon-reload
+        stop aks-flex-node-agent.service
+        disable aks-flex-node-agent.service
+        daemon-reload
+        ");
+    }
+
+    #[tokio::test]
+    async fn uninstall_fails_when_reload_fails() {
+        let d = tempfile::tempdir().unwrap();
+        let fs = HostFs::new(d.path());
+        let sd = FakeSystemd::new();
+        sd.fail_on("daemon-reload");
+        assert!(uninstall_service(&fs, &sd).await.is_err());
+    }
+}

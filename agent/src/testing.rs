@@ -1,0 +1,297 @@
+//! Recording fakes for the host traits, for unit tests here and in other crates.
+//!
+//! They sit exactly at the trait boundaries ([`Runner`], [`SystemdManager`], [`HostInfo`]):
+//! everything above them is the real code. Files are never faked: tests give
+//! [`crate::fs::HostFs`] a temporary root instead.
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use async_trait::async_trait;
+
+use crate::hostinfo::HostInfo;
+use crate::runner::{Cmd, CmdError, Output, Runner};
+use crate::systemd::{SystemdError, SystemdManager, TransientTimer};
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic in another test thread poisons the lock; the data is still usable for assertions.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+struct Rule {
+    prefix: String,
+    outputs: Vec<Output>,
+}
+
+/// A [`Runner`] that records every command and answers from scripted rules.
+///
+/// A rule matches when the command's display argv starts with its prefix; the most recently
+/// added matching rule answers. A rule with several outputs answers them in turn and then keeps
+/// answering the last. Unmatched commands succeed with empty output.
+#[derive(Clone, Default)]
+pub struct FakeRunner {
+    inner: Arc<Mutex<FakeRunnerState>>,
+}
+
+#[derive(Default)]
+struct FakeRunnerState {
+    calls: Vec<String>,
+    rules: Vec<Rule>,
+    missing: BTreeSet<String>,
+}
+
+impl FakeRunner {
+    /// A fake on which every program exists and every command succeeds silently.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Answers commands starting with `prefix` with `output`.
+    pub fn on(&self, prefix: &str, output: Output) -> &Self {
+        self.on_seq(prefix, vec![output])
+    }
+
+    /// Answers commands starting with `prefix` with `outputs` in turn (the last one repeats).
+    pub fn on_seq(&self, prefix: &str, outputs: Vec<Output>) -> &Self {
+        lock(&self.inner).rules.push(Rule {
+            prefix: prefix.to_string(),
+            outputs,
+        });
+        self
+    }
+
+    /// Makes `program` absent from `PATH` (for [`Runner::which`]).
+    pub fn without(&self, program: &str) -> &Self {
+        lock(&self.inner).missing.insert(program.to_string());
+        self
+    }
+
+    /// Every command run so far, as `[ENV=V ]argv` lines with secrets redacted.
+    pub fn calls(&self) -> Vec<String> {
+        lock(&self.inner).calls.clone()
+    }
+
+    /// The recorded commands joined by newlines (for snapshots).
+    pub fn transcript(&self) -> String {
+        let mut s = self.calls().join("\n");
+        s.push('\n');
+        s
+    }
+
+    /// Forgets the recorded commands (keeps the rules).
+    pub fn clear(&self) {
+        lock(&self.inner).calls.clear();
+    }
+}
+
+#[async_trait]
+impl Runner for FakeRunner {
+    async fn output(&self, cmd: &Cmd) -> Result<Output, CmdError> {
+        let argv = cmd.display_argv();
+        let mut line = String::new();
+        for (k, v) in cmd.env_list() {
+            line.push_str(&format!("{k}={v} "));
+        }
+        line.push_str(&argv);
+        let mut st = lock(&self.inner);
+        st.calls.push(line);
+        if st.missing.contains(cmd.program()) {
+            return Err(CmdError::Spawn {
+                argv,
+                source: std::io::Error::from(std::io::ErrorKind::NotFound),
+            });
+        }
+        let rule = st
+            .rules
+            .iter_mut()
+            .rev()
+            .find(|r| argv.starts_with(&r.prefix));
+        Ok(match rule {
+            Some(r) if r.outputs.len() > 1 => r.outputs.remove(0),
+            Some(r) => r.outputs.first().cloned().unwrap_or_default(),
+            None => Output::ok(""),
+        })
+    }
+
+    fn which(&self, program: &str) -> Option<PathBuf> {
+        let st = lock(&self.inner);
+        (!st.missing.contains(program)).then(|| PathBuf::from("/usr/bin").join(program))
+    }
+}
+
+/// A [`SystemdManager`] that records calls as `verb unit` lines and can be told to fail some.
+#[derive(Clone, Default)]
+pub struct FakeSystemd {
+    inner: Arc<Mutex<FakeSystemdState>>,
+}
+
+#[derive(Default)]
+struct FakeSystemdState {
+    calls: Vec<String>,
+    fail: BTreeSet<String>,
+    active: BTreeSet<String>,
+}
+
+impl FakeSystemd {
+    /// A fake on which every call succeeds and no unit is active.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Makes the call recorded as `line` (e.g. `stop docker.service`) fail.
+    pub fn fail_on(&self, line: &str) -> &Self {
+        lock(&self.inner).fail.insert(line.to_string());
+        self
+    }
+
+    /// Marks `unit` active for [`SystemdManager::is_active`].
+    pub fn set_active(&self, unit: &str) -> &Self {
+        lock(&self.inner).active.insert(unit.to_string());
+        self
+    }
+
+    /// The calls so far.
+    pub fn calls(&self) -> Vec<String> {
+        lock(&self.inner).calls.clone()
+    }
+
+    fn record(&self, line: String) -> Result<(), SystemdError> {
+        let mut st = lock(&self.inner);
+        st.calls.push(line.clone());
+        if st.fail.contains(&line) {
+            return Err(SystemdError::Call {
+                call: line,
+                message: "injected failure".into(),
+            });
+        }
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl SystemdManager for FakeSystemd {
+    async fn daemon_reload(&self) -> Result<(), SystemdError> {
+        self.record("daemon-reload".into())
+    }
+    async fn enable(&self, unit: &str) -> Result<(), SystemdError> {
+        self.record(format!("enable {unit}"))
+    }
+    async fn disable(&self, unit: &str) -> Result<(), SystemdError> {
+        self.record(format!("disable {unit}"))
+    }
+    async fn mask(&self, unit: &str) -> Result<(), SystemdError> {
+        self.record(format!("mask {unit}"))
+    }
+    async fn start(&self, unit: &str) -> Result<(), SystemdError> {
+        self.record(format!("start {unit}"))?;
+        lock(&self.inner).active.insert(unit.to_string());
+        Ok(())
+    }
+    async fn stop(&self, unit: &str) -> Result<(), SystemdError> {
+        self.record(format!("stop {unit}"))?;
+        lock(&self.inner).active.remove(unit);
+        Ok(())
+    }
+    async fn restart(&self, unit: &str) -> Result<(), SystemdError> {
+        self.record(format!("restart {unit}"))
+    }
+    async fn reset_failed(&self, unit: &str) -> Result<(), SystemdError> {
+        self.record(format!("reset-failed {unit}"))
+    }
+    async fn is_active(&self, unit: &str) -> Result<bool, SystemdError> {
+        self.record(format!("is-active {unit}"))?;
+        Ok(lock(&self.inner).active.contains(unit))
+    }
+    async fn start_transient_timer(&self, timer: &TransientTimer) -> Result<(), SystemdError> {
+        self.record(format!(
+            "transient-timer {} on-active={}ms accuracy={}ms command={}",
+            timer.name,
+            timer.on_active.as_millis(),
+            timer.accuracy.as_millis(),
+            timer.command.join(" ")
+        ))
+    }
+}
+
+/// A [`HostInfo`] with fixed answers.
+#[derive(Clone, Debug)]
+pub struct FakeHostInfo {
+    /// Effective uid.
+    pub euid: u32,
+    /// Hostname as the kernel reports it.
+    pub hostname: String,
+    /// Whether `/usr` is mounted read-only.
+    pub usr_read_only: bool,
+    /// Free bytes under `/var/lib`.
+    pub var_lib_free: u64,
+    /// Whether the agent runs in its container image.
+    pub containerized: bool,
+}
+
+impl Default for FakeHostInfo {
+    fn default() -> Self {
+        Self {
+            euid: 0,
+            hostname: "flex-node-1".into(),
+            usr_read_only: false,
+            var_lib_free: 64 << 30,
+            containerized: false,
+        }
+    }
+}
+
+impl HostInfo for FakeHostInfo {
+    fn euid(&self) -> u32 {
+        self.euid
+    }
+    fn hostname(&self) -> std::io::Result<String> {
+        Ok(self.hostname.clone())
+    }
+    fn is_read_only(&self, path: &std::path::Path) -> std::io::Result<bool> {
+        Ok(path == std::path::Path::new("/usr") && self.usr_read_only)
+    }
+    fn free_bytes(&self, _path: &std::path::Path) -> std::io::Result<u64> {
+        Ok(self.var_lib_free)
+    }
+    fn containerized(&self) -> bool {
+        self.containerized
+    }
+}
+
+/// Every file, directory and link under `root`, one per line with its mode, and each file's
+/// content indented below it (for snapshots of what a flow wrote).
+pub fn tree_snapshot(root: &std::path::Path) -> String {
+    use std::os::unix::fs::PermissionsExt;
+    fn walk(root: &std::path::Path, dir: &std::path::Path, out: &mut Vec<String>) {
+        let mut entries: Vec<_> = match std::fs::read_dir(dir) {
+            Ok(rd) => rd.filter_map(Result::ok).collect(),
+            Err(_) => return,
+        };
+        entries.sort_by_key(|e| e.file_name());
+        for e in entries {
+            let p = e.path();
+            let rel = p.strip_prefix(root).unwrap_or(&p).display().to_string();
+            let Ok(meta) = std::fs::symlink_metadata(&p) else {
+                continue;
+            };
+            let mode = meta.permissions().mode() & 0o7777;
+            if meta.file_type().is_symlink() {
+                let target = std::fs::read_link(&p).unwrap_or_default();
+                out.push(format!("/{rel} -> {}", target.display()));
+            } else if meta.is_dir() {
+                out.push(format!("/{rel}/ {mode:04o}"));
+                walk(root, &p, out);
+            } else {
+                out.push(format!("/{rel} {mode:04o}"));
+                let content = std::fs::read(&p).unwrap_or_default();
+                for line in String::from_utf8_lossy(&content).lines() {
+                    out.push(format!("    | {line}"));
+                }
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(root, root, &mut out);
+    out.join("\n") + "\n"
+}

@@ -1,0 +1,62 @@
+//! `cargo xtask ci`: what CI runs. `cargo fmt --check`, `cargo clippy --all-targets -D
+//! warnings`, then every test in the workspace (nextest when installed, else `cargo test`).
+
+use std::time::Duration;
+
+use aks_flex_node::runner::{Cmd, ProcessRunner, Runner, run_inherited};
+
+const LONG: Duration = Duration::from_secs(3600);
+
+fn cargo(args: &[&str]) -> Cmd {
+    Cmd::new("cargo")
+        .args(args.iter().copied())
+        .env("CARGO_TERM_COLOR", "never")
+        .timeout(LONG)
+}
+
+/// Runs the CI task.
+pub async fn run(install: bool) -> anyhow::Result<()> {
+    if install {
+        crate::deps::ensure(crate::deps::TEST_PACKAGES).await?;
+    }
+    let root = crate::project_root();
+    std::env::set_current_dir(&root)?;
+    eprintln!("xtask ci: cargo fmt --check");
+    run_inherited(&cargo(&["fmt", "--all", "--", "--check"])).await?;
+    eprintln!("xtask ci: cargo clippy");
+    run_inherited(&cargo(&[
+        "clippy",
+        "--workspace",
+        "--all-targets",
+        "--locked",
+        "--",
+        "-D",
+        "warnings",
+    ]))
+    .await?;
+    let nextest = ProcessRunner::new()
+        .output(&Cmd::new("cargo").args(["nextest", "--version"]))
+        .await
+        .is_ok_and(|o| o.success());
+    if nextest {
+        eprintln!("xtask ci: cargo nextest run");
+        run_inherited(&cargo(&[
+            "nextest",
+            "run",
+            "--workspace",
+            "--locked",
+            "--no-fail-fast",
+        ]))
+        .await?;
+    } else {
+        eprintln!("xtask ci: cargo test");
+        run_inherited(&cargo(&[
+            "test",
+            "--workspace",
+            "--locked",
+            "--no-fail-fast",
+        ]))
+        .await?;
+    }
+    Ok(())
+}

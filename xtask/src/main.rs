@@ -1,0 +1,68 @@
+//! `cargo xtask`: the project's automation, in Rust. A thin CLI over small task modules.
+
+mod ci;
+mod deps;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "cargo xtask", about = "aks-flex-node project automation")]
+struct Cli {
+    #[command(subcommand)]
+    command: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Format check, clippy with -D warnings, and the whole test suite (installs the Debian
+    /// packages the tests need when run as root)
+    Ci {
+        /// Skip installing system packages
+        #[arg(long)]
+        no_install: bool,
+    },
+    /// Boot the dev host (or ACL) under QEMU with the agent in its container
+    Up,
+    /// Run the check groups against the VM `up` started
+    Check,
+    /// Remove the VM, its disks and the registry
+    Down,
+}
+
+/// The workspace root.
+pub fn project_root() -> PathBuf {
+    let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    manifest.parent().map(PathBuf::from).unwrap_or(manifest)
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("xtask: cannot start runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = rt.block_on(async {
+        match cli.command {
+            Task::Ci { no_install } => ci::run(!no_install).await,
+            Task::Up | Task::Check | Task::Down => Err(anyhow::anyhow!(
+                "the QEMU harness (up/check/down) is not built yet: it lands with the harness issue; see README.md"
+            )),
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
