@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 
-use crate::config::{self, Config};
+use crate::config;
 use crate::context::Host;
 use crate::hostinfo::{HostInfo, RealHostInfo};
 use crate::preflight::{self, OutputFormat};
@@ -74,6 +74,109 @@ pub enum Command {
     Reset,
     /// Print version information
     Version,
+    /// Bootstrap this host from AKS_FLEX_NODE_* inputs (what bootstrap.sh runs)
+    #[command(
+        long_about = "Render the config from AKS_FLEX_NODE_* inputs (an env file read as data, and the environment), run preflight, then run start once. scripts/bootstrap.sh runs this after installing the agent; the agent's image runs it as aks-flex-node-bootstrap."
+    )]
+    BootstrapNode {
+        /// A bootstrap.env file of AKS_FLEX_NODE_* lines (read as data, never evaluated)
+        #[arg(long, value_name = "FILE")]
+        env_file: Option<PathBuf>,
+    },
+    /// Diagnostics for the agent's image (name resolution, TLS); not for people
+    #[command(hide = true, subcommand)]
+    Debug(DebugCommand),
+    /// Run by host systemd around a machine's start (not for people)
+    #[command(hide = true)]
+    NspawnLifecycle {
+        /// `pre-start` or `post-start`
+        #[arg(value_parser = ["pre-start", "post-start"])]
+        hook: String,
+        /// The machine: kube1 or kube2
+        machine: String,
+    },
+}
+
+/// Hidden diagnostics, used by the image tests to prove the binary works inside its image.
+#[derive(Debug, Subcommand)]
+pub enum DebugCommand {
+    /// Resolve a host name and print its addresses, one per line
+    Resolve {
+        /// Host name
+        name: String,
+    },
+    /// Stop and remove one machine (kube1 or kube2): CleanupMachine, as repave does for the
+    /// old side
+    CleanupMachine {
+        /// kube1 or kube2
+        machine: String,
+    },
+    /// GET an https URL (system CA store, or --ca) and print the HTTP status
+    HttpsGet {
+        /// URL
+        url: String,
+        /// Extra CA certificate (PEM) to trust
+        #[arg(long)]
+        ca: Option<PathBuf>,
+    },
+}
+
+async fn run_debug(cmd: DebugCommand) -> anyhow::Result<()> {
+    match cmd {
+        DebugCommand::Resolve { name } => {
+            let addrs = tokio::net::lookup_host((name.as_str(), 0))
+                .await
+                .with_context(|| format!("resolve {name}"))?;
+            for a in addrs {
+                println!("{}", a.ip());
+            }
+            Ok(())
+        }
+        DebugCommand::CleanupMachine { machine } => {
+            require_root("debug cleanup-machine")?;
+            if !crate::machine::MACHINES.contains(&machine.as_str()) {
+                anyhow::bail!("unknown nspawn machine {machine:?}");
+            }
+            crate::logging::init("info", None);
+            let host = Host::real().await?;
+            let t = crate::machine::Timings::default();
+            crate::machine::stop_node(&host, &machine, t).await?;
+            crate::machine::cleanup_machine(&host, &machine, t).await?;
+            host.systemd.daemon_reload().await?;
+            Ok(())
+        }
+        DebugCommand::HttpsGet { url, ca } => {
+            crate::http::install_crypto();
+            let mut b = reqwest::Client::builder();
+            if let Some(ca) = ca {
+                let pem = std::fs::read(&ca).with_context(|| format!("read {}", ca.display()))?;
+                b = b.tls_certs_merge([reqwest::Certificate::from_pem(&pem)?]);
+            }
+            let resp = b
+                .build()?
+                .get(&url)
+                .send()
+                .await
+                .with_context(|| format!("GET {url}"))?;
+            println!("{}", resp.status().as_u16());
+            Ok(())
+        }
+    }
+}
+
+/// `aks-flex-node-bootstrap` (in the agent's image): what `bootstrap.sh --use-installed-agent`
+/// does, from `/etc/aks-flex-node/bootstrap.env`.
+pub fn bootstrap_main(args: Vec<std::ffi::OsString>) -> ExitCode {
+    let mut argv = vec![
+        std::ffi::OsString::from("aks-flex-node"),
+        "bootstrap-node".into(),
+    ];
+    if args.is_empty() {
+        argv.push("--env-file".into());
+        argv.push(crate::bootstrap::BOOTSTRAP_ENV_PATH.into());
+    }
+    argv.extend(args);
+    main_with_args(argv)
 }
 
 /// Parses `args` and runs the command; returns the process exit code.
@@ -152,7 +255,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             crate::logging::init(&cfg.agent.log_level, None);
             log_loaded(&loaded);
             let host = Host::real().await?;
-            let results = preflight::run_checks(&host, cfg).await;
+            let machines = crate::node::NodeMachines::new(host.clone(), cfg.clone())?;
+            let results = preflight::run_checks(&host, cfg, &machines).await;
             let report = preflight::build_report(results, &a.ignore_preflight_errors);
             match format {
                 OutputFormat::Text => print!("{}", preflight::render_text(&report)),
@@ -170,7 +274,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             let registry = crate::start::NoRegistry(
                 "this agent has no machine-goal client yet; machine registration skipped",
             );
-            crate::start::run_start(&host, cfg, &registry, &NodeMachinesUnavailable).await?;
+            let machines = crate::node::NodeMachines::new(host.clone(), cfg.clone())?;
+            crate::start::run_start(&host, cfg, &registry, &machines).await?;
             print!("{}", crate::start::START_SUCCESS);
             Ok(())
         }
@@ -182,6 +287,38 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             log_loaded(&loaded);
             let shutdown = crate::daemon::shutdown_on_signals()?;
             crate::daemon::run(cfg, shutdown).await
+        }
+        Command::Debug(d) => run_debug(d).await,
+        Command::BootstrapNode { env_file } => {
+            let host = Host::real().await?;
+            let cfg_for_probe = config::Config::default();
+            let machines = crate::node::NodeMachines::new(host.clone(), cfg_for_probe)?;
+            let registry = crate::start::NoRegistry(
+                "this agent has no machine-goal client yet; machine registration skipped",
+            );
+            let starter = crate::bootstrap::RunStart {
+                registry: &registry,
+                node: &MachinesForConfig(host.clone()),
+            };
+            crate::bootstrap::main_entry(
+                env_file.as_deref(),
+                std::env::vars_os(),
+                &host,
+                &machines,
+                &starter,
+            )
+            .await
+            .map(|_| ())
+        }
+        Command::NspawnLifecycle { hook, machine } => {
+            crate::logging::init("info", None);
+            if hook == "pre-start" {
+                let host = Host::real().await?;
+                crate::lifecycle::pre_start(&host, &machine, Path::new(config::DEFAULT_CONFIG_PATH))
+                    .await
+            } else {
+                crate::lifecycle::post_start(&machine).await
+            }
         }
         Command::Reset => {
             require_root("reset")?;
@@ -196,15 +333,20 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
     }
 }
 
-/// The node-machine layer is not part of this build yet: `start` stops at that step with this
-/// error rather than claiming a node it did not start.
-struct NodeMachinesUnavailable;
+/// Builds the machine layer for the config `start` is given (the bootstrap renders the config
+/// first).
+struct MachinesForConfig(Host);
 
 #[async_trait::async_trait]
-impl crate::start::NodeStarter for NodeMachinesUnavailable {
-    async fn start_node(&self, _h: &Host, _c: &Config, machine: &str) -> anyhow::Result<()> {
-        anyhow::bail!(
-            "provisioning nspawn machine {machine} is not implemented in this build of the agent"
-        )
+impl crate::start::NodeStarter for MachinesForConfig {
+    async fn start_node(
+        &self,
+        host: &Host,
+        cfg: &config::Config,
+        machine: &str,
+    ) -> anyhow::Result<()> {
+        crate::node::NodeMachines::new(self.0.clone(), cfg.clone())?
+            .start_node(host, cfg, machine)
+            .await
     }
 }

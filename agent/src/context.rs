@@ -29,7 +29,12 @@ impl Host {
     /// The real host: processes on `PATH`, files under `/`, systemd through `systemctl` (or
     /// D-Bus when `AKS_FLEX_NODE_SYSTEMD_BACKEND=dbus`).
     pub async fn real() -> Result<Self, crate::systemd::SystemdError> {
-        let runner: Arc<dyn Runner> = Arc::new(ProcessRunner::new());
+        let info = RealHostInfo;
+        let runner: Arc<dyn Runner> = Arc::new(if info.containerized() {
+            ProcessRunner::containerized()
+        } else {
+            ProcessRunner::new()
+        });
         let systemd: Arc<dyn SystemdManager> = match std::env::var(SYSTEMD_BACKEND_ENV).as_deref() {
             Ok("dbus") => Arc::new(DbusManager::system().await?),
             _ => Arc::new(SystemctlManager::new(runner.clone())),
@@ -38,7 +43,7 @@ impl Host {
             runner,
             fs: HostFs::host(),
             systemd,
-            info: Arc::new(RealHostInfo),
+            info: Arc::new(info),
         })
     }
 

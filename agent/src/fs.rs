@@ -228,6 +228,30 @@ impl HostFs {
         Ok(())
     }
 
+    /// Makes `p` a symlink to `target`, replacing whatever file or link is there (atomically:
+    /// a temporary link renamed over it). Returns whether it changed anything.
+    pub fn symlink(&self, p: &Path, target: &Path) -> Result<bool, FsError> {
+        let real = self.path(p);
+        if fs::read_link(&real).is_ok_and(|t| t == target) {
+            return Ok(false);
+        }
+        if let Some(parent) = p.parent() {
+            self.create_dir_all(parent)?;
+        }
+        let name = real
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let tmp = real.with_file_name(format!(".{name}.link-{}", std::process::id()));
+        let _ = fs::remove_file(&tmp);
+        std::os::unix::fs::symlink(target, &tmp).map_err(|e| FsError::new("symlink", p, e))?;
+        fs::rename(&tmp, &real).map_err(|e| {
+            let _ = fs::remove_file(&tmp);
+            FsError::new("symlink", p, e)
+        })?;
+        Ok(true)
+    }
+
     /// Removes a file (or symlink); returns whether something was there.
     pub fn remove_file(&self, p: &Path) -> Result<bool, FsError> {
         match fs::remove_file(self.path(p)) {

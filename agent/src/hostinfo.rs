@@ -21,6 +21,17 @@ pub trait HostInfo: Send + Sync {
     fn free_bytes(&self, path: &Path) -> std::io::Result<u64>;
     /// Whether the agent runs in its container image (`AKS_FLEX_NODE_CONTAINERIZED`).
     fn containerized(&self) -> bool;
+    /// The running kernel's release (`uname -r`).
+    fn kernel_release(&self) -> String;
+    /// Whether a TCP listener could bind `addr` now (the probe listener is closed at once).
+    fn port_bindable(&self, addr: std::net::SocketAddr) -> bool;
+    /// Opens (and closes) a TCP connection to `host:port` within `timeout`.
+    fn tcp_connect(
+        &self,
+        host: &str,
+        port: u16,
+        timeout: std::time::Duration,
+    ) -> Result<(), String>;
 }
 
 /// Parses a boolean as Go's `strconv.ParseBool` does (`1 t T TRUE true True` and the false
@@ -43,6 +54,14 @@ impl HostInfo for RealHostInfo {
     }
 
     fn hostname(&self) -> std::io::Result<String> {
+        // In the agent's container the host's /etc/hostname is mounted at its own path; the
+        // container's UTS name may be its own.
+        if self.containerized()
+            && let Ok(h) = std::fs::read_to_string("/etc/hostname")
+            && !h.trim().is_empty()
+        {
+            return Ok(h.trim().to_string());
+        }
         let uts = rustix::system::uname();
         Ok(uts.nodename().to_string_lossy().into_owned())
     }
@@ -55,6 +74,38 @@ impl HostInfo for RealHostInfo {
     fn free_bytes(&self, path: &Path) -> std::io::Result<u64> {
         let st = rustix::fs::statvfs(path)?;
         Ok(st.f_bavail.saturating_mul(st.f_frsize))
+    }
+
+    fn kernel_release(&self) -> String {
+        rustix::system::uname()
+            .release()
+            .to_string_lossy()
+            .into_owned()
+    }
+
+    fn port_bindable(&self, addr: std::net::SocketAddr) -> bool {
+        std::net::TcpListener::bind(addr).is_ok()
+    }
+
+    fn tcp_connect(
+        &self,
+        host: &str,
+        port: u16,
+        timeout: std::time::Duration,
+    ) -> Result<(), String> {
+        use std::net::ToSocketAddrs;
+        let addrs: Vec<_> = (host, port)
+            .to_socket_addrs()
+            .map_err(|e| format!("cannot resolve the API server host: {e}"))?
+            .collect();
+        let mut last = String::from("no addresses");
+        for a in addrs {
+            match std::net::TcpStream::connect_timeout(&a, timeout) {
+                Ok(_) => return Ok(()),
+                Err(e) => last = e.to_string(),
+            }
+        }
+        Err(last)
     }
 
     fn containerized(&self) -> bool {

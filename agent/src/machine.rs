@@ -65,6 +65,18 @@ pub struct Timings {
     pub remove_retry: Duration,
     /// How long to keep retrying `machinectl remove`.
     pub remove_wait: Duration,
+    /// `machinectl poweroff` attempts before giving up on a clean shutdown.
+    pub poweroff_attempts: u32,
+    /// How often to probe a starting machine (`systemd-run /bin/true`).
+    pub ready_poll: Duration,
+    /// How long a started machine may take to answer.
+    pub ready_wait: Duration,
+    /// How long a stale registration may take to clear after `machinectl terminate`.
+    pub stale_wait: Duration,
+    /// How often to ask whether kubelet is active.
+    pub kubelet_poll: Duration,
+    /// How long kubelet may take to become active.
+    pub kubelet_wait: Duration,
 }
 
 impl Default for Timings {
@@ -75,6 +87,12 @@ impl Default for Timings {
             terminate_wait: Duration::from_secs(15),
             remove_retry: Duration::from_secs(2),
             remove_wait: Duration::from_secs(60),
+            poweroff_attempts: 3,
+            ready_poll: Duration::from_millis(500),
+            ready_wait: Duration::from_secs(30),
+            stale_wait: Duration::from_secs(15),
+            kubelet_poll: Duration::from_secs(2),
+            kubelet_wait: Duration::from_secs(60),
         }
     }
 }
@@ -88,6 +106,12 @@ impl Timings {
             terminate_wait: Duration::from_millis(20),
             remove_retry: Duration::ZERO,
             remove_wait: Duration::from_millis(20),
+            poweroff_attempts: 3,
+            ready_poll: Duration::ZERO,
+            ready_wait: Duration::from_millis(20),
+            stale_wait: Duration::from_millis(20),
+            kubelet_poll: Duration::ZERO,
+            kubelet_wait: Duration::from_millis(20),
         }
     }
 }
@@ -109,6 +133,16 @@ pub enum MachineError {
     /// The machine stayed registered.
     #[error("machine {0} remains registered after termination")]
     StillRegistered(String),
+    /// A step of starting the machine failed.
+    #[error("machine {machine}: {step}: {message}")]
+    Start {
+        /// Machine.
+        machine: String,
+        /// The step (`enable`, `start`, `start containerd.service`, ...).
+        step: &'static str,
+        /// What happened.
+        message: String,
+    },
     /// The machine directory could not be removed while the machine is registered.
     #[error("refusing to remove registered machine {0}")]
     RefuseRemove(String),
@@ -205,8 +239,8 @@ const DISABLED_STATES: &[&str] = &[
     "indirect",
 ];
 
-/// `StopMachine`: disables the machine, stops its unit, waits for machined to drop it, and
-/// terminates it if it lingers.
+/// `StopMachine`: disables the machine, powers it off (`machinectl poweroff`, retried), waits
+/// for machined to drop it, and terminates it if it lingers.
 pub async fn stop_machine(host: &Host, machine: &str, t: Timings) -> Result<(), MachineError> {
     if let Err(e) = host
         .runner
@@ -238,16 +272,21 @@ pub async fn stop_machine(host: &Host, machine: &str, t: Timings) -> Result<(), 
     if !is_registered(host, machine).await? {
         return Ok(());
     }
-    let unit = nspawn_unit(machine);
-    match host.systemd.is_active(&unit).await {
-        Ok(true) => {
-            if let Err(e) = host.systemd.stop(&unit).await {
-                tracing::warn!(machine, error = %e, "failed to stop machine unit");
+    // Ask the machine's init to shut down cleanly, retrying a failed request.
+    for attempt in 1..=t.poweroff_attempts.max(1) {
+        match host
+            .runner
+            .run(&Cmd::new("machinectl").args(["poweroff", machine]))
+            .await
+        {
+            Ok(_) => break,
+            Err(e) => {
+                tracing::warn!(machine, attempt, error = %e, "machinectl poweroff failed");
+                if !is_registered(host, machine).await? {
+                    return Ok(());
+                }
+                tokio::time::sleep(t.poll).await;
             }
-        }
-        Ok(false) => {}
-        Err(e) => {
-            tracing::warn!(machine, error = %e, "cannot tell whether the machine unit is active")
         }
     }
     if wait_gone(host, machine, t.poll, t.stop_wait).await? {
@@ -264,6 +303,129 @@ pub async fn stop_machine(host: &Host, machine: &str, t: Timings) -> Result<(), 
         return Ok(());
     }
     Err(MachineError::StillRegistered(machine.into()))
+}
+
+fn start_err(machine: &str, step: &'static str, message: impl Into<String>) -> MachineError {
+    MachineError::Start {
+        machine: machine.into(),
+        step,
+        message: message.into(),
+    }
+}
+
+/// `start-nspawn-machine`: `machinectl enable` and `machinectl start`, clearing a stale
+/// registration once if the start fails because of one, then waits until the machine answers
+/// `systemd-run --machine=<m> --pipe --wait /bin/true`.
+pub async fn start_machine(host: &Host, machine: &str, t: Timings) -> Result<(), MachineError> {
+    let r = &host.runner;
+    r.run(&Cmd::new("machinectl").args(["enable", machine]))
+        .await
+        .map_err(|e| start_err(machine, "enable", e.to_string()))?;
+    if let Err(first) = r
+        .run(&Cmd::new("machinectl").args(["start", machine]))
+        .await
+    {
+        let text = first.to_string().to_lowercase();
+        let registered = r
+            .output(&Cmd::new("machinectl").args(["show", machine]))
+            .await
+            .is_ok_and(|o| o.success());
+        if !(registered || text.contains("already exists") || text.contains("file exists")) {
+            return Err(start_err(machine, "start", first.to_string()));
+        }
+        tracing::warn!(machine, error = %first, "stale machine registration; terminating it and retrying");
+        let _ = host.systemd.reset_failed(&nspawn_unit(machine)).await;
+        let _ = r
+            .run(&Cmd::new("machinectl").args(["terminate", machine]))
+            .await;
+        let start = tokio::time::Instant::now();
+        loop {
+            let shown = r
+                .output(&Cmd::new("machinectl").args(["show", machine]))
+                .await
+                .is_ok_and(|o| o.success());
+            if !shown {
+                break;
+            }
+            if start.elapsed() >= t.stale_wait {
+                return Err(start_err(
+                    machine,
+                    "start",
+                    format!(
+                        "stale registration did not clear after terminate (initial error: {first})"
+                    ),
+                ));
+            }
+            tokio::time::sleep(t.ready_poll).await;
+        }
+        r.run(&Cmd::new("machinectl").args(["start", machine]))
+            .await
+            .map_err(|e| start_err(machine, "start", format!("after recovery: {e}")))?;
+    }
+    let start = tokio::time::Instant::now();
+    loop {
+        if r.run(&machine_run(machine, &["/bin/true"])).await.is_ok() {
+            return Ok(());
+        }
+        if start.elapsed() >= t.ready_wait {
+            return Err(start_err(
+                machine,
+                "wait for machine",
+                format!("not responsive after {:?}", t.ready_wait),
+            ));
+        }
+        tokio::time::sleep(t.ready_poll).await;
+    }
+}
+
+/// `start-containerd` and `start-kubelet`: `systemctl enable --now` inside the machine.
+pub async fn start_services(host: &Host, machine: &str) -> Result<(), MachineError> {
+    for (step, unit) in [
+        ("start containerd.service", "containerd.service"),
+        ("start kubelet.service", "kubelet.service"),
+    ] {
+        host.runner
+            .run(&machine_run(
+                machine,
+                &["systemctl", "enable", "--now", unit],
+            ))
+            .await
+            .map_err(|e| start_err(machine, step, e.to_string()))?;
+    }
+    Ok(())
+}
+
+/// `wait-for-kubelet`: polls `systemctl is-active kubelet.service` inside the machine until it
+/// prints `active`.
+pub async fn wait_for_kubelet(host: &Host, machine: &str, t: Timings) -> Result<(), MachineError> {
+    let start = tokio::time::Instant::now();
+    loop {
+        let last = match host
+            .runner
+            .output(&machine_run(
+                machine,
+                &["systemctl", "is-active", "kubelet.service"],
+            ))
+            .await
+        {
+            Ok(o) if o.success() && o.stdout.trim() == "active" => return Ok(()),
+            Ok(o) => format!("{} {}", o.stdout.trim(), o.stderr.trim())
+                .trim()
+                .to_string(),
+            Err(e) => e.to_string(),
+        };
+        if start.elapsed() >= t.kubelet_wait {
+            return Err(start_err(
+                machine,
+                "wait for kubelet",
+                format!(
+                    "kubelet.service not active after {:?} (last: {last})",
+                    t.kubelet_wait
+                ),
+            ));
+        }
+        tokio::time::sleep(t.kubelet_poll).await;
+    }
 }
 
 /// `CleanupMachine`: unmounts the machine's bpffs if it is a mount point, removes the machine
@@ -361,16 +523,120 @@ mod tests {
         systemd-run --machine=kube1 --pipe --wait systemctl stop containerd.service
         machinectl disable kube1
         machinectl list --no-legend --no-pager
+        machinectl poweroff kube1
         machinectl list --no-legend --no-pager
         machinectl list --no-legend --no-pager
         ");
+        assert!(f.systemd.calls().is_empty());
+    }
+
+    #[tokio::test]
+    async fn start_machine_services_and_kubelet() {
+        let f = FakeHost::new().unwrap();
+        f.runner.on_seq(
+            "systemd-run --machine=kube2 --pipe --wait /bin/true",
+            vec![
+                Output::failed(1, "Failed to connect to bus"),
+                Output::ok(""),
+            ],
+        );
+        f.runner.on_seq(
+            "systemd-run --machine=kube2 --pipe --wait systemctl is-active kubelet.service",
+            vec![Output::failed(3, "activating"), Output::ok("active\n")],
+        );
+        start_machine(&f.host, KUBE2, Timings::instant())
+            .await
+            .unwrap();
+        start_services(&f.host, KUBE2).await.unwrap();
+        wait_for_kubelet(&f.host, KUBE2, Timings::instant())
+            .await
+            .unwrap();
+        insta::assert_snapshot!(f.runner.transcript(), @"
+        machinectl enable kube2
+        machinectl start kube2
+        systemd-run --machine=kube2 --pipe --wait /bin/true
+        systemd-run --machine=kube2 --pipe --wait /bin/true
+        systemd-run --machine=kube2 --pipe --wait systemctl enable --now containerd.service
+        systemd-run --machine=kube2 --pipe --wait systemctl enable --now kubelet.service
+        systemd-run --machine=kube2 --pipe --wait systemctl is-active kubelet.service
+        systemd-run --machine=kube2 --pipe --wait systemctl is-active kubelet.service
+        ");
+    }
+
+    #[tokio::test]
+    async fn stale_registration_is_cleared_once() {
+        let f = FakeHost::new().unwrap();
+        f.runner.on_seq(
+            "machinectl start kube1",
+            vec![
+                Output::failed(1, "Failed to start machine: File exists"),
+                Output::ok(""),
+            ],
+        );
+        f.runner.on_seq(
+            "machinectl show kube1",
+            vec![
+                Output::ok("Name=kube1\n"),
+                Output::ok("Name=kube1\n"),
+                Output::failed(1, ""),
+            ],
+        );
+        start_machine(&f.host, KUBE1, Timings::instant())
+            .await
+            .unwrap();
+        let calls = f.runner.calls();
+        assert!(
+            calls.contains(&"machinectl terminate kube1".to_string()),
+            "{calls:?}"
+        );
+        assert_eq!(
+            calls
+                .iter()
+                .filter(|c| *c == "machinectl start kube1")
+                .count(),
+            2
+        );
         assert_eq!(
             f.systemd.calls(),
-            vec![
-                "is-active systemd-nspawn@kube1.service",
-                "stop systemd-nspawn@kube1.service"
-            ]
+            vec!["reset-failed systemd-nspawn@kube1.service"]
         );
+    }
+
+    #[tokio::test]
+    async fn start_failures_name_machine_and_step() {
+        let f = FakeHost::new().unwrap();
+        f.runner
+            .on("machinectl start kube1", Output::failed(1, "No such image"));
+        f.runner.on("machinectl show kube1", Output::failed(1, ""));
+        let e = start_machine(&f.host, KUBE1, Timings::instant())
+            .await
+            .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "machine kube1: start: machinectl start kube1 failed: exit status 1: No such image"
+        );
+        let f = FakeHost::new().unwrap();
+        f.runner.on(
+            "systemd-run --machine=kube1 --pipe --wait /bin/true",
+            Output::failed(1, "no bus"),
+        );
+        let e = start_machine(&f.host, KUBE1, Timings::instant())
+            .await
+            .unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("machine kube1: wait for machine: not responsive after"),
+            "{e}"
+        );
+        let f = FakeHost::new().unwrap();
+        f.runner.on(
+            "systemd-run --machine=kube1 --pipe --wait systemctl is-active",
+            Output::failed(3, "failed"),
+        );
+        let e = wait_for_kubelet(&f.host, KUBE1, Timings::instant())
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("kubelet.service not active"), "{e}");
     }
 
     #[tokio::test]

@@ -10,8 +10,11 @@ use std::path::Path;
 
 use serde::Serialize;
 
+use async_trait::async_trait;
+
 use crate::config::Config;
 use crate::context::Host;
+use crate::nodegoal::MachineGoal;
 
 /// How bad a result is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -97,8 +100,27 @@ impl OutputFormat {
 /// Free space `disk-space` requires under `/var/lib`.
 pub const MIN_FREE_BYTES: u64 = 8 << 30;
 
-/// Runs every check that applies to this host, in order.
-pub async fn run_checks(host: &Host, config: &Config) -> Vec<CheckResult> {
+/// Checks that reach the network: the rootfs image and the component downloads. The machine
+/// layer implements it; tests fake it.
+#[async_trait]
+pub trait RemoteProbe: Send + Sync {
+    /// Whether the rootfs image's manifest can be fetched: `Ok(digest)` or why not.
+    async fn image_reachable(&self, goal: &MachineGoal) -> Result<String, String>;
+    /// `(check name, result)` for `kubernetes-artifacts`, `cri-artifacts`, `cni-artifacts`.
+    async fn artifacts_reachable(
+        &self,
+        config: &Config,
+        goal: &MachineGoal,
+    ) -> Vec<(String, Result<(), String>)>;
+}
+
+/// Runs every check that applies to this host, in order: host checks, node-start checks, then
+/// rootfs checks for `kube1`.
+pub async fn run_checks(
+    host: &Host,
+    config: &Config,
+    remote: &dyn RemoteProbe,
+) -> Vec<CheckResult> {
     let containerized = host.containerized();
     let mut futs: Vec<
         std::pin::Pin<Box<dyn std::future::Future<Output = CheckResult> + Send + '_>>,
@@ -127,7 +149,66 @@ pub async fn run_checks(host: &Host, config: &Config) -> Vec<CheckResult> {
     futs.push(Box::pin(async { swap_active(host) }));
     futs.push(Box::pin(async { disk_space(host) }));
     futs.push(Box::pin(async { cgroups(host) }));
-    futures::future::join_all(futs).await
+    futs.push(Box::pin(async { kernel_features(host) }));
+    futs.push(Box::pin(async {
+        port_free(host, "kubelet-bind-address", "kubelet", 10250)
+    }));
+    futs.push(Box::pin(async {
+        port_free(
+            host,
+            "containerd-metrics-bind-address",
+            "containerd metrics",
+            10257,
+        )
+    }));
+    futs.push(Box::pin(async { api_server_reachable(host, config) }));
+    let mut results = futures::future::join_all(futs).await;
+    let goal = crate::lifecycle::host_facts(host)
+        .map_err(|e| e.to_string())
+        .and_then(|f| {
+            crate::nodegoal::resolve(config, crate::state::KUBE1, &f).map_err(|e| e.to_string())
+        });
+    match goal {
+        Err(e) => results.push(CheckResult::new(
+            "goal-state",
+            "machine goal state",
+            Severity::Error,
+            e,
+        )),
+        Ok(goal) => {
+            results.push(CheckResult::new(
+                "goal-state",
+                "machine goal state",
+                Severity::Ok,
+                format!("goal state for {} resolves", goal.machine),
+            ));
+            results.push(match remote.image_reachable(&goal).await {
+                Ok(digest) => CheckResult::new(
+                    "oci-image-reachable",
+                    "node rootfs image",
+                    Severity::Ok,
+                    format!("rootfs image is reachable ({digest})"),
+                ),
+                Err(e) => CheckResult::new(
+                    "oci-image-reachable",
+                    "node rootfs image",
+                    Severity::Error,
+                    e,
+                ),
+            });
+            results.push(machine_provisioning(host, &goal));
+            for (name, r) in remote.artifacts_reachable(config, &goal).await {
+                let target = format!("{} download", name.trim_end_matches("-artifacts"));
+                results.push(match r {
+                    Ok(()) => {
+                        CheckResult::new(&name, &target, Severity::Ok, "artifacts are reachable")
+                    }
+                    Err(e) => CheckResult::new(&name, &target, Severity::Error, e),
+                });
+            }
+        }
+    }
+    results
 }
 
 fn privileged_user(host: &Host) -> CheckResult {
@@ -309,21 +390,210 @@ fn disk_space(host: &Host) -> CheckResult {
 
 fn cgroups(host: &Host) -> CheckResult {
     let name = "cgroups";
-    if host.fs.exists(Path::new("/sys/fs/cgroup")) {
+    if !host.fs.exists(Path::new("/sys/fs/cgroup")) {
+        return CheckResult::new(
+            name,
+            "host cgroups",
+            Severity::Error,
+            "/sys/fs/cgroup is missing",
+        );
+    }
+    if host
+        .fs
+        .exists(Path::new("/sys/fs/cgroup/cgroup.controllers"))
+    {
         CheckResult::new(
             name,
             "host cgroups",
             Severity::Ok,
-            "/sys/fs/cgroup is present",
+            "cgroup v2 (unified hierarchy) is mounted",
         )
     } else {
         CheckResult::new(
             name,
             "host cgroups",
             Severity::Error,
-            "/sys/fs/cgroup is missing",
+            "cgroup v2 is not mounted at /sys/fs/cgroup; the machines need the unified hierarchy",
         )
     }
+}
+
+/// Kernel features the machines need: overlayfs and bridge netfilter (loaded inside the machine
+/// from the host's modules, so built in or available as modules), and the bpf file system.
+fn kernel_features(host: &Host) -> CheckResult {
+    let name = "kernel-features";
+    let read = |p: &str| {
+        host.fs
+            .read_to_string(Path::new(p))
+            .ok()
+            .flatten()
+            .unwrap_or_default()
+    };
+    let filesystems = read("/proc/filesystems");
+    let rel = host.info.kernel_release();
+    let modules = format!(
+        "{}\n{}",
+        read(&format!("/lib/modules/{rel}/modules.dep")),
+        read(&format!("/lib/modules/{rel}/modules.builtin"))
+    );
+    let has_module = |m: &str| {
+        modules.lines().any(|l| {
+            l.split(':').next().is_some_and(|p| {
+                p.ends_with(&format!("/{m}.ko")) || p.contains(&format!("/{m}.ko."))
+            })
+        })
+    };
+    let fs_has = |f: &str| {
+        filesystems
+            .lines()
+            .any(|l| l.split_whitespace().last() == Some(f))
+    };
+    let mut missing = Vec::new();
+    if !fs_has("overlay") && !has_module("overlay") {
+        missing.push("overlay");
+    }
+    if !host.fs.exists(Path::new("/proc/sys/net/bridge")) && !has_module("br_netfilter") {
+        missing.push("br_netfilter");
+    }
+    if !fs_has("bpf") {
+        missing.push("bpf file system");
+    }
+    if missing.is_empty() {
+        CheckResult::new(
+            name,
+            "host kernel",
+            Severity::Ok,
+            "overlay, br_netfilter and bpf are available",
+        )
+    } else {
+        CheckResult::new(
+            name,
+            "host kernel",
+            Severity::Error,
+            format!("kernel {rel} lacks {}", missing.join(", ")),
+        )
+    }
+}
+
+fn port_free(host: &Host, name: &str, what: &str, port: u16) -> CheckResult {
+    let addr = std::net::SocketAddr::from(([0, 0, 0, 0], port));
+    if host.info.port_bindable(addr) {
+        CheckResult::new(
+            name,
+            &format!("{what} address"),
+            Severity::Ok,
+            format!("0.0.0.0:{port} is free"),
+        )
+    } else {
+        CheckResult::new(
+            name,
+            &format!("{what} address"),
+            Severity::Error,
+            format!("0.0.0.0:{port} is in use by another process"),
+        )
+    }
+}
+
+fn api_server_reachable(host: &Host, config: &Config) -> CheckResult {
+    let name = "api-server-reachable";
+    let target = "API server";
+    let url = config.api_server_url();
+    if url.is_empty() {
+        return CheckResult::new(
+            name,
+            target,
+            Severity::Warning,
+            "no API server configured (node.kubelet.clusterFQDN)",
+        );
+    }
+    let ca = config.node.kubelet.ca_cert_data.trim();
+    if !ca.is_empty() && crate::nodeconfig::decode_base64(ca).is_err() {
+        return CheckResult::new(
+            name,
+            target,
+            Severity::Error,
+            "node.kubelet.caCertData is not valid base64",
+        );
+    }
+    let Ok(u) = url::Url::parse(&url) else {
+        return CheckResult::new(
+            name,
+            target,
+            Severity::Error,
+            "the API server URL does not parse",
+        );
+    };
+    let (Some(h), Some(port)) = (u.host_str(), u.port_or_known_default()) else {
+        return CheckResult::new(
+            name,
+            target,
+            Severity::Error,
+            "the API server URL has no host",
+        );
+    };
+    match host.info.tcp_connect(
+        h.trim_matches(['[', ']']),
+        port,
+        std::time::Duration::from_secs(5),
+    ) {
+        Ok(()) => CheckResult::new(name, target, Severity::Ok, "API server is reachable"),
+        // The endpoint is not named: it may identify the cluster.
+        Err(e) => CheckResult::new(
+            name,
+            target,
+            Severity::Error,
+            format!("API server is not reachable: {e}"),
+        ),
+    }
+}
+
+fn machine_provisioning(host: &Host, goal: &MachineGoal) -> CheckResult {
+    let name = "nspawn-machine-provisioning";
+    let target = "nspawn machine";
+    let dir = goal.machine_dir();
+    if host.fs.exists(&dir) && !host.fs.path(&dir).is_dir() {
+        return CheckResult::new(
+            name,
+            target,
+            Severity::Error,
+            format!("{} exists and is not a directory", dir.display()),
+        );
+    }
+    for p in [
+        Path::new(crate::machine::MACHINES_DIR).to_path_buf(),
+        crate::machine::nspawn_file(&goal.machine)
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_default(),
+        crate::machine::dropin_dir(&goal.machine),
+    ] {
+        let mut existing = p.clone();
+        while !host.fs.exists(&existing) {
+            match existing.parent() {
+                Some(parent) => existing = parent.to_path_buf(),
+                None => break,
+            }
+        }
+        let real = host.fs.path(&existing);
+        if !real.is_dir() || host.info.is_read_only(&real).unwrap_or(false) {
+            return CheckResult::new(
+                name,
+                target,
+                Severity::Error,
+                format!(
+                    "{} cannot be created ({} is not a writable directory)",
+                    p.display(),
+                    existing.display()
+                ),
+            );
+        }
+    }
+    CheckResult::new(
+        name,
+        target,
+        Severity::Ok,
+        format!("{} can be provisioned", goal.machine),
+    )
 }
 
 /// Applies `--ignore-preflight-errors` and builds the report.
@@ -419,11 +689,72 @@ mod tests {
         .config
     }
 
+    struct FakeRemote {
+        up: bool,
+    }
+
+    #[async_trait]
+    impl RemoteProbe for FakeRemote {
+        async fn image_reachable(&self, _g: &MachineGoal) -> Result<String, String> {
+            if self.up {
+                Ok("sha256:abc".into())
+            } else {
+                Err("rootfs image is not reachable: connection refused".into())
+            }
+        }
+        async fn artifacts_reachable(
+            &self,
+            _c: &Config,
+            _g: &MachineGoal,
+        ) -> Vec<(String, Result<(), String>)> {
+            ["kubernetes-artifacts", "cri-artifacts", "cni-artifacts"]
+                .into_iter()
+                .map(|n| {
+                    (
+                        n.to_string(),
+                        if self.up {
+                            Ok(())
+                        } else {
+                            Err("not reachable".to_string())
+                        },
+                    )
+                })
+                .collect()
+        }
+    }
+
+    const UP: FakeRemote = FakeRemote { up: true };
+    const DOWN: FakeRemote = FakeRemote { up: false };
+
     fn healthy() -> FakeHost {
         let f = FakeHost::new().unwrap();
-        for d in ["/run/systemd/system", "/sys/fs/cgroup", "/var/lib"] {
+        for d in [
+            "/run/systemd/system",
+            "/sys/fs/cgroup",
+            "/var/lib",
+            "/proc/sys/net/bridge",
+        ] {
             f.host.fs.create_dir_all(Path::new(d)).unwrap();
         }
+        let fs = &f.host.fs;
+        fs.write_atomic(
+            Path::new("/sys/fs/cgroup/cgroup.controllers"),
+            b"cpu memory\n",
+            0o444,
+        )
+        .unwrap();
+        fs.write_atomic(
+            Path::new("/proc/filesystems"),
+            b"nodev\tsysfs\nnodev\tbpf\n\text4\n",
+            0o444,
+        )
+        .unwrap();
+        fs.write_atomic(
+            Path::new("/lib/modules/6.1.0-test/modules.dep"),
+            b"kernel/fs/overlayfs/overlay.ko.xz:\nkernel/net/bridge/br_netfilter.ko.xz: kernel/net/bridge/bridge.ko.xz\n",
+            0o644,
+        )
+        .unwrap();
         f.host
             .fs
             .write_atomic(
@@ -438,7 +769,7 @@ mod tests {
     #[tokio::test]
     async fn healthy_host_text_and_json() {
         let f = healthy();
-        let report = build_report(run_checks(&f.host, &config()).await, &[]);
+        let report = build_report(run_checks(&f.host, &config(), &UP).await, &[]);
         assert_eq!(verdict(&report, true), Ok(()));
         insta::assert_snapshot!(render_text(&report));
         insta::assert_snapshot!(render_json(&report));
@@ -454,7 +785,7 @@ mod tests {
         .unwrap();
         f.systemd.set_active("docker.service");
         f.runner.without("machinectl");
-        let results = run_checks(&f.host, &config()).await;
+        let results = run_checks(&f.host, &config(), &DOWN).await;
         let report = build_report(results.clone(), &[]);
         insta::assert_snapshot!("problems_text", render_text(&report));
         assert_eq!(
@@ -462,12 +793,14 @@ mod tests {
             Err("preflight checks failed".into())
         );
 
-        let report = build_report(
-            results.clone(),
-            &["IS-PRIVILEGED-USER, disk-space".into(), "cgroups".into()],
-        );
-        assert_eq!(report.summary.errors, 0);
-        assert!(report.checks.iter().filter(|c| c.ignored).count() == 3);
+        let ignore: Vec<String> = vec![
+            "IS-PRIVILEGED-USER, disk-space".into(),
+            "cgroups,kernel-features".into(),
+            "oci-image-reachable,kubernetes-artifacts,cri-artifacts,cni-artifacts".into(),
+        ];
+        let report = build_report(results.clone(), &ignore);
+        assert_eq!(report.summary.errors, 0, "{}", render_text(&report));
+        assert_eq!(report.checks.iter().filter(|c| c.ignored).count(), 8);
         assert_eq!(verdict(&report, false), Ok(()));
         assert_eq!(
             verdict(&report, true),
@@ -484,7 +817,7 @@ mod tests {
             ..Default::default()
         })
         .unwrap();
-        let names: Vec<_> = run_checks(&f.host, &config())
+        let names: Vec<_> = run_checks(&f.host, &config(), &UP)
             .await
             .into_iter()
             .map(|c| c.name)

@@ -317,16 +317,29 @@ fn redact_secrets(cmd: &Cmd, text: &str) -> String {
     text
 }
 
-/// The real runner: `tokio::process`, programs resolved on `PATH`.
+/// The real runner: `tokio::process`, programs resolved on `PATH`. In the agent's container,
+/// host tools resolve to their `host-exec` links ([`crate::hostexec::resolve`]).
 #[derive(Clone, Debug, Default)]
 pub struct ProcessRunner {
-    _private: (),
+    containerized: bool,
 }
 
 impl ProcessRunner {
     /// A runner that resolves program names on the process's `PATH`.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A runner for the agent's container: host tools run through `host-exec`.
+    pub fn containerized() -> Self {
+        Self {
+            containerized: true,
+        }
+    }
+
+    /// The program this runner starts for `cmd`.
+    pub fn program_for(&self, cmd: &Cmd) -> String {
+        crate::hostexec::resolve(cmd.program(), self.containerized)
     }
 }
 
@@ -340,8 +353,9 @@ impl Runner for ProcessRunner {
         async move {
             let started = tokio::time::Instant::now();
             let mut delay = Duration::from_millis(10);
+            let program = self.program_for(cmd);
             let mut child = loop {
-                match spawn(cmd) {
+                match spawn(&program, cmd) {
                     Ok(child) => break child,
                     Err(e)
                         if e.raw_os_error() == Some(rustix::io::Errno::TXTBSY.raw_os_error())
@@ -390,7 +404,10 @@ impl Runner for ProcessRunner {
     }
 
     fn which(&self, program: &str) -> Option<PathBuf> {
-        which_on(program, std::env::var_os("PATH").as_deref())
+        which_on(
+            &crate::hostexec::resolve(program, self.containerized),
+            std::env::var_os("PATH").as_deref(),
+        )
     }
 }
 
@@ -432,8 +449,8 @@ pub async fn run_inherited(cmd: &Cmd) -> Result<(), CmdError> {
 }
 
 #[allow(clippy::disallowed_methods)] // This is the one place that may create processes.
-fn spawn(cmd: &Cmd) -> std::io::Result<tokio::process::Child> {
-    let mut c = tokio::process::Command::new(cmd.program());
+fn spawn(program: &str, cmd: &Cmd) -> std::io::Result<tokio::process::Child> {
+    let mut c = tokio::process::Command::new(program);
     c.args(cmd.arg_list().iter().map(Arg::value))
         .envs(cmd.env_list().iter().map(|(k, v)| (k, v)))
         .stdin(if cmd.stdin_data().is_some() {

@@ -12,7 +12,7 @@ use async_trait::async_trait;
 use crate::config::Config;
 use crate::context::Host;
 use crate::state::{DaemonState, KUBE1, StateStore};
-use crate::systemd::{install_service, render_agent_unit};
+use crate::systemd::{install_service, render_agent_unit_for};
 use crate::task::step;
 
 /// The node's goal, from the machine resource or, at bootstrap, from the config.
@@ -194,7 +194,11 @@ pub async fn run_start(
         step("save-daemon-state", async { store.save(&state) }).await?;
         step(
             "install-service",
-            install_service(&host.fs, host.systemd.as_ref(), &render_agent_unit()),
+            install_service(
+                &host.fs,
+                host.systemd.as_ref(),
+                &render_agent_unit_for(host.containerized()),
+            ),
         )
         .await?;
         Ok::<(), crate::task::StepError>(())

@@ -50,13 +50,6 @@ impl DaemonState {
             other => Err(StateError::InvalidActiveMachine(other.to_string())),
         }
     }
-
-    /// The JSON bytes as saved: 2-space indent and a trailing newline.
-    pub fn to_bytes(&self) -> Vec<u8> {
-        let mut s = serde_json::to_string_pretty(self).unwrap_or_else(|_| "{}".into());
-        s.push('\n');
-        s.into_bytes()
-    }
 }
 
 /// A state file problem.
@@ -77,7 +70,7 @@ pub enum StateError {
     #[error("daemon state checksum mismatch for {0}")]
     ChecksumMismatch(PathBuf),
     /// The JSON does not decode.
-    #[error("decode daemon state {path}: {reason}")]
+    #[error("decode state file {path}: {reason}")]
     Decode {
         /// The state file.
         path: PathBuf,
@@ -92,28 +85,37 @@ pub enum StateError {
     InvalidActiveMachine(String),
 }
 
-/// Loads and saves [`DaemonState`] under a [`HostFs`].
+/// A JSON file with a `.sha256` sidecar, saved atomically (JSON first, checksum second, both
+/// 0600) and verified on load. [`StateStore`] is the daemon state; the repave journal uses the
+/// same format.
 #[derive(Clone, Debug)]
-pub struct StateStore {
+pub struct JsonStore<T> {
     fs: HostFs,
     path: PathBuf,
+    _t: std::marker::PhantomData<fn() -> T>,
 }
+
+/// The daemon state store.
+pub type StateStore = JsonStore<DaemonState>;
 
 impl StateStore {
     /// The store at the default path.
     pub fn new(fs: HostFs) -> Self {
         Self::at(fs, STATE_PATH)
     }
+}
 
+impl<T: Serialize + serde::de::DeserializeOwned> JsonStore<T> {
     /// A store at `path` (a host path).
     pub fn at(fs: HostFs, path: impl Into<PathBuf>) -> Self {
         Self {
             fs,
             path: path.into(),
+            _t: std::marker::PhantomData,
         }
     }
 
-    /// The state file's host path.
+    /// The file's host path.
     pub fn path(&self) -> &Path {
         &self.path
     }
@@ -124,8 +126,8 @@ impl StateStore {
         PathBuf::from(p)
     }
 
-    /// Loads the state; `Ok(None)` when there is no state file.
-    pub fn load(&self) -> Result<Option<DaemonState>, StateError> {
+    /// Loads the value; `Ok(None)` when there is no file.
+    pub fn load(&self) -> Result<Option<T>, StateError> {
         let Some(bytes) = self.fs.read(&self.path)? else {
             return Ok(None);
         };
@@ -156,9 +158,14 @@ impl StateStore {
             })
     }
 
-    /// Saves the state: the JSON, then its checksum, each atomically with mode 0600.
-    pub fn save(&self, state: &DaemonState) -> Result<(), StateError> {
-        let bytes = state.to_bytes();
+    /// Saves the value: the JSON (2-space indent, trailing newline), then its checksum, each
+    /// atomically with mode 0600.
+    pub fn save(&self, value: &T) -> Result<(), StateError> {
+        let mut bytes = serde_json::to_vec_pretty(value).map_err(|e| StateError::Decode {
+            path: self.path.clone(),
+            reason: e.to_string(),
+        })?;
+        bytes.push(b'\n');
         self.fs.write_atomic(&self.path, &bytes, 0o600)?;
         let sum = format!("{}\n", checksum(&bytes));
         self.fs
@@ -166,7 +173,7 @@ impl StateStore {
         Ok(())
     }
 
-    /// Removes the state and its checksum (missing files are fine).
+    /// Removes the file and its checksum (missing files are fine).
     pub fn delete(&self) -> Result<(), StateError> {
         self.fs.remove_file(&self.path)?;
         self.fs.remove_file(&self.checksum_path())?;
@@ -265,7 +272,7 @@ mod tests {
         .unwrap();
         let e = s.load().unwrap_err().to_string();
         assert!(
-            e.starts_with("decode daemon state /etc/aks-flex-node/daemon-state.json"),
+            e.starts_with("decode state file /etc/aks-flex-node/daemon-state.json"),
             "{e}"
         );
     }

@@ -227,6 +227,12 @@ pub struct FakeHostInfo {
     pub var_lib_free: u64,
     /// Whether the agent runs in its container image.
     pub containerized: bool,
+    /// `uname -r`.
+    pub kernel_release: String,
+    /// Ports that are taken.
+    pub busy_ports: Vec<u16>,
+    /// Whether TCP connections succeed.
+    pub network_up: bool,
 }
 
 impl Default for FakeHostInfo {
@@ -237,6 +243,9 @@ impl Default for FakeHostInfo {
             usr_read_only: false,
             var_lib_free: 64 << 30,
             containerized: false,
+            kernel_release: "6.1.0-test".into(),
+            busy_ports: Vec::new(),
+            network_up: true,
         }
     }
 }
@@ -256,6 +265,19 @@ impl HostInfo for FakeHostInfo {
     }
     fn containerized(&self) -> bool {
         self.containerized
+    }
+    fn kernel_release(&self) -> String {
+        self.kernel_release.clone()
+    }
+    fn port_bindable(&self, addr: std::net::SocketAddr) -> bool {
+        !self.busy_ports.contains(&addr.port())
+    }
+    fn tcp_connect(&self, _host: &str, _port: u16, _t: std::time::Duration) -> Result<(), String> {
+        if self.network_up {
+            Ok(())
+        } else {
+            Err("connection refused".into())
+        }
     }
 }
 

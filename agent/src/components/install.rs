@@ -1,0 +1,423 @@
+//! [`install_components`]: installs every component of a [`ComponentPlan`] into a rootfs.
+//!
+//! Components are independent and run concurrently; every failure is reported
+//! ([`ComponentsError::Failed`]). For each component:
+//! 1. its skip rule ([`SkipRule`]): the `--version` probe runs through the host's
+//!    [`Runner`](crate::runner::Runner) as the binary's real path
+//!    (`<rootfs>/usr/local/bin/kubelet --version`); a probe that cannot run counts as "not
+//!    installed";
+//! 2. otherwise its artifacts are fetched into a staging directory inside the rootfs
+//!    (`<rootfs>/.aks-flex-node-staging-*`, removed afterwards) or read from the offline
+//!    bundle; Kubernetes binaries are all checked against their `.sha256` before any is
+//!    installed, so a mismatch leaves the installed binaries as they were;
+//! 3. files are written through [`HostFs::install`](crate::fs::HostFs::install): temporary
+//!    file, mode 0755, rename; missing directories are created 0755.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use futures::future::join_all;
+
+use super::archive::{self, BINARY_MODE, InstallMemberError};
+use super::download::{self, RetryPolicy};
+use super::error::{ComponentError, ComponentsError, Failure, Step};
+use super::offline::{self, ArtifactFetcher, BundleIndex, OciArtifactFetcher};
+use super::plan::{
+    Binary, Component, ComponentPlan, ComponentSpec, Location, Members, Payload, PlanSource,
+    SkipRule,
+};
+use crate::context::Host;
+use crate::runner::Cmd;
+
+/// Name prefix of the staging directory created inside the rootfs.
+pub const STAGING_PREFIX: &str = ".aks-flex-node-staging-";
+
+/// Deadline of one `--version` probe.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// What happened to each component.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InstallReport {
+    /// One entry per component, in plan order.
+    pub components: Vec<ComponentReport>,
+}
+
+impl InstallReport {
+    /// The entry of `component`.
+    pub fn get(&self, component: Component) -> Option<&ComponentReport> {
+        self.components.iter().find(|c| c.component == component)
+    }
+
+    /// Whether nothing was written.
+    pub fn all_already_installed(&self) -> bool {
+        self.components
+            .iter()
+            .all(|c| c.outcome == Outcome::AlreadyInstalled)
+    }
+}
+
+/// One component's result.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ComponentReport {
+    /// The component.
+    pub component: Component,
+    /// Its version, when known.
+    pub version: Option<String>,
+    /// Skipped or installed.
+    pub outcome: Outcome,
+}
+
+/// Whether a component was written.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Its skip rule held; nothing was fetched.
+    AlreadyInstalled,
+    /// These files (host paths) were written.
+    Installed {
+        /// Host paths, in install order.
+        files: Vec<PathBuf>,
+    },
+}
+
+/// Installs the plan's components into `rootfs` (a host path, e.g.
+/// `/var/lib/machines/kube1`; it must exist, the image pull creates it), fetching `oci://` offline bundles with
+/// [`OciArtifactFetcher`].
+pub async fn install_components(
+    host: &Host,
+    http: &reqwest::Client,
+    rootfs: &Path,
+    plan: &ComponentPlan,
+) -> Result<InstallReport, ComponentsError> {
+    let fetcher = OciArtifactFetcher::new(http.clone());
+    install_components_with(host, http, &fetcher, rootfs, plan).await
+}
+
+/// [`install_components`] with the given fetcher for `oci://` offline bundles.
+pub async fn install_components_with(
+    host: &Host,
+    http: &reqwest::Client,
+    fetcher: &dyn ArtifactFetcher,
+    rootfs: &Path,
+    plan: &ComponentPlan,
+) -> Result<InstallReport, ComponentsError> {
+    if !host.fs.path(rootfs).is_dir() {
+        // Not created here: a non-empty directory would stop the image pull that builds it.
+        return Err(ComponentsError::RootfsMissing(rootfs.to_path_buf()));
+    }
+    let staging = tempfile::Builder::new()
+        .prefix(STAGING_PREFIX)
+        .tempdir_in(host.fs.path(rootfs))
+        .map_err(|e| ComponentsError::Staging(e.to_string()))?;
+    let (specs, _bundle) = match &plan.source {
+        PlanSource::Online { specs, .. } => (specs.clone(), None),
+        PlanSource::Offline { source, versions } => {
+            let bundle = offline::materialize(&host.fs, fetcher, source, staging.path()).await?;
+            let index = BundleIndex::from_dir(&bundle.root)
+                .map_err(|e| ComponentsError::Offline(format!("cannot list the bundle: {e}")))?;
+            let specs = offline::bundle_specs(&index, &bundle.root, versions, &plan.arch)?;
+            (specs, Some(bundle))
+        }
+    };
+    let ctx = Ctx {
+        host,
+        http,
+        rootfs,
+        staging: staging.path(),
+        retry: &plan.retry,
+    };
+    let results = join_all(specs.iter().map(|s| install_one(&ctx, s))).await;
+    let mut components = Vec::new();
+    let mut failures = Vec::new();
+    for r in results {
+        match r {
+            Ok(report) => components.push(report),
+            Err(errs) => failures.extend(errs),
+        }
+    }
+    if failures.is_empty() {
+        Ok(InstallReport { components })
+    } else {
+        Err(ComponentsError::Failed(failures))
+    }
+}
+
+struct Ctx<'a> {
+    host: &'a Host,
+    http: &'a reqwest::Client,
+    rootfs: &'a Path,
+    staging: &'a Path,
+    retry: &'a RetryPolicy,
+}
+
+impl Ctx<'_> {
+    /// The real path of a rootfs-relative path.
+    fn real(&self, rel: &Path) -> PathBuf {
+        self.host.fs.path(&self.rootfs.join(rel))
+    }
+}
+
+fn failure(
+    component: Component,
+    step: Step,
+    location: &Location,
+    failure: Failure,
+) -> ComponentError {
+    ComponentError {
+        component,
+        step,
+        location: location.to_string(),
+        failure,
+    }
+}
+
+async fn install_one(
+    ctx: &Ctx<'_>,
+    spec: &ComponentSpec,
+) -> Result<ComponentReport, Vec<ComponentError>> {
+    let c = spec.component;
+    let version = spec.version.as_deref().unwrap_or("from bundle");
+    if already_installed(ctx, &spec.skip).await {
+        tracing::info!(component = c.name(), version, "already installed");
+        return Ok(ComponentReport {
+            component: c,
+            version: spec.version.clone(),
+            outcome: Outcome::AlreadyInstalled,
+        });
+    }
+    let started = Instant::now();
+    let from = spec
+        .payload
+        .locations()
+        .first()
+        .map(|l| l.to_string())
+        .unwrap_or_default();
+    tracing::info!(component = c.name(), version, from, "installing");
+    let files = match &spec.payload {
+        Payload::Verified(bins) => install_verified(ctx, c, bins).await?,
+        Payload::Archive {
+            source,
+            members,
+            dest_dir,
+        } => install_archive(ctx, c, source, members, dest_dir)
+            .await
+            .map_err(|e| vec![e])?,
+        Payload::File { source, dest } => {
+            let staged = stage(ctx, c, source, "file").await.map_err(|e| vec![e])?;
+            vec![
+                install_from(ctx, c, source, &staged.0, dest)
+                    .await
+                    .map_err(|e| vec![e])?,
+            ]
+        }
+    };
+    tracing::info!(
+        component = c.name(),
+        version,
+        files = files.len(),
+        duration_ms = started.elapsed().as_millis() as u64,
+        "installed"
+    );
+    Ok(ComponentReport {
+        component: c,
+        version: spec.version.clone(),
+        outcome: Outcome::Installed { files },
+    })
+}
+
+fn is_executable(real: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(real).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
+async fn already_installed(ctx: &Ctx<'_>, rule: &SkipRule) -> bool {
+    match rule {
+        SkipRule::Version {
+            executables,
+            probe,
+            expect,
+        } => {
+            if !executables.iter().all(|p| is_executable(&ctx.real(p))) {
+                return false;
+            }
+            let cmd = Cmd::new(ctx.real(probe).to_string_lossy())
+                .arg("--version")
+                .timeout(PROBE_TIMEOUT);
+            match ctx.host.runner.output(&cmd).await {
+                Ok(out) if out.success() => {
+                    let ok = expect.matches(&out.stdout);
+                    if !ok {
+                        tracing::debug!(argv = %cmd, stdout = out.stdout_trimmed(), "installed version differs");
+                    }
+                    ok
+                }
+                Ok(out) => {
+                    tracing::debug!(argv = %cmd, code = ?out.code, "version probe failed");
+                    false
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "version probe could not run");
+                    false
+                }
+            }
+        }
+        SkipRule::SameContent { installed, source } => {
+            let installed = ctx.real(installed);
+            if !is_executable(&installed) {
+                return false;
+            }
+            let source = source.clone();
+            tokio::task::spawn_blocking(move || {
+                match (
+                    download::sha256_file(&installed),
+                    download::sha256_file(&source),
+                ) {
+                    (Ok(a), Ok(b)) => a == b,
+                    _ => false,
+                }
+            })
+            .await
+            .unwrap_or(false)
+        }
+    }
+}
+
+/// Fetches `source` into the staging directory (or uses the bundle file in place); returns the
+/// real path and the SHA-256 of its bytes.
+async fn stage(
+    ctx: &Ctx<'_>,
+    c: Component,
+    source: &Location,
+    name: &str,
+) -> Result<(PathBuf, String), ComponentError> {
+    match source {
+        Location::Url(url) => {
+            let dest = ctx.staging.join(format!("{}-{name}", c.name()));
+            let sum = download::download_to_file(ctx.http, url, &dest, ctx.retry, c.name())
+                .await
+                .map_err(|f| failure(c, Step::Download, source, f))?;
+            Ok((dest, sum))
+        }
+        Location::File(p) => {
+            let path = p.clone();
+            let sum = tokio::task::spawn_blocking(move || download::sha256_file(&path))
+                .await
+                .map_err(|e| {
+                    failure(
+                        c,
+                        Step::Download,
+                        source,
+                        Failure::Io(std::io::Error::other(e)),
+                    )
+                })?
+                .map_err(|e| failure(c, Step::Download, source, Failure::Io(e)))?;
+            Ok((p.clone(), sum))
+        }
+    }
+}
+
+/// Writes the staged file `staged` to `dest` (rootfs-relative), mode 0755; returns the host
+/// path.
+async fn install_from(
+    ctx: &Ctx<'_>,
+    c: Component,
+    source: &Location,
+    staged: &Path,
+    dest: &Path,
+) -> Result<PathBuf, ComponentError> {
+    let dest = ctx.rootfs.join(dest);
+    let fs = ctx.host.fs.clone();
+    let staged = staged.to_path_buf();
+    let target = dest.clone();
+    tokio::task::spawn_blocking(move || -> Result<(), Failure> {
+        if let Some(parent) = target.parent() {
+            fs.create_dir_all_mode(parent, BINARY_MODE)?;
+        }
+        let mut file = std::fs::File::open(&staged)?;
+        fs.install(&target, &mut file, BINARY_MODE)?;
+        Ok(())
+    })
+    .await
+    .map_err(|e| Failure::Io(std::io::Error::other(e)))
+    .and_then(|r| r)
+    .map_err(|f| failure(c, Step::Install, source, f))?;
+    Ok(dest)
+}
+
+async fn checksum_of(ctx: &Ctx<'_>, c: Component, b: &Binary) -> Result<String, ComponentError> {
+    let err = |f| failure(c, Step::DownloadChecksum, &b.checksum, f);
+    match &b.checksum {
+        Location::Url(url) => download::fetch_checksum(ctx.http, url, ctx.retry, &b.name)
+            .await
+            .map_err(err),
+        Location::File(p) => {
+            let bytes = std::fs::read(p).map_err(|e| err(Failure::Io(e)))?;
+            download::parse_checksum(&bytes).map_err(err)
+        }
+    }
+}
+
+/// Fetches and verifies every binary, then installs them all.
+async fn install_verified(
+    ctx: &Ctx<'_>,
+    c: Component,
+    bins: &[Binary],
+) -> Result<Vec<PathBuf>, Vec<ComponentError>> {
+    let staged = join_all(bins.iter().map(|b| async move {
+        let expected = checksum_of(ctx, c, b).await?;
+        let (path, actual) = stage(ctx, c, &b.source, &b.name).await?;
+        if actual != expected {
+            return Err(failure(
+                c,
+                Step::Verify,
+                &b.source,
+                Failure::ChecksumMismatch {
+                    binary: b.name.clone(),
+                    expected,
+                    actual,
+                },
+            ));
+        }
+        Ok((b, path))
+    }))
+    .await;
+    let (ok, errors): (Vec<_>, Vec<_>) = staged.into_iter().partition(Result::is_ok);
+    let errors: Vec<ComponentError> = errors.into_iter().filter_map(Result::err).collect();
+    if !errors.is_empty() {
+        return Err(errors);
+    }
+    let mut files = Vec::new();
+    for (b, path) in ok.into_iter().filter_map(Result::ok) {
+        files.push(
+            install_from(ctx, c, &b.source, &path, &b.dest)
+                .await
+                .map_err(|e| vec![e])?,
+        );
+    }
+    Ok(files)
+}
+
+async fn install_archive(
+    ctx: &Ctx<'_>,
+    c: Component,
+    source: &Location,
+    members: &Members,
+    dest_dir: &Path,
+) -> Result<Vec<PathBuf>, ComponentError> {
+    let (path, _) = stage(ctx, c, source, "archive").await?;
+    let fs = ctx.host.fs.clone();
+    let dest_dir = ctx.rootfs.join(dest_dir);
+    let members = members.clone();
+    tokio::task::spawn_blocking(move || {
+        let chosen = archive::select_members(&path, &members).map_err(|f| (Step::Extract, f))?;
+        fs.create_dir_all_mode(&dest_dir, BINARY_MODE)
+            .map_err(|e| (Step::Install, Failure::Fs(e)))?;
+        archive::install_members(&path, &chosen, &fs, &dest_dir).map_err(|e| match e {
+            InstallMemberError::Read(f) => (Step::Extract, f),
+            InstallMemberError::Write(f) => (Step::Install, f),
+        })
+    })
+    .await
+    .map_err(|e| (Step::Install, Failure::Io(std::io::Error::other(e))))
+    .and_then(|r| r)
+    .map_err(|(step, f)| failure(c, step, source, f))
+}

@@ -1,0 +1,836 @@
+//! An anonymous OCI distribution (registry v2) client: manifests, blobs, pushes.
+//!
+//! - **Transport**: the agent's `reqwest::Client` ([`crate::http::client`]). Plain HTTP exactly
+//!   when [`crate::http::allows_plain_http`] allows the registry host (localhost, loopback,
+//!   private ranges); HTTPS otherwise.
+//! - **Auth**: anonymous only. A `401` with `WWW-Authenticate: Bearer realm=…,service=…,scope=…`
+//!   gets a token from the realm (`GET realm?service=…&scope=…`, no credentials), cached per
+//!   registry and scope, and the request is retried once with it. Any other challenge is an
+//!   [`OciError::Auth`] error.
+//! - **Manifests**: `Accept` lists OCI index/manifest and Docker list/manifest; Docker types are
+//!   mapped to OCI ones ([`super::manifest`]). The bytes are hashed: against the digest asked
+//!   for, the index entry's descriptor, and the `Docker-Content-Digest` header.
+//! - **Blobs**: streamed to a temporary file next to the destination while hashed; never more
+//!   than the descriptor's size is accepted, and the digest must match before the file is renamed
+//!   into place. A blob already at the destination is re-hashed and reused when it matches.
+//! - **Retries**: connection/DNS failures, resets and timeouts, and HTTP 429, 500, 502, 503, 504
+//!   are retried [`RetryPolicy::attempts`] times in all with a delay starting at
+//!   [`RetryPolicy::initial_delay`] and doubling. A digest mismatch is not retried.
+//! - **Push**: monolithic blob upload (`POST /v2/<name>/blobs/uploads/`, then `PUT <location>?
+//!   digest=…`), skipped when `HEAD` finds the blob; `PUT` of a manifest.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use reqwest::StatusCode;
+use reqwest::header::{ACCEPT, CONTENT_TYPE, LOCATION, WWW_AUTHENTICATE};
+use sha2::{Digest as _, Sha256};
+use tokio::io::AsyncWriteExt;
+use tracing::Instrument;
+
+use super::OciError;
+use super::ResolvedImage;
+use super::digest::Digest;
+use super::manifest::{
+    Arch, Descriptor, ImageManifest, MAX_MANIFEST_BYTES, Manifest, media_type, parse_manifest,
+    select_platform,
+};
+use super::reference::ImageRef;
+
+/// How transient failures are retried.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RetryPolicy {
+    /// Attempts in all (at least 1).
+    pub attempts: u32,
+    /// Delay before the second attempt; doubles each time.
+    pub initial_delay: Duration,
+}
+
+impl Default for RetryPolicy {
+    /// 5 attempts, 2 s initial delay.
+    fn default() -> Self {
+        Self {
+            attempts: 5,
+            initial_delay: Duration::from_secs(2),
+        }
+    }
+}
+
+/// A manifest or index as fetched.
+#[derive(Clone, Debug)]
+pub struct FetchedManifest {
+    /// The digest of `bytes`.
+    pub digest: Digest,
+    /// The response's `Content-Type`.
+    pub content_type: Option<String>,
+    /// The bytes as received.
+    pub bytes: Vec<u8>,
+    /// The parsed document (media types normalized to OCI).
+    pub manifest: Manifest,
+}
+
+/// The anonymous registry client. Cheap to clone (the HTTP client and token cache are shared).
+#[derive(Clone)]
+pub struct RegistryClient {
+    http: reqwest::Client,
+    retry: RetryPolicy,
+    tokens: Arc<Mutex<HashMap<String, String>>>,
+}
+
+impl std::fmt::Debug for RegistryClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Tokens are bearer credentials, even anonymous ones: never shown.
+        f.debug_struct("RegistryClient")
+            .field("retry", &self.retry)
+            .finish_non_exhaustive()
+    }
+}
+
+enum Failure {
+    Transient(OciError),
+    Permanent(OciError),
+}
+
+type Build<'a> = &'a (dyn Fn(&reqwest::Client) -> reqwest::RequestBuilder + Send + Sync);
+
+/// `http` or `https` for a registry `host[:port]`.
+pub fn scheme_for(host: &str) -> &'static str {
+    if crate::http::allows_plain_http(host) {
+        "http"
+    } else {
+        "https"
+    }
+}
+
+fn is_transient_status(s: StatusCode) -> bool {
+    matches!(s.as_u16(), 429 | 500 | 502 | 503 | 504)
+}
+
+fn is_transient_error(e: &reqwest::Error) -> bool {
+    !(e.is_builder() || e.is_redirect() || e.is_status() || e.is_decode())
+}
+
+/// A parsed `WWW-Authenticate: Bearer …` challenge.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BearerChallenge {
+    /// Token endpoint.
+    pub realm: String,
+    /// `service` parameter.
+    pub service: Option<String>,
+    /// `scope` parameter.
+    pub scope: Option<String>,
+}
+
+/// Parses a Bearer challenge (`Bearer realm="…",service="…",scope="…"`); quoted values may hold
+/// commas. `None` for other schemes or without a realm.
+pub fn parse_bearer_challenge(header: &str) -> Option<BearerChallenge> {
+    let header = header.trim();
+    let (scheme, rest) = header.split_once(char::is_whitespace)?;
+    if !scheme.eq_ignore_ascii_case("bearer") {
+        return None;
+    }
+    let mut params: HashMap<String, String> = HashMap::new();
+    let mut chars = rest.chars().peekable();
+    loop {
+        while chars.peek().is_some_and(|c| *c == ',' || c.is_whitespace()) {
+            chars.next();
+        }
+        let key: String = chars
+            .by_ref()
+            .take_while(|c| *c != '=')
+            .collect::<String>()
+            .trim()
+            .to_ascii_lowercase();
+        if key.is_empty() {
+            break;
+        }
+        let mut value = String::new();
+        if chars.peek() == Some(&'"') {
+            chars.next();
+            while let Some(c) = chars.next() {
+                match c {
+                    '\\' => {
+                        if let Some(n) = chars.next() {
+                            value.push(n);
+                        }
+                    }
+                    '"' => break,
+                    c => value.push(c),
+                }
+            }
+        } else {
+            while let Some(c) = chars.peek().copied() {
+                if c == ',' {
+                    break;
+                }
+                value.push(c);
+                chars.next();
+            }
+            value = value.trim().to_string();
+        }
+        params.insert(key, value);
+    }
+    Some(BearerChallenge {
+        realm: params.remove("realm").filter(|r| !r.is_empty())?,
+        service: params.remove("service"),
+        scope: params.remove("scope"),
+    })
+}
+
+fn scope(image: &ImageRef, push: bool) -> String {
+    format!(
+        "repository:{}:{}",
+        image.repository,
+        if push { "pull,push" } else { "pull" }
+    )
+}
+
+async fn error_detail(resp: reqwest::Response) -> String {
+    let text = resp.text().await.unwrap_or_default();
+    let text = text.trim();
+    // Registries answer {"errors":[{"code":…,"message":…}]}.
+    if let Ok(v) = serde_json::from_str::<serde_json::Value>(text)
+        && let Some(errs) = v.get("errors").and_then(|e| e.as_array())
+    {
+        let parts: Vec<String> = errs
+            .iter()
+            .map(|e| {
+                let code = e.get("code").and_then(|c| c.as_str()).unwrap_or("");
+                let msg = e.get("message").and_then(|c| c.as_str()).unwrap_or("");
+                format!("{code} {msg}").trim().to_string()
+            })
+            .collect();
+        return parts.join("; ");
+    }
+    text.chars().take(300).collect()
+}
+
+impl RegistryClient {
+    /// A client over `http` (normally [`crate::http::client`]) with the default retry policy.
+    pub fn new(http: reqwest::Client) -> Self {
+        Self {
+            http,
+            retry: RetryPolicy::default(),
+            tokens: Arc::new(Mutex::new(HashMap::new())),
+        }
+    }
+
+    /// The same client with another retry policy.
+    pub fn with_retry(mut self, retry: RetryPolicy) -> Self {
+        self.retry = RetryPolicy {
+            attempts: retry.attempts.max(1),
+            ..retry
+        };
+        self
+    }
+
+    /// The retry policy in force.
+    pub fn retry_policy(&self) -> RetryPolicy {
+        self.retry
+    }
+
+    /// `<scheme>://<api host>/v2/<repository>/<path>`.
+    pub fn url(image: &ImageRef, path: &str) -> String {
+        let host = image.api_host();
+        format!(
+            "{}://{host}/v2/{}/{path}",
+            scheme_for(host),
+            image.repository
+        )
+    }
+
+    async fn retrying<T, F, Fut>(
+        &self,
+        image: &ImageRef,
+        what: &str,
+        mut f: F,
+    ) -> Result<T, OciError>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, Failure>>,
+    {
+        let mut delay = self.retry.initial_delay;
+        let attempts = self.retry.attempts.max(1);
+        let mut attempt = 1;
+        loop {
+            match f().await {
+                Ok(v) => return Ok(v),
+                Err(Failure::Permanent(e)) => return Err(e),
+                Err(Failure::Transient(e)) if attempt < attempts => {
+                    tracing::warn!(
+                        attempt,
+                        attempts,
+                        delay_ms = delay.as_millis() as u64,
+                        error = %e,
+                        "{what}: transient failure, retrying"
+                    );
+                    tokio::time::sleep(delay).await;
+                    delay = delay.saturating_mul(2);
+                    attempt += 1;
+                }
+                Err(Failure::Transient(e)) if attempts == 1 => return Err(e),
+                Err(Failure::Transient(e)) => {
+                    return Err(OciError::GaveUp {
+                        reference: image.to_string(),
+                        attempts,
+                        source: Box::new(e),
+                    });
+                }
+            }
+        }
+    }
+
+    fn http_error(image: &ImageRef, method: &'static str, url: &str, e: reqwest::Error) -> Failure {
+        let transient = is_transient_error(&e);
+        let err = OciError::Http {
+            reference: image.to_string(),
+            method,
+            url: url.to_string(),
+            source: e,
+        };
+        if transient {
+            Failure::Transient(err)
+        } else {
+            Failure::Permanent(err)
+        }
+    }
+
+    async fn status_error(
+        image: &ImageRef,
+        method: &'static str,
+        url: &str,
+        resp: reqwest::Response,
+    ) -> Failure {
+        let status = resp.status();
+        let err = OciError::Status {
+            reference: image.to_string(),
+            method,
+            url: url.to_string(),
+            status: status.as_u16(),
+            detail: error_detail(resp).await,
+        };
+        if is_transient_status(status) {
+            Failure::Transient(err)
+        } else {
+            Failure::Permanent(err)
+        }
+    }
+
+    async fn fetch_token(
+        &self,
+        image: &ImageRef,
+        challenge: &BearerChallenge,
+        fallback_scope: &str,
+    ) -> Result<String, Failure> {
+        let auth = |reason: String| {
+            Failure::Permanent(OciError::Auth {
+                reference: image.to_string(),
+                reason,
+            })
+        };
+        let mut url = url::Url::parse(&challenge.realm)
+            .map_err(|e| auth(format!("bad token realm {:?}: {e}", challenge.realm)))?;
+        if !matches!(url.scheme(), "http" | "https") {
+            return Err(auth(format!("bad token realm {:?}", challenge.realm)));
+        }
+        {
+            let mut q = url.query_pairs_mut();
+            if let Some(s) = &challenge.service {
+                q.append_pair("service", s);
+            }
+            q.append_pair(
+                "scope",
+                challenge.scope.as_deref().unwrap_or(fallback_scope),
+            );
+        }
+        let shown = url.to_string();
+        tracing::debug!(realm = %challenge.realm, "fetching anonymous token");
+        let resp = self
+            .http
+            .get(url)
+            .send()
+            .await
+            .map_err(|e| Self::http_error(image, "GET", &shown, e))?;
+        if !resp.status().is_success() {
+            let status = resp.status();
+            let failure = Self::status_error(image, "GET", &shown, resp).await;
+            return Err(match failure {
+                Failure::Transient(e) => Failure::Transient(e),
+                Failure::Permanent(_) => auth(format!("token endpoint {shown} answered {status}")),
+            });
+        }
+        let v: serde_json::Value = resp
+            .json()
+            .await
+            .map_err(|e| Self::http_error(image, "GET", &shown, e))?;
+        v.get("token")
+            .or_else(|| v.get("access_token"))
+            .and_then(|t| t.as_str())
+            .filter(|t| !t.is_empty())
+            .map(str::to_string)
+            .ok_or_else(|| auth(format!("token endpoint {shown} returned no token")))
+    }
+
+    /// One request with the token flow; classifies failures. 2xx/3xx and non-transient 4xx
+    /// responses are returned for the caller to judge.
+    async fn send(
+        &self,
+        image: &ImageRef,
+        push: bool,
+        method: &'static str,
+        url: &str,
+        build: Build<'_>,
+    ) -> Result<reqwest::Response, Failure> {
+        let scope = scope(image, push);
+        let key = format!("{}|{scope}", image.api_host());
+        let cached = self
+            .tokens
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&key)
+            .cloned();
+        let mut req = build(&self.http);
+        if let Some(t) = &cached {
+            req = req.bearer_auth(t);
+        }
+        let mut resp = req
+            .send()
+            .await
+            .map_err(|e| Self::http_error(image, method, url, e))?;
+        if resp.status() == StatusCode::UNAUTHORIZED {
+            let header = resp
+                .headers()
+                .get(WWW_AUTHENTICATE)
+                .and_then(|h| h.to_str().ok())
+                .unwrap_or("")
+                .to_string();
+            let Some(challenge) = parse_bearer_challenge(&header) else {
+                return Err(Failure::Permanent(OciError::Auth {
+                    reference: image.to_string(),
+                    reason: if header.is_empty() {
+                        format!("{method} {url}: 401 without a challenge")
+                    } else {
+                        format!(
+                            "{method} {url}: the registry wants credentials ({header}); only anonymous access is supported"
+                        )
+                    },
+                }));
+            };
+            let token = self.fetch_token(image, &challenge, &scope).await?;
+            self.tokens
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(key, token.clone());
+            resp = build(&self.http)
+                .bearer_auth(&token)
+                .send()
+                .await
+                .map_err(|e| Self::http_error(image, method, url, e))?;
+            if resp.status() == StatusCode::UNAUTHORIZED {
+                return Err(Failure::Permanent(OciError::Auth {
+                    reference: image.to_string(),
+                    reason: format!("{method} {url}: anonymous token refused"),
+                }));
+            }
+        }
+        if is_transient_status(resp.status()) {
+            return Err(Self::status_error(image, method, url, resp).await);
+        }
+        Ok(resp)
+    }
+
+    /// Fetches the manifest or index `reference` (tag or digest) of `image`. With `expected`,
+    /// its digest and size must match that descriptor.
+    pub async fn fetch_manifest(
+        &self,
+        image: &ImageRef,
+        reference: &str,
+        expected: Option<&Descriptor>,
+    ) -> Result<FetchedManifest, OciError> {
+        let url = Self::url(image, &format!("manifests/{reference}"));
+        let span = tracing::debug_span!("fetch_manifest", image = %image, reference);
+        let this = self;
+        let url_ref = url.as_str();
+        let build: Build<'_> =
+            &move |c: &reqwest::Client| c.get(url_ref).header(ACCEPT, media_type::MANIFEST_ACCEPT);
+        let (bytes, content_type, header_digest) = self
+            .retrying(image, "fetch manifest", || async move {
+                let mut resp = this.send(image, false, "GET", url_ref, build).await?;
+                if resp.status() != StatusCode::OK {
+                    return Err(Self::status_error(image, "GET", url_ref, resp).await);
+                }
+                if resp
+                    .content_length()
+                    .is_some_and(|l| l > MAX_MANIFEST_BYTES)
+                {
+                    return Err(Failure::Permanent(OciError::Invalid {
+                        reference: image.to_string(),
+                        what: "manifest",
+                        digest: None,
+                        reason: format!("larger than {MAX_MANIFEST_BYTES} bytes"),
+                    }));
+                }
+                let content_type = resp
+                    .headers()
+                    .get(CONTENT_TYPE)
+                    .and_then(|v| v.to_str().ok())
+                    .map(str::to_string);
+                let header_digest = resp
+                    .headers()
+                    .get("docker-content-digest")
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| Digest::parse(v.trim()).ok());
+                let mut body = Vec::new();
+                while let Some(chunk) = resp
+                    .chunk()
+                    .await
+                    .map_err(|e| Self::http_error(image, "GET", url_ref, e))?
+                {
+                    body.extend_from_slice(&chunk);
+                    if body.len() as u64 > MAX_MANIFEST_BYTES {
+                        return Err(Failure::Permanent(OciError::Invalid {
+                            reference: image.to_string(),
+                            what: "manifest",
+                            digest: None,
+                            reason: format!("larger than {MAX_MANIFEST_BYTES} bytes"),
+                        }));
+                    }
+                }
+                Ok((body, content_type, header_digest))
+            })
+            .instrument(span)
+            .await?;
+        let digest = Digest::of(&bytes);
+        let mismatch = |expected: &Digest| OciError::DigestMismatch {
+            reference: image.to_string(),
+            what: "manifest",
+            expected: expected.clone(),
+            actual: digest.clone(),
+        };
+        if let Ok(asked) = Digest::parse(reference)
+            && asked != digest
+        {
+            return Err(mismatch(&asked));
+        }
+        if let Some(d) = expected {
+            if d.digest != digest {
+                return Err(mismatch(&d.digest));
+            }
+            if d.size != bytes.len() as u64 {
+                return Err(OciError::SizeMismatch {
+                    reference: image.to_string(),
+                    what: "manifest",
+                    digest: digest.clone(),
+                    expected: d.size,
+                    actual: bytes.len() as u64,
+                });
+            }
+        }
+        if let Some(h) = &header_digest
+            && *h != digest
+        {
+            return Err(mismatch(h));
+        }
+        let manifest = parse_manifest(content_type.as_deref(), &bytes).map_err(|reason| {
+            OciError::Invalid {
+                reference: image.to_string(),
+                what: "manifest",
+                digest: Some(digest.clone()),
+                reason,
+            }
+        })?;
+        Ok(FetchedManifest {
+            digest,
+            content_type,
+            bytes,
+            manifest,
+        })
+    }
+
+    /// Resolves `image` to its image manifest for `linux/<arch>`, following an index (a single
+    /// manifest is accepted as it is).
+    pub async fn resolve(&self, image: &ImageRef, arch: Arch) -> Result<ResolvedImage, OciError> {
+        let mut fetched = self.fetch_manifest(image, &image.reference(), None).await?;
+        let mut index_digest = None;
+        for _ in 0..super::MAX_INDEX_DEPTH {
+            match fetched.manifest {
+                Manifest::Image(manifest) => {
+                    return Ok(ResolvedImage {
+                        digest: fetched.digest,
+                        manifest,
+                        bytes: fetched.bytes,
+                        index_digest,
+                    });
+                }
+                Manifest::Index(ix) => {
+                    let desc = select_platform(&ix, arch)
+                        .map_err(|available| OciError::NoPlatform {
+                            reference: image.to_string(),
+                            wanted: format!("linux/{arch}"),
+                            available,
+                        })?
+                        .clone();
+                    index_digest.get_or_insert(fetched.digest.clone());
+                    fetched = self
+                        .fetch_manifest(image, desc.digest.as_str(), Some(&desc))
+                        .await?;
+                }
+            }
+        }
+        Err(OciError::Invalid {
+            reference: image.to_string(),
+            what: "index",
+            digest: index_digest,
+            reason: format!("indexes nested deeper than {}", super::MAX_INDEX_DEPTH),
+        })
+    }
+
+    /// Downloads the blob `desc` of `image` to `dest`, verifying size and digest; `what` names
+    /// it in errors (`layer`, `config`). A file already at `dest` with the right digest is kept.
+    pub async fn pull_blob(
+        &self,
+        image: &ImageRef,
+        desc: &Descriptor,
+        dest: &Path,
+        what: &'static str,
+    ) -> Result<(), OciError> {
+        let io = |op: &'static str, path: &Path, source: std::io::Error| OciError::Io {
+            reference: image.to_string(),
+            op,
+            path: path.to_path_buf(),
+            source,
+        };
+        if dest.exists() {
+            let p = dest.to_path_buf();
+            let have = tokio::task::spawn_blocking(move || Digest::of_file(&p))
+                .await
+                .map_err(|e| io("hash", dest, std::io::Error::other(e)))?;
+            if have.as_ref().ok() == Some(&desc.digest) {
+                tracing::debug!(digest = %desc.digest, "blob already downloaded");
+                return Ok(());
+            }
+            tokio::fs::remove_file(dest)
+                .await
+                .map_err(|e| io("remove", dest, e))?;
+        }
+        let url = Self::url(image, &format!("blobs/{}", desc.digest));
+        let tmp = dest.with_extension("download");
+        let span = tracing::info_span!("pull_blob", image = %image, digest = %desc.digest, size = desc.size, what);
+        let this = self;
+        let (url_ref, tmp_ref) = (url.as_str(), tmp.as_path());
+        let build: Build<'_> = &move |c: &reqwest::Client| c.get(url_ref);
+        self.retrying(image, "pull blob", || async move {
+            let mut resp = this.send(image, false, "GET", url_ref, build).await?;
+            if resp.status() != StatusCode::OK {
+                return Err(Self::status_error(image, "GET", url_ref, resp).await);
+            }
+            let file = tokio::fs::File::create(tmp_ref)
+                .await
+                .map_err(|e| Failure::Permanent(io("create", tmp_ref, e)))?;
+            let mut out = tokio::io::BufWriter::with_capacity(1 << 20, file);
+            let mut hasher = Sha256::new();
+            let mut got = 0u64;
+            while let Some(chunk) = resp
+                .chunk()
+                .await
+                .map_err(|e| Self::http_error(image, "GET", url_ref, e))?
+            {
+                got += chunk.len() as u64;
+                if got > desc.size {
+                    return Err(Failure::Permanent(OciError::SizeMismatch {
+                        reference: image.to_string(),
+                        what,
+                        digest: desc.digest.clone(),
+                        expected: desc.size,
+                        actual: got,
+                    }));
+                }
+                hasher.update(&chunk);
+                out.write_all(&chunk)
+                    .await
+                    .map_err(|e| Failure::Permanent(io("write", tmp_ref, e)))?;
+            }
+            out.flush()
+                .await
+                .map_err(|e| Failure::Permanent(io("write", tmp_ref, e)))?;
+            if got < desc.size {
+                // Cut short: worth another try.
+                return Err(Failure::Transient(OciError::SizeMismatch {
+                    reference: image.to_string(),
+                    what,
+                    digest: desc.digest.clone(),
+                    expected: desc.size,
+                    actual: got,
+                }));
+            }
+            let actual = Digest::from_hasher(hasher);
+            if actual != desc.digest {
+                return Err(Failure::Permanent(OciError::DigestMismatch {
+                    reference: image.to_string(),
+                    what,
+                    expected: desc.digest.clone(),
+                    actual,
+                }));
+            }
+            Ok(())
+        })
+        .instrument(span)
+        .await
+        .inspect_err(|_| {
+            let _ = std::fs::remove_file(&tmp);
+        })?;
+        tokio::fs::rename(&tmp, dest)
+            .await
+            .map_err(|e| io("rename", dest, e))
+    }
+
+    /// Whether the registry has blob `digest` in `image`'s repository.
+    pub async fn blob_exists(&self, image: &ImageRef, digest: &Digest) -> Result<bool, OciError> {
+        let url = Self::url(image, &format!("blobs/{digest}"));
+        let this = self;
+        let url_ref = url.as_str();
+        let build: Build<'_> = &move |c: &reqwest::Client| c.head(url_ref);
+        self.retrying(image, "check blob", || async move {
+            let resp = this.send(image, true, "HEAD", url_ref, build).await?;
+            match resp.status() {
+                StatusCode::OK => Ok(true),
+                StatusCode::NOT_FOUND => Ok(false),
+                _ => Err(Self::status_error(image, "HEAD", url_ref, resp).await),
+            }
+        })
+        .await
+    }
+
+    /// Uploads `data` as a blob of `image`'s repository (monolithic), unless it is there.
+    pub async fn push_blob(
+        &self,
+        image: &ImageRef,
+        media_type: &str,
+        data: Bytes,
+    ) -> Result<Descriptor, OciError> {
+        let desc = Descriptor::of(media_type, &data);
+        if self.blob_exists(image, &desc.digest).await? {
+            return Ok(desc);
+        }
+        let span = tracing::debug_span!("push_blob", image = %image, digest = %desc.digest);
+        let start = Self::url(image, "blobs/uploads/");
+        let this = self;
+        let start_ref = start.as_str();
+        let digest = desc.digest.clone();
+        let (data_ref, digest_ref) = (&data, &digest);
+        self.retrying(image, "push blob", || async move {
+            let post = move |c: &reqwest::Client| c.post(start_ref).body(Vec::new());
+            let resp = this.send(image, true, "POST", start_ref, &post).await?;
+            if resp.status() != StatusCode::ACCEPTED {
+                return Err(Self::status_error(image, "POST", start_ref, resp).await);
+            }
+            let location = resp
+                .headers()
+                .get(LOCATION)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("")
+                .to_string();
+            let bad = |reason: String| {
+                Failure::Permanent(OciError::Invalid {
+                    reference: image.to_string(),
+                    what: "upload location",
+                    digest: Some(digest_ref.clone()),
+                    reason,
+                })
+            };
+            let base = url::Url::parse(start_ref).map_err(|e| bad(e.to_string()))?;
+            let mut put_url = base
+                .join(&location)
+                .map_err(|e| bad(format!("{location:?}: {e}")))?;
+            put_url
+                .query_pairs_mut()
+                .append_pair("digest", digest_ref.as_str());
+            let put_str = put_url.to_string();
+            let put_ref = put_str.as_str();
+            let put = move |c: &reqwest::Client| {
+                c.put(put_ref)
+                    .header(CONTENT_TYPE, "application/octet-stream")
+                    .body(data_ref.clone())
+            };
+            let resp = this.send(image, true, "PUT", put_ref, &put).await?;
+            if resp.status() != StatusCode::CREATED {
+                return Err(Self::status_error(image, "PUT", put_ref, resp).await);
+            }
+            Ok(())
+        })
+        .instrument(span)
+        .await?;
+        Ok(desc)
+    }
+
+    /// Uploads a manifest or index as `reference` (a tag, or its digest); returns its digest.
+    pub async fn push_manifest(
+        &self,
+        image: &ImageRef,
+        reference: &str,
+        media_type: &str,
+        body: Bytes,
+    ) -> Result<Digest, OciError> {
+        let digest = Digest::of(&body);
+        let url = Self::url(image, &format!("manifests/{reference}"));
+        let this = self;
+        let (url_ref, body_ref) = (url.as_str(), &body);
+        let mt = media_type.to_string();
+        let mt_ref = mt.as_str();
+        let build: Build<'_> = &move |c: &reqwest::Client| {
+            c.put(url_ref)
+                .header(CONTENT_TYPE, mt_ref)
+                .body(body_ref.clone())
+        };
+        self.retrying(image, "push manifest", || async move {
+            let resp = this.send(image, true, "PUT", url_ref, build).await?;
+            if resp.status() != StatusCode::CREATED {
+                return Err(Self::status_error(image, "PUT", url_ref, resp).await);
+            }
+            Ok(())
+        })
+        .await?;
+        Ok(digest)
+    }
+
+    /// Pushes an image: its config and layers (`(media type, bytes)`), then an OCI manifest
+    /// tagged with `image`'s tag (or by digest). Returns the manifest's descriptor.
+    pub async fn push_image(
+        &self,
+        image: &ImageRef,
+        config: Bytes,
+        layers: Vec<(String, Bytes)>,
+    ) -> Result<Descriptor, OciError> {
+        let config = self
+            .push_blob(image, media_type::OCI_CONFIG, config)
+            .await?;
+        let mut descs = Vec::with_capacity(layers.len());
+        for (mt, data) in layers {
+            descs.push(self.push_blob(image, &mt, data).await?);
+        }
+        let manifest = ImageManifest::new(config, descs);
+        let body = serde_json::to_vec(&manifest).map_err(|e| OciError::Invalid {
+            reference: image.to_string(),
+            what: "manifest",
+            digest: None,
+            reason: e.to_string(),
+        })?;
+        let desc = Descriptor::of(media_type::OCI_MANIFEST, &body);
+        let reference = image.tag.clone().unwrap_or_else(|| desc.digest.to_string());
+        self.push_manifest(
+            image,
+            &reference,
+            media_type::OCI_MANIFEST,
+            Bytes::from(body),
+        )
+        .await?;
+        Ok(desc)
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,596 @@
+//! The host check groups, run against the VM `up` started. Every check runs shell commands in
+//! the guest as root over SSH, and the agent's own tools inside its container through
+//! `ctr tasks exec`, and says in its error what it saw. Groups that need a cluster are reported
+//! as skipped with the reason when there is none.
+
+use std::time::{Duration, Instant};
+
+use crate::groups::{Group, Needs};
+use crate::report::{CheckReport, GroupReport, Outcome};
+use crate::ssh::Ssh;
+use crate::vm::{self, State};
+
+/// Marker of a hostile bootstrap input: if it exists on the host, bootstrap.env was evaluated.
+pub const PWNED_MARKER: &str = "/tmp/aks-flex-node-bootstrap-env-evaluated";
+
+/// The literal value the harness puts in `AKS_FLEX_NODE_LOCATION`.
+pub fn hostile_location() -> String {
+    format!("$(touch {PWNED_MARKER})`touch {PWNED_MARKER}`")
+}
+
+const T: Duration = Duration::from_secs(120);
+
+/// What checks can reach.
+pub struct Ctx<'a> {
+    /// The VM.
+    pub state: &'a State,
+    /// The guest.
+    pub ssh: &'a Ssh,
+    /// Whether a cluster is there.
+    pub cluster: bool,
+}
+
+impl Ctx<'_> {
+    async fn sh(&self, script: &str) -> anyhow::Result<String> {
+        Ok(self.ssh.run(script, T).await?.trim().to_string())
+    }
+
+    async fn sh_t(&self, script: &str, t: Duration) -> anyhow::Result<String> {
+        Ok(self.ssh.run(script, t).await?.trim().to_string())
+    }
+
+    /// Runs a command in the agent's container.
+    async fn in_agent(&self, cmd: &str) -> anyhow::Result<String> {
+        self.sh(&format!(
+            "ctr -n aks-flex tasks exec --exec-id check-$$-$(date +%s%N) aks-flex-agent {cmd}"
+        ))
+        .await
+    }
+
+    async fn active_machine(&self) -> anyhow::Result<String> {
+        let m = self
+            .sh("sed -n 's/.*\"activeMachine\": *\"\\([a-z0-9]*\\)\".*/\\1/p' /etc/aks-flex-node/daemon-state.json")
+            .await?;
+        if m.is_empty() {
+            anyhow::bail!("no activeMachine in /etc/aks-flex-node/daemon-state.json");
+        }
+        Ok(m)
+    }
+
+    async fn wait_for(&self, what: &str, script: &str, timeout: Duration) -> anyhow::Result<()> {
+        let start = Instant::now();
+        loop {
+            if let Ok(o) = self.ssh.output(script, T).await
+                && o.success()
+            {
+                return Ok(());
+            }
+            if start.elapsed() > timeout {
+                anyhow::bail!("{what}: not true after {timeout:?} ({script})");
+            }
+            tokio::time::sleep(Duration::from_secs(2)).await;
+        }
+    }
+
+    async fn wait_agent_active(&self) -> anyhow::Result<()> {
+        self.wait_for(
+            "aks-flex-node-agent.service active",
+            "systemctl is-active --quiet aks-flex-node-agent.service && ctr -n aks-flex tasks ls | grep -q '^aks-flex-agent .*RUNNING'",
+            Duration::from_secs(300),
+        )
+        .await
+    }
+}
+
+fn ensure(cond: bool, msg: impl FnOnce() -> String) -> anyhow::Result<()> {
+    if cond {
+        Ok(())
+    } else {
+        Err(anyhow::anyhow!(msg()))
+    }
+}
+
+type CheckFn = for<'a> fn(&'a Ctx<'a>) -> futures::future::BoxFuture<'a, anyhow::Result<Outcome>>;
+
+macro_rules! check {
+    ($name:literal, $f:ident) => {
+        ($name, (|c| Box::pin($f(c))) as CheckFn)
+    };
+}
+
+/// The checks of a group, in order.
+pub fn checks_of(group: &str) -> Vec<(&'static str, CheckFn)> {
+    match group {
+        "machines" => vec![
+            check!("active machine runs in machine.slice", machine_in_slice),
+            check!(
+                "systemd-run --machine reaches it from the agent's container",
+                systemd_run_from_container
+            ),
+            check!(
+                "machinectl shell reaches it from the agent's container",
+                machinectl_shell_from_container
+            ),
+            check!(
+                "it keeps its leader while the agent's container restarts",
+                leader_survives_restart
+            ),
+            check!("it is back after a VM reboot", back_after_reboot),
+        ],
+        "mounts" => vec![
+            check!(
+                "a host bpffs mount is unmounted from the agent's container",
+                bpffs_unmount
+            ),
+            check!(
+                "removing a machine leaves no mount behind",
+                cleanup_leaves_no_mount
+            ),
+        ],
+        "container" => vec![
+            check!(
+                "the agent's container is in aks-flex-agent.scope under system-aksflex.slice",
+                container_scope
+            ),
+            check!(
+                "the agent's units wait for containerd",
+                units_wait_for_containerd
+            ),
+            check!(
+                "the container's SELinux domain is the one its labels imply",
+                selinux_domain
+            ),
+        ],
+        "bootstrap" => vec![
+            check!("bootstrap.env is data", bootstrap_env_is_data),
+            check!("start ran once and saved the state", start_ran_once),
+            check!(
+                "a second bootstrap with a new config works",
+                second_bootstrap
+            ),
+        ],
+        "reset" => vec![
+            check!(
+                "reset leaves no unit, link, machine, mount or runtime dir",
+                reset_leaves_nothing
+            ),
+            check!("the host bootstraps again", bootstraps_again),
+        ],
+        _ => Vec::new(),
+    }
+}
+
+async fn machine_in_slice(c: &Ctx<'_>) -> anyhow::Result<Outcome> {
+    let m = c.active_machine().await?;
+    let state = c
+        .sh(&format!("machinectl show {m} -p State --value"))
+        .await?;
+    ensure(state == "running", || format!("machine {m} is {state:?}"))?;
+    let cg = c
+        .sh(&format!(
+            "systemctl show systemd-nspawn@{m}.service -p ControlGroup --value"
+        ))
+        .await?;
+    ensure(cg.starts_with("/machine.slice/"), || {
+        format!("machine {m} is in {cg}")
+    })?;
+    Ok(Outcome::Passed)
+}
+
+async fn systemd_run_from_container(c: &Ctx<'_>) -> anyhow::Result<Outcome> {
+    let m = c.active_machine().await?;
+    let out = c
+        .in_agent(&format!(
+            "systemd-run --machine={m} --pipe --wait cat /etc/hostname"
+        ))
+        .await?;
+    ensure(!out.is_empty(), || "no output from the machine".into())?;
+    Ok(Outcome::Passed)
+}
+
+async fn machinectl_shell_from_container(c: &Ctx<'_>) -> anyhow::Result<Outcome> {
+    let m = c.active_machine().await?;
+    let out = c
+        .in_agent(&format!(
+            "machinectl shell -q root@{m} /bin/sh -c 'echo machine-shell-ok'"
+        ))
+        .await?;
+    ensure(out.contains("machine-shell-ok"), || {
+        format!("machinectl shell printed {out:?}")
+    })?;
+    Ok(Outcome::Passed)
+}
+
+async fn leader_survives_restart(c: &Ctx<'_>) -> anyhow::Result<Outcome> {
+    let m = c.active_machine().await?;
+    let before = c
+        .sh(&format!("machinectl show {m} -p Leader --value"))
+        .await?;
+    c.sh_t(
+        "systemctl restart aks-flex-node-agent.service",
+        Duration::from_secs(300),
+    )
+    .await?;
+    c.wait_agent_active().await?;
+    let after = c
+        .sh(&format!("machinectl show {m} -p Leader --value"))
+        .await?;
+    ensure(before == after && !before.is_empty(), || {
+        format!("leader changed from {before} to {after}")
+    })?;
+    Ok(Outcome::Passed)
+}
+
+async fn back_after_reboot(c: &Ctx<'_>) -> anyhow::Result<Outcome> {
+    let m = c.active_machine().await?;
+    let boot_id = c.sh("cat /proc/sys/kernel/random/boot_id").await?;
+    let _ = c
+        .ssh
+        .output("systemctl reboot", Duration::from_secs(20))
+        .await;
+    let start = Instant::now();
+    loop {
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        if let Ok(o) = c
+            .ssh
+            .output(
+                "cat /proc/sys/kernel/random/boot_id",
+                Duration::from_secs(20),
+            )
+            .await
+            && o.success()
+            && o.stdout.trim() != boot_id
+        {
+            break;
+        }
+        if start.elapsed() > Duration::from_secs(600) {
+            anyhow::bail!(
+                "the guest did not come back within 600s:\n{}",
+                vm::tail(&c.state.serial_log(), 20)
+            );
+        }
+    }
+    c.wait_for(
+        &format!("machine {m} running after reboot"),
+        &format!("test \"$(machinectl show {m} -p State --value)\" = running"),
+        Duration::from_secs(300),
+    )
+    .await?;
+    c.wait_agent_active().await?;
+    Ok(Outcome::Passed)
+}
+
+async fn bpffs_unmount(c: &Ctx<'_>) -> anyhow::Result<Outcome> {
+    let p = "/run/bpffs/harness-check";
+    c.sh(&format!(
+        "mkdir -p {p} && (mountpoint -q {p} || mount -t bpf bpf {p}) && mountpoint -q {p}"
+    ))
+    .await?;
+    c.in_agent(&format!("umount {p}")).await?;
+    let still = c.ssh.output(&format!("mountpoint -q {p}"), T).await?;
+    ensure(!still.success(), || {
+        format!("the host still has {p} mounted")
+    })?;
+    c.sh(&format!("rmdir {p}")).await?;
+    Ok(Outcome::Passed)
+}
+
+async fn cleanup_leaves_no_mount(c: &Ctx<'_>) -> anyhow::Result<Outcome> {
+    let active = c.active_machine().await?;
+    let other = if active == "kube1" { "kube2" } else { "kube1" };
+    let p = format!("/run/bpffs/{other}");
+    c.sh(&format!(
+        "mkdir -p {p} /var/lib/machines/{other}/etc && mount -t bpf bpf {p} && echo stale > /var/lib/machines/{other}/etc/hostname"
+    ))
+    .await?;
+    c.in_agent(&format!("aks-flex-node debug cleanup-machine {other}"))
+        .await?;
+    let mounted = c
+        .ssh
+        .output(&format!("grep -qs ' {p} ' /proc/mounts"), T)
+        .await?;
+    ensure(!mounted.success(), || {
+        format!("{p} is still mounted on the host")
+    })?;
+    let left = c
+        .ssh
+        .output(
+            &format!("test -e /var/lib/machines/{other} || test -e {p}"),
+            T,
+        )
+        .await?;
+    ensure(!left.success(), || {
+        format!("{other}'s directory or mount point is still there")
+    })?;
+    Ok(Outcome::Passed)
+}
+
+async fn container_scope(c: &Ctx<'_>) -> anyhow::Result<Outcome> {
+    let slice = c
+        .sh("systemctl show aks-flex-agent.scope -p Slice --value")
+        .await?;
+    ensure(slice == "system-aksflex.slice", || {
+        format!("aks-flex-agent.scope is in {slice:?}")
+    })?;
+    let pid = c
+        .sh("ctr -n aks-flex tasks ls | awk '$1==\"aks-flex-agent\"{print $2}'")
+        .await?;
+    let cg = c.sh(&format!("cat /proc/{pid}/cgroup")).await?;
+    ensure(
+        cg.contains("/system.slice/system-aksflex.slice/aks-flex-agent.scope"),
+        || format!("the agent's process {pid} is in {cg}"),
+    )?;
+    Ok(Outcome::Passed)
+}
+
+async fn units_wait_for_containerd(c: &Ctx<'_>) -> anyhow::Result<Outcome> {
+    for unit in [
+        "aks-flex-node-agent.service",
+        "aks-flex-node-bootstrap.service",
+        "aks-flex-node-reset.service",
+    ] {
+        let text = c.sh(&format!("systemctl cat {unit}")).await?;
+        let first_pre = text
+            .lines()
+            .find(|l| l.starts_with("ExecStartPre="))
+            .unwrap_or_default();
+        ensure(first_pre.contains("ctr version"), || {
+            format!("{unit}'s first ExecStartPre is {first_pre:?}")
+        })?;
+        let after = c
+            .sh(&format!("systemctl show {unit} -p After --value"))
+            .await?;
+        ensure(after.contains("containerd.service"), || {
+            format!("{unit} is not After=containerd.service")
+        })?;
+    }
+    Ok(Outcome::Passed)
+}
+
+async fn selinux_domain(c: &Ctx<'_>) -> anyhow::Result<Outcome> {
+    let enforce = c.ssh.output("cat /sys/fs/selinux/enforce", T).await?;
+    if !enforce.success() {
+        return Ok(Outcome::Skipped("SELinux is off on this host".into()));
+    }
+    let label = c
+        .sh("ls -dZ /var/lib/containerd | awk '{print $1}'")
+        .await?;
+    let expected = if label.contains("container_var_lib_t") || label.contains("container_") {
+        "spc_t"
+    } else {
+        "kernel_t"
+    };
+    let pid = c
+        .sh("ctr -n aks-flex tasks ls | awk '$1==\"aks-flex-agent\"{print $2}'")
+        .await?;
+    let ctx = c.sh(&format!("cat /proc/{pid}/attr/current")).await?;
+    ensure(ctx.contains(expected), || {
+        format!("the agent runs as {ctx}; /var/lib/containerd is {label}, which implies {expected}")
+    })?;
+    Ok(Outcome::Passed)
+}
+
+async fn bootstrap_env_is_data(c: &Ctx<'_>) -> anyhow::Result<Outcome> {
+    let evaluated = c.ssh.output(&format!("test -e {PWNED_MARKER}"), T).await?;
+    ensure(!evaluated.success(), || {
+        format!("{PWNED_MARKER} exists: bootstrap.env was evaluated")
+    })?;
+    let cfg = c.sh("cat /etc/aks-flex-node/config.json").await?;
+    let v: serde_json::Value = serde_json::from_str(&cfg)?;
+    let loc = v["azure"]["targetCluster"]["location"]
+        .as_str()
+        .unwrap_or_default();
+    ensure(loc == hostile_location(), || {
+        format!("location in config.json is {loc:?}")
+    })?;
+    Ok(Outcome::Passed)
+}
+
+async fn start_ran_once(c: &Ctx<'_>) -> anyhow::Result<Outcome> {
+    c.sh("test -s /etc/aks-flex-node/daemon-state.json && test -s /etc/aks-flex-node/daemon-state.json.sha256")
+        .await?;
+    let count = || async {
+        c.sh("journalctl -u aks-flex-node-bootstrap.service -o cat | grep -c 'AKS Flex Node agent service started successfully' || true")
+            .await
+    };
+    let before: u32 = count().await?.parse().unwrap_or(0);
+    ensure(before == 1, || {
+        format!("start reported success {before} times")
+    })?;
+    c.sh_t(
+        "systemctl restart aks-flex-node-bootstrap.service",
+        Duration::from_secs(300),
+    )
+    .await?;
+    let after: u32 = count().await?.parse().unwrap_or(0);
+    ensure(after == 1, || {
+        format!("a second bootstrap ran start again ({after} successes)")
+    })?;
+    Ok(Outcome::Passed)
+}
+
+async fn run_reset(c: &Ctx<'_>) -> anyhow::Result<()> {
+    c.sh_t(
+        "systemctl start aks-flex-node-reset.service",
+        Duration::from_secs(900),
+    )
+    .await?;
+    Ok(())
+}
+
+async fn write_bootstrap_env(c: &Ctx<'_>, env: &str) -> anyhow::Result<()> {
+    c.sh(&format!(
+        "mkdir -p /etc/aks-flex-node && umask 077 && printf %s {} > /etc/aks-flex-node/bootstrap.env",
+        crate::ssh::shell_quote(env)
+    ))
+    .await?;
+    Ok(())
+}
+
+async fn bootstrap_and_wait(c: &Ctx<'_>) -> anyhow::Result<()> {
+    c.sh_t(
+        "systemctl reset-failed aks-flex-node-agent.service aks-flex-node-bootstrap.service 2>/dev/null; systemctl restart aks-flex-node-bootstrap.service",
+        Duration::from_secs(1500),
+    )
+    .await?;
+    c.wait_agent_active().await
+}
+
+async fn second_bootstrap(c: &Ctx<'_>) -> anyhow::Result<Outcome> {
+    let env = c.state.bootstrap_env.clone().unwrap_or_default();
+    run_reset(c).await?;
+    let new_env = format!("{env}AKS_FLEX_NODE_LABELS=harness/second-bootstrap=true\n");
+    write_bootstrap_env(c, &new_env).await?;
+    bootstrap_and_wait(c).await?;
+    let cfg = c.sh("cat /etc/aks-flex-node/config.json").await?;
+    ensure(cfg.contains("harness/second-bootstrap"), || {
+        "the new config was not used".into()
+    })?;
+    Ok(Outcome::Passed)
+}
+
+async fn reset_leaves_nothing(c: &Ctx<'_>) -> anyhow::Result<Outcome> {
+    run_reset(c).await?;
+    let leftovers = c
+        .sh(
+            "for p in /etc/systemd/system/aks-flex-node-agent.service \
+                      /etc/systemd/system/multi-user.target.wants/aks-flex-node-agent.service \
+                      /var/lib/machines/kube1 /var/lib/machines/kube2 \
+                      /etc/systemd/nspawn/kube1.nspawn /etc/systemd/nspawn/kube2.nspawn \
+                      /etc/systemd/system/systemd-nspawn@kube1.service.d /etc/systemd/system/systemd-nspawn@kube2.service.d \
+                      /etc/aks-flex-node /var/log/aks-flex-node; do test -e $p && echo $p; done; \
+             machinectl list --no-legend | awk '{print \"machine \" $1}'; \
+             grep ' /run/bpffs/' /proc/mounts | awk '{print \"mount \" $2}'; \
+             systemctl is-active aks-flex-node-agent.service >/dev/null && echo 'agent unit active'; true",
+        )
+        .await?;
+    ensure(leftovers.is_empty(), || {
+        format!("left behind:\n{leftovers}")
+    })?;
+    Ok(Outcome::Passed)
+}
+
+async fn bootstraps_again(c: &Ctx<'_>) -> anyhow::Result<Outcome> {
+    let env = c.state.bootstrap_env.clone().unwrap_or_default();
+    write_bootstrap_env(c, &env).await?;
+    bootstrap_and_wait(c).await?;
+    let m = c.active_machine().await?;
+    let state = c
+        .sh(&format!("machinectl show {m} -p State --value"))
+        .await?;
+    ensure(state == "running", || format!("machine {m} is {state:?}"))?;
+    Ok(Outcome::Passed)
+}
+
+/// Runs one group: restores the snapshot first when asked, then its checks in order; a failed
+/// check ends the group (later checks build on it) and the rest are reported skipped.
+pub async fn run_group(ctx: &Ctx<'_>, group: &Group, restore: bool) -> GroupReport {
+    let start = Instant::now();
+    let mut checks = Vec::new();
+    let list = checks_of(group.name);
+    if group.needs == Needs::Cluster && !ctx.cluster {
+        for name in list_or_placeholder(group, &list) {
+            checks.push(CheckReport {
+                name,
+                outcome: Outcome::Skipped(
+                    "no cluster (this run has no Kubernetes control plane)".into(),
+                ),
+                duration: Duration::ZERO,
+            });
+        }
+        return GroupReport {
+            name: group.name.into(),
+            checks,
+            duration: start.elapsed(),
+        };
+    }
+    if restore && let Err(e) = vm::restore(ctx.state).await {
+        checks.push(CheckReport {
+            name: "restore the bootstrapped snapshot".into(),
+            outcome: Outcome::Failed(format!("{e:#}")),
+            duration: start.elapsed(),
+        });
+        return GroupReport {
+            name: group.name.into(),
+            checks,
+            duration: start.elapsed(),
+        };
+    }
+    let mut failed = false;
+    for (name, f) in list {
+        if failed {
+            checks.push(CheckReport {
+                name: name.into(),
+                outcome: Outcome::Skipped("an earlier check of this group failed".into()),
+                duration: Duration::ZERO,
+            });
+            continue;
+        }
+        let t = Instant::now();
+        let outcome = match f(ctx).await {
+            Ok(o) => o,
+            Err(e) => {
+                failed = true;
+                Outcome::Failed(format!("{e:#}"))
+            }
+        };
+        eprintln!(
+            "  {} / {name}: {:?} ({:.1}s)",
+            group.name,
+            outcome,
+            t.elapsed().as_secs_f64()
+        );
+        checks.push(CheckReport {
+            name: name.into(),
+            outcome,
+            duration: t.elapsed(),
+        });
+    }
+    GroupReport {
+        name: group.name.into(),
+        checks,
+        duration: start.elapsed(),
+    }
+}
+
+fn list_or_placeholder(group: &Group, list: &[(&'static str, CheckFn)]) -> Vec<String> {
+    if list.is_empty() {
+        vec![group.description.to_string()]
+    } else {
+        list.iter().map(|(n, _)| (*n).to_string()).collect()
+    }
+}
+
+/// The journal lines that explain a failure: the agent's units and the machines.
+pub async fn failure_journal(ssh: &Ssh) -> String {
+    ssh.output(
+        "journalctl -b --no-pager -o short-monotonic -n 120 -u 'aks-flex-node-*' -u 'systemd-nspawn@*' -u containerd.service 2>&1 | tail -n 120",
+        T,
+    )
+    .await
+    .map(|o| o.stdout)
+    .unwrap_or_else(|e| format!("(journal unavailable: {e})"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_host_group_has_checks_and_cluster_groups_have_none() {
+        for g in crate::groups::GROUPS {
+            let n = checks_of(g.name).len();
+            match g.needs {
+                Needs::Host => assert!(n > 0, "{} has no checks", g.name),
+                Needs::Cluster => assert_eq!(n, 0, "{}", g.name),
+            }
+        }
+    }
+
+    #[test]
+    fn hostile_location_has_no_newline_and_names_the_marker() {
+        let l = hostile_location();
+        assert!(!l.contains('\n'));
+        assert!(l.contains(PWNED_MARKER));
+    }
+}

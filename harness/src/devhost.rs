@@ -1,0 +1,862 @@
+//! The dev host: the embedded default OS of `cargo xtask up`, an ACL-like Debian guest built
+//! offline from Debian packages with mmdebstrap, following the measured recipe in
+//! `shared/spec/guest-host.md` (§3.1 image, §5.3 first boot).
+//!
+//! What it has, and why:
+//! - systemd as PID 1, containerd + runc, systemd-nspawn/machinectl, dbus, nftables, the
+//!   Debian cloud kernel (booted directly: [`DevHostImage::kernel`], [`DevHostImage::initrd`]);
+//! - a read-only `/usr` (`usr-readonly.service`, a ro bind mount with a retry loop) and a
+//!   writable `/usr/local` overlay whose upper/work live in `/var/lib/usr-local`, as on ACL;
+//! - first-boot provisioning by Debian's real Ignition 2.14 from fw_cfg key
+//!   [`FWCFG_IGNITION_KEY`] (spec ≤ [`IGNITION_SPEC_VERSION`]), run by the
+//!   `init=/usr/local/sbin/firstboot-init` wrapper before systemd starts (with the `setfiles`
+//!   shim, `SELINUXTYPE=none` and `systemctl preset` of the units Ignition enabled);
+//! - systemd-networkd DHCP on `eth0` (`net.ifnames=0`), key-only sshd that also reads
+//!   `~/.ssh/authorized_keys.d/ignition` (where this Ignition writes keys), passwordless sudo
+//!   for the `sudo` group, no root password and no console autologin;
+//! - [`BOOT_MARKER`] on ttyS0 once `multi-user.target` is reached.
+//!
+//! [`ensure`] builds it once per recipe: the image lives in
+//! `<cache_root>/devhost/<suite>-<hash[..16]>/` (`rootfs.img`, an 8 GiB sparse raw ext4 file
+//! system labelled `root`; `vmlinuz`; `initrd.img`; `image.json`), keyed by
+//! [`recipe_hash`] over the package list, every asset's bytes and the build parameters. A
+//! build happens in `.build-*` next to it and is renamed into place when complete, so a
+//! half-built image is never used; an image is never rebuilt in place (a qcow2 overlay may
+//! point at it).
+
+mod build;
+
+pub(crate) use build::{
+    RecipeHasher, allocated_bytes, build_dir, clean_stale_builds, ensure_tool, lock, publish,
+    remove_build_dir, require_root, run_logged, sh_quote, single_entry, write_file,
+};
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use serde::{Deserialize, Serialize};
+
+use aks_flex_node::runner::{Cmd, ProcessRunner};
+
+/// The fw_cfg key the dev host's Ignition reads its config from (Debian's Ignition 2.14 reads
+/// only this one).
+pub const FWCFG_IGNITION_KEY: &str = crate::qemu::FWCFG_COREOS;
+
+/// The newest Ignition config spec the dev host's Ignition (Debian 2.14) accepts; render this
+/// version for the dev host.
+pub const IGNITION_SPEC_VERSION: &str = "3.3.0";
+
+/// Written to ttyS0 by `boot-marker.service` once `multi-user.target` is reached.
+pub const BOOT_MARKER: &str = "=== MULTI-USER.TARGET REACHED ===";
+
+/// Printed on the console by `firstboot-init` when Ignition fails (followed by `rc=<n> ===`).
+pub const IGNITION_FAILED_MARKER: &str = "=== IGNITION FAILED";
+
+/// The image's `/etc/hostname`. An Ignition config that sets the hostname must write
+/// `/etc/hostname` with `overwrite: true` (the file exists).
+pub const PLACEHOLDER_HOSTNAME: &str = "flex-devhost";
+
+/// Size of `rootfs.img` (sparse; machines need room).
+pub const IMAGE_SIZE_BYTES: u64 = 8 << 30;
+
+/// Label of the root file system.
+pub const ROOT_LABEL: &str = "root";
+
+/// Bumped when the build steps change in a way the other hashed inputs do not show.
+const RECIPE_VERSION: &str = "devhost-recipe-1";
+
+/// The packages installed on top of mmdebstrap's `minbase` (which skips Recommends, so `udev`
+/// is listed explicitly). Besides the recipe's list: `curl` (the agent's install-packages
+/// checks for it), `iptables` (reset's legacy-CNI cleanup), `libpam-systemd` (logind sessions
+/// for SSH logins) and `libnss-myhostname` (whatever hostname Ignition sets resolves).
+pub const PACKAGES: &[&str] = &[
+    "systemd",
+    "systemd-sysv",
+    "udev",
+    "dbus",
+    "systemd-container",
+    "containerd",
+    "runc",
+    "iproute2",
+    "nftables",
+    "iptables",
+    "util-linux",
+    "mount",
+    "kmod",
+    "e2fsprogs",
+    "procps",
+    "linux-image-cloud-amd64",
+    "ca-certificates",
+    "ignition",
+    "openssh-server",
+    "libpam-systemd",
+    "libnss-myhostname",
+    "sudo",
+    "busybox-static",
+    "curl",
+];
+
+/// dpkg options of the build: no manuals, docs (except copyright), locales or info pages.
+pub const DPKG_OPTIONS: &[&str] = &[
+    "path-exclude=/usr/share/man/*",
+    "path-exclude=/usr/share/doc/*",
+    "path-include=/usr/share/doc/*/copyright",
+    "path-exclude=/usr/share/locale/*",
+    "path-exclude=/usr/share/info/*",
+];
+
+/// A file the build puts into the image.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Asset {
+    /// Path in the image, relative to `/`.
+    pub path: &'static str,
+    /// Mode.
+    pub mode: u32,
+    /// Contents.
+    pub contents: &'static str,
+}
+
+/// Every file the build adds to the image (from `harness/src/devhost/`).
+pub const ASSETS: &[Asset] = &[
+    Asset {
+        path: "usr/local/sbin/firstboot-init",
+        mode: 0o755,
+        contents: include_str!("devhost/firstboot-init"),
+    },
+    Asset {
+        path: "usr/local/lib/ignition-shim/setfiles",
+        mode: 0o755,
+        contents: include_str!("devhost/setfiles"),
+    },
+    Asset {
+        path: "etc/selinux/config",
+        mode: 0o644,
+        contents: include_str!("devhost/selinux-config"),
+    },
+    Asset {
+        path: "etc/fstab",
+        mode: 0o644,
+        contents: include_str!("devhost/fstab"),
+    },
+    Asset {
+        path: "etc/systemd/network/20-wired.network",
+        mode: 0o644,
+        contents: include_str!("devhost/20-wired.network"),
+    },
+    Asset {
+        path: "usr/local/sbin/usr-readonly",
+        mode: 0o755,
+        contents: include_str!("devhost/usr-readonly"),
+    },
+    Asset {
+        path: "etc/systemd/system/usr-readonly.service",
+        mode: 0o644,
+        contents: include_str!("devhost/usr-readonly.service"),
+    },
+    Asset {
+        path: "etc/systemd/system/boot-marker.service",
+        mode: 0o644,
+        contents: include_str!("devhost/boot-marker.service"),
+    },
+    Asset {
+        path: "etc/ssh/sshd_config.d/50-flex-devhost.conf",
+        mode: 0o644,
+        contents: include_str!("devhost/sshd.conf"),
+    },
+    Asset {
+        path: "etc/sudoers.d/50-flex-devhost",
+        mode: 0o440,
+        contents: include_str!("devhost/sudoers"),
+    },
+    Asset {
+        path: "etc/hostname",
+        mode: 0o644,
+        contents: include_str!("devhost/hostname"),
+    },
+    Asset {
+        path: "etc/hosts",
+        mode: 0o644,
+        contents: include_str!("devhost/hosts"),
+    },
+    Asset {
+        path: "etc/resolv.conf",
+        mode: 0o644,
+        contents: include_str!("devhost/resolv.conf"),
+    },
+];
+
+/// mmdebstrap's customize hook (runs on the build machine; enables and masks units, checks
+/// the sudoers and sshd files).
+pub const CUSTOMIZE_HOOK: &str = include_str!("devhost/customize.sh");
+
+/// The Debian release the image is built from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Suite {
+    /// Debian 12: matches this project's build machines (keyring, archive).
+    #[default]
+    Bookworm,
+    /// Debian 13: closer to ACL (systemd 257, containerd 1.7, kernel 6.12).
+    Trixie,
+}
+
+impl Suite {
+    /// Every suite.
+    pub const ALL: [Suite; 2] = [Suite::Bookworm, Suite::Trixie];
+
+    /// The suite's name (`bookworm`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Suite::Bookworm => "bookworm",
+            Suite::Trixie => "trixie",
+        }
+    }
+
+    /// The archive lines mmdebstrap uses: main, updates and security.
+    pub fn mirrors(self) -> Vec<String> {
+        let s = self.name();
+        vec![
+            format!("deb http://deb.debian.org/debian {s} main"),
+            format!("deb http://deb.debian.org/debian {s}-updates main"),
+            format!("deb http://deb.debian.org/debian-security {s}-security main"),
+        ]
+    }
+}
+
+impl fmt::Display for Suite {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Suite {
+    type Err = anyhow::Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        Suite::ALL
+            .into_iter()
+            .find(|x| x.name().eq_ignore_ascii_case(s.trim()))
+            .with_context(|| format!("unknown Debian suite {s:?} (bookworm or trixie)"))
+    }
+}
+
+/// A built dev host image.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DevHostImage {
+    /// The image's cache directory.
+    pub dir: PathBuf,
+    /// `rootfs.img`: raw ext4, label `root` (`root=/dev/vda`). Use it only as the backing file
+    /// of a qcow2 overlay.
+    pub disk: PathBuf,
+    /// `vmlinuz`: the Debian cloud kernel.
+    pub kernel: PathBuf,
+    /// `initrd.img`: its initramfs-tools initrd.
+    pub initrd: PathBuf,
+    /// [`recipe_hash`] of the build.
+    pub recipe_hash: String,
+    /// The Debian suite.
+    pub suite: Suite,
+}
+
+/// What `image.json` in the image directory records.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct BuildInfo {
+    /// The suite.
+    pub suite: Suite,
+    /// The full recipe hash.
+    pub recipe_hash: String,
+    /// Packages asked for.
+    pub packages: Vec<String>,
+    /// Seconds spent in mmdebstrap (including the customize hook).
+    pub mmdebstrap_seconds: f64,
+    /// Seconds spent in mkfs.ext4.
+    pub mkfs_seconds: f64,
+    /// Whole build, seconds.
+    pub build_seconds: f64,
+    /// Bytes of the root tree (apparent sizes).
+    pub tree_bytes: u64,
+    /// Bytes allocated for `rootfs.img`.
+    pub disk_allocated_bytes: u64,
+    /// Bytes of `vmlinuz`.
+    pub kernel_bytes: u64,
+    /// Bytes of `initrd.img`.
+    pub initrd_bytes: u64,
+}
+
+/// File names inside the image directory.
+pub const DISK_FILE: &str = "rootfs.img";
+/// Kernel file name.
+pub const KERNEL_FILE: &str = "vmlinuz";
+/// Initrd file name.
+pub const INITRD_FILE: &str = "initrd.img";
+/// Build record file name.
+pub const INFO_FILE: &str = "image.json";
+
+/// SHA-256 (hex) over everything that decides the image: the package list, every asset's path,
+/// mode and bytes, the customize hook and the build parameters (suite, archive lines, variant,
+/// architecture, dpkg options, image size and label). Pure.
+pub fn recipe_hash(suite: Suite) -> String {
+    hash_recipe(suite, PACKAGES, ASSETS, CUSTOMIZE_HOOK)
+}
+
+fn hash_recipe(suite: Suite, packages: &[&str], assets: &[Asset], hook: &str) -> String {
+    let mut h = RecipeHasher::default();
+    h.part("recipe", RECIPE_VERSION.as_bytes())
+        .part("suite", suite.name().as_bytes())
+        .part("mirrors", suite.mirrors().join("\n").as_bytes())
+        .part("variant", b"minbase")
+        .part("arch", b"amd64")
+        .part("packages", packages.join(",").as_bytes())
+        .part("dpkgopt", DPKG_OPTIONS.join("\n").as_bytes())
+        .part("size", IMAGE_SIZE_BYTES.to_string().as_bytes())
+        .part("label", ROOT_LABEL.as_bytes())
+        .part("hook", hook.as_bytes());
+    for a in assets {
+        h.part("asset", a.path.as_bytes())
+            .part("mode", format!("{:o}", a.mode).as_bytes())
+            .part("contents", a.contents.as_bytes());
+    }
+    h.finish()
+}
+
+/// `$XDG_CACHE_HOME/aks-flex-node`, else `~/.cache/aks-flex-node` (`/var/cache/aks-flex-node`
+/// when there is no home).
+pub fn default_cache_root() -> PathBuf {
+    cache_root_from(
+        std::env::var_os("XDG_CACHE_HOME").map(PathBuf::from),
+        std::env::var_os("HOME").map(PathBuf::from),
+    )
+}
+
+fn cache_root_from(xdg: Option<PathBuf>, home: Option<PathBuf>) -> PathBuf {
+    match (xdg, home) {
+        (Some(x), _) if x.is_absolute() => x.join("aks-flex-node"),
+        (_, Some(h)) if h.is_absolute() => h.join(".cache/aks-flex-node"),
+        _ => PathBuf::from("/var/cache/aks-flex-node"),
+    }
+}
+
+/// The directory the image of `suite` has (or will have) under `cache_root`.
+pub fn image_dir(cache_root: &Path, suite: Suite) -> PathBuf {
+    let hash = recipe_hash(suite);
+    cache_root
+        .join("devhost")
+        .join(format!("{suite}-{}", &hash[..16]))
+}
+
+fn image_in(dir: PathBuf, suite: Suite, recipe_hash: String) -> DevHostImage {
+    DevHostImage {
+        disk: dir.join(DISK_FILE),
+        kernel: dir.join(KERNEL_FILE),
+        initrd: dir.join(INITRD_FILE),
+        dir,
+        recipe_hash,
+        suite,
+    }
+}
+
+fn complete(img: &DevHostImage) -> bool {
+    [
+        &img.disk,
+        &img.kernel,
+        &img.initrd,
+        &img.dir.join(INFO_FILE),
+    ]
+    .iter()
+    .all(|p| p.is_file())
+}
+
+/// mmdebstrap's argv (without the program name) for a build of `suite` into `tree`, with the
+/// customize hook at `hook` copying the files staged in `overlay`.
+pub fn mmdebstrap_args(suite: Suite, tree: &Path, hook: &Path, overlay: &Path) -> Vec<String> {
+    let mut a = vec![
+        "--mode=root".to_string(),
+        "--variant=minbase".to_string(),
+        "--architectures=amd64".to_string(),
+        "--format=directory".to_string(),
+        format!("--include={}", PACKAGES.join(",")),
+    ];
+    a.extend(DPKG_OPTIONS.iter().map(|o| format!("--dpkgopt={o}")));
+    a.push(format!(
+        "--customize-hook=sh {} \"$1\" {}",
+        sh_quote(&hook.display().to_string()),
+        sh_quote(&overlay.display().to_string())
+    ));
+    a.push(suite.name().to_string());
+    a.push(tree.display().to_string());
+    a.extend(suite.mirrors());
+    a
+}
+
+/// The dev host image of `suite`, built under `cache_root` when its recipe hash has no image
+/// yet (a few minutes; needs root and mmdebstrap, which is installed with apt-get on a Debian
+/// host). `progress` gets one line per step.
+pub async fn ensure(
+    cache_root: &Path,
+    suite: Suite,
+    progress: &dyn Fn(&str),
+) -> Result<DevHostImage> {
+    let hash = recipe_hash(suite);
+    let dir = image_dir(cache_root, suite);
+    let img = image_in(dir.clone(), suite, hash.clone());
+    if complete(&img) {
+        return Ok(img);
+    }
+    if std::env::consts::ARCH != "x86_64" {
+        bail!(
+            "the dev host image is amd64 (booted with qemu-system-x86_64); build it on an \
+             x86_64 machine"
+        );
+    }
+    require_root("building the dev host image")?;
+    let runner = ProcessRunner::new();
+    ensure_tool(&runner, "mmdebstrap", "mmdebstrap", progress).await?;
+    ensure_tool(&runner, "mkfs.ext4", "e2fsprogs", progress).await?;
+    let parent = cache_root.join("devhost");
+    let _lock = lock(&parent, progress).await?;
+    if complete(&img) {
+        return Ok(img);
+    }
+    clean_stale_builds(&parent, progress);
+    discard_incomplete(&dir, progress)?;
+    let name = format!("{suite}-{}", &hash[..16]);
+    let work = build_dir(&parent, &name)?;
+    progress(&format!(
+        "building the {suite} dev host image in {} (mmdebstrap, a few minutes)",
+        work.display()
+    ));
+    let info = build_into(&runner, &work, suite, &hash, progress)
+        .await
+        .with_context(|| {
+            format!(
+                "building the {suite} dev host image (the unfinished build is in {})",
+                work.display()
+            )
+        })?;
+    publish(&work, &dir)?;
+    progress(&format!(
+        "dev host image ready in {:.0} s: {} ({} MiB allocated of {} GiB), kernel {:.1} MB, \
+         initrd {:.1} MB",
+        info.build_seconds,
+        dir.display(),
+        info.disk_allocated_bytes >> 20,
+        IMAGE_SIZE_BYTES >> 30,
+        info.kernel_bytes as f64 / 1e6,
+        info.initrd_bytes as f64 / 1e6,
+    ));
+    Ok(img)
+}
+
+/// Removes `dir` when it exists although the caller found it incomplete (files deleted by
+/// hand), so that a new build can take its name. Call with the lock held.
+pub(crate) fn discard_incomplete(dir: &Path, progress: &dyn Fn(&str)) -> Result<()> {
+    if !dir.exists() {
+        return Ok(());
+    }
+    progress(&format!("removing the incomplete {}", dir.display()));
+    if !remove_build_dir(dir)? {
+        bail!(
+            "{} is incomplete and has mounts inside; unmount them first",
+            dir.display()
+        );
+    }
+    Ok(())
+}
+
+/// Builds the image into `work`: tree, disk, kernel, initrd, `image.json`; the tree is
+/// removed at the end.
+async fn build_into(
+    runner: &ProcessRunner,
+    work: &Path,
+    suite: Suite,
+    hash: &str,
+    progress: &dyn Fn(&str),
+) -> Result<BuildInfo> {
+    let started = Instant::now();
+    let log = work.join("build.log");
+    let overlay = work.join("overlay");
+    for a in ASSETS {
+        write_file(&overlay, a.path, a.contents.as_bytes(), a.mode)?;
+    }
+    let hook = work.join("customize.sh");
+    write_file(work, "customize.sh", CUSTOMIZE_HOOK.as_bytes(), 0o755)?;
+    let tree = work.join("tree");
+
+    progress(&format!("mmdebstrap {suite}: {} packages", PACKAGES.len()));
+    let t = Instant::now();
+    let cmd = Cmd::new("mmdebstrap")
+        .args(mmdebstrap_args(suite, &tree, &hook, &overlay))
+        .timeout(Duration::from_secs(3600));
+    run_logged(runner, &cmd, &log).await?;
+    let mmdebstrap_seconds = t.elapsed().as_secs_f64();
+    let tree_bytes = tree_size(&tree);
+    progress(&format!(
+        "mmdebstrap done in {mmdebstrap_seconds:.0} s ({} MB tree)",
+        tree_bytes / 1_000_000
+    ));
+
+    let boot = tree.join("boot");
+    let kernel = work.join(KERNEL_FILE);
+    let initrd = work.join(INITRD_FILE);
+    for (prefix, dest) in [("vmlinuz-", &kernel), ("initrd.img-", &initrd)] {
+        let src = single_entry(&boot, prefix)?;
+        std::fs::copy(&src, dest)
+            .with_context(|| format!("copying {} to {}", src.display(), dest.display()))?;
+        // Debian installs the kernel 0600; QEMU may run as another user.
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(dest, std::fs::Permissions::from_mode(0o644))?;
+    }
+
+    let disk = work.join(DISK_FILE);
+    {
+        let f =
+            std::fs::File::create(&disk).with_context(|| format!("creating {}", disk.display()))?;
+        f.set_len(IMAGE_SIZE_BYTES)
+            .with_context(|| format!("sizing {}", disk.display()))?;
+    }
+    progress(&format!(
+        "mkfs.ext4 -d into a {} GiB sparse {DISK_FILE}",
+        IMAGE_SIZE_BYTES >> 30
+    ));
+    let t = Instant::now();
+    let mkfs = Cmd::new("mkfs.ext4")
+        .args(["-q", "-L", ROOT_LABEL, "-d"])
+        .arg(tree.display().to_string())
+        .arg(disk.display().to_string())
+        .timeout(Duration::from_secs(1800));
+    run_logged(runner, &mkfs, &log).await?;
+    let mkfs_seconds = t.elapsed().as_secs_f64();
+
+    if !remove_build_dir(&tree)? {
+        bail!("{} still has mounts inside", tree.display());
+    }
+    std::fs::remove_dir_all(&overlay).with_context(|| format!("removing {}", overlay.display()))?;
+    let len = |p: &Path| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0);
+    let info = BuildInfo {
+        suite,
+        recipe_hash: hash.to_string(),
+        packages: PACKAGES.iter().map(|p| p.to_string()).collect(),
+        mmdebstrap_seconds,
+        mkfs_seconds,
+        build_seconds: started.elapsed().as_secs_f64(),
+        tree_bytes,
+        disk_allocated_bytes: allocated_bytes(&disk),
+        kernel_bytes: len(&kernel),
+        initrd_bytes: len(&initrd),
+    };
+    let json = serde_json::to_vec_pretty(&info)?;
+    write_file(work, INFO_FILE, &json, 0o644)?;
+    Ok(info)
+}
+
+/// Sum of the apparent sizes of the regular files under `dir` (not following links, staying
+/// on its file system).
+pub(crate) fn tree_size(dir: &Path) -> u64 {
+    fn walk(p: &Path, dev: u64, total: &mut u64) {
+        use std::os::unix::fs::MetadataExt;
+        let Ok(rd) = std::fs::read_dir(p) else {
+            return;
+        };
+        for e in rd.flatten() {
+            let Ok(m) = e.path().symlink_metadata() else {
+                continue;
+            };
+            if m.is_file() {
+                *total += m.len();
+            } else if m.is_dir() && m.dev() == dev {
+                walk(&e.path(), dev, total);
+            }
+        }
+    }
+    use std::os::unix::fs::MetadataExt;
+    let mut total = 0;
+    if let Ok(m) = dir.metadata() {
+        walk(dir, m.dev(), &mut total);
+    }
+    total
+}
+
+/// Reads `image.json` of an image.
+pub fn build_info(img: &DevHostImage) -> Result<BuildInfo> {
+    let p = img.dir.join(INFO_FILE);
+    let bytes = std::fs::read(&p).with_context(|| format!("reading {}", p.display()))?;
+    serde_json::from_slice(&bytes).with_context(|| format!("parsing {}", p.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Snapshots live in `devhost/snapshots/`, beside the assets.
+    macro_rules! snap {
+        ($name:expr, $value:expr) => {{
+            let mut settings = insta::Settings::clone_current();
+            settings.set_snapshot_path("devhost/snapshots");
+            settings.bind(|| insta::assert_snapshot!($name, $value));
+        }};
+    }
+
+    fn asset(path: &str) -> &'static Asset {
+        ASSETS.iter().find(|a| a.path == path).unwrap()
+    }
+
+    #[test]
+    fn recipe_hash_is_stable_and_per_suite() {
+        let b = recipe_hash(Suite::Bookworm);
+        assert_eq!(b, recipe_hash(Suite::Bookworm));
+        assert_eq!(b.len(), 64);
+        assert!(b.bytes().all(|c| c.is_ascii_hexdigit()));
+        assert_ne!(b, recipe_hash(Suite::Trixie));
+    }
+
+    #[test]
+    fn any_asset_change_changes_the_hash() {
+        let base = hash_recipe(Suite::Bookworm, PACKAGES, ASSETS, CUSTOMIZE_HOOK);
+        assert_eq!(base, recipe_hash(Suite::Bookworm));
+        for i in 0..ASSETS.len() {
+            let mut changed = ASSETS.to_vec();
+            let text: &'static str = Box::leak(format!("{} ", ASSETS[i].contents).into_boxed_str());
+            changed[i].contents = text;
+            assert_ne!(
+                hash_recipe(Suite::Bookworm, PACKAGES, &changed, CUSTOMIZE_HOOK),
+                base,
+                "{}",
+                ASSETS[i].path
+            );
+            let mut moded = ASSETS.to_vec();
+            moded[i].mode ^= 0o001;
+            assert_ne!(
+                hash_recipe(Suite::Bookworm, PACKAGES, &moded, CUSTOMIZE_HOOK),
+                base
+            );
+            let mut moved = ASSETS.to_vec();
+            moved[i].path = "etc/elsewhere";
+            assert_ne!(
+                hash_recipe(Suite::Bookworm, PACKAGES, &moved, CUSTOMIZE_HOOK),
+                base
+            );
+        }
+        let hook = format!("{CUSTOMIZE_HOOK}\n");
+        assert_ne!(hash_recipe(Suite::Bookworm, PACKAGES, ASSETS, &hook), base);
+        let mut pk = PACKAGES.to_vec();
+        pk.push("jq");
+        assert_ne!(
+            hash_recipe(Suite::Bookworm, &pk, ASSETS, CUSTOMIZE_HOOK),
+            base
+        );
+        pk.pop();
+        pk.swap(0, 1);
+        assert_ne!(
+            hash_recipe(Suite::Bookworm, &pk, ASSETS, CUSTOMIZE_HOOK),
+            base
+        );
+    }
+
+    #[test]
+    fn suites_parse_and_name() {
+        assert_eq!("bookworm".parse::<Suite>().unwrap(), Suite::Bookworm);
+        assert_eq!(" Trixie ".parse::<Suite>().unwrap(), Suite::Trixie);
+        assert!(
+            "sid"
+                .parse::<Suite>()
+                .unwrap_err()
+                .to_string()
+                .contains("bookworm or trixie")
+        );
+        assert_eq!(Suite::default(), Suite::Bookworm);
+        assert_eq!(
+            Suite::Trixie.mirrors()[2],
+            "deb http://deb.debian.org/debian-security trixie-security main"
+        );
+    }
+
+    #[test]
+    fn cache_layout() {
+        let dir = image_dir(Path::new("/c"), Suite::Bookworm);
+        let hash = recipe_hash(Suite::Bookworm);
+        assert_eq!(
+            dir,
+            Path::new("/c/devhost").join(format!("bookworm-{}", &hash[..16]))
+        );
+        let img = image_in(dir.clone(), Suite::Bookworm, hash);
+        assert_eq!(img.disk, dir.join("rootfs.img"));
+        assert_eq!(img.kernel, dir.join("vmlinuz"));
+        assert_eq!(img.initrd, dir.join("initrd.img"));
+        assert_eq!(
+            cache_root_from(Some("/x".into()), Some("/root".into())),
+            Path::new("/x/aks-flex-node")
+        );
+        assert_eq!(
+            cache_root_from(Some("rel".into()), Some("/home/u".into())),
+            Path::new("/home/u/.cache/aks-flex-node")
+        );
+        assert_eq!(
+            cache_root_from(None, None),
+            Path::new("/var/cache/aks-flex-node")
+        );
+    }
+
+    #[test]
+    fn fw_cfg_key_and_markers() {
+        assert_eq!(FWCFG_IGNITION_KEY, "opt/com.coreos/config");
+        let boot = asset("etc/systemd/system/boot-marker.service").contents;
+        assert!(boot.contains(BOOT_MARKER) && boot.contains("/dev/ttyS0"));
+        let init = asset("usr/local/sbin/firstboot-init").contents;
+        assert!(init.contains(IGNITION_FAILED_MARKER));
+        assert_eq!(asset("etc/hostname").contents.trim(), PLACEHOLDER_HOSTNAME);
+        assert!(asset("etc/hosts").contents.contains(PLACEHOLDER_HOSTNAME));
+        // The kernel command line the harness uses points at the wrapper and names eth0.
+        let append = crate::qemu::dev_host_append(&[]);
+        assert!(append.contains(&format!("init=/{}", "usr/local/sbin/firstboot-init")));
+        assert!(append.contains("net.ifnames=0"));
+        assert!(
+            asset("etc/systemd/network/20-wired.network")
+                .contents
+                .contains("Name=eth0")
+        );
+    }
+
+    #[test]
+    fn firstboot_init_runs_debians_ignition_in_order() {
+        let s = asset("usr/local/sbin/firstboot-init").contents;
+        let pos = |needle: &str| s.find(needle).unwrap_or_else(|| panic!("{needle}"));
+        assert!(s.starts_with("#!/bin/sh\n"));
+        let ign = "/usr/lib/dracut/modules.d/30ignition/ignition";
+        assert!(s.contains(ign));
+        assert!(pos("modprobe qemu_fw_cfg") < pos("-stage=fetch-offline"));
+        assert!(pos("PATH=/usr/local/lib/ignition-shim:") < pos("-stage=fetch-offline"));
+        assert!(pos("-stage=fetch-offline") < pos("-stage=files"));
+        assert!(pos("-stage=files") < pos("systemctl preset"));
+        assert!(pos("systemctl preset") < pos("touch \"$DONE\""));
+        assert!(s.contains("-root=/ -platform=qemu"));
+        assert!(s.contains("20-ignition.preset"));
+        assert!(s.trim_end().ends_with("exec /lib/systemd/systemd \"$@\""));
+        snap!("firstboot_init", s);
+    }
+
+    #[test]
+    fn fstab_and_units() {
+        let fstab = asset("etc/fstab").contents;
+        assert!(fstab.contains("/dev/vda  /  ext4"));
+        assert!(
+            fstab.contains("upperdir=/var/lib/usr-local/upper,workdir=/var/lib/usr-local/work")
+        );
+        snap!("fstab", fstab);
+        snap!(
+            "usr_readonly_service",
+            asset("etc/systemd/system/usr-readonly.service").contents
+        );
+        snap!(
+            "usr_readonly",
+            asset("usr/local/sbin/usr-readonly").contents
+        );
+        snap!(
+            "boot_marker_service",
+            asset("etc/systemd/system/boot-marker.service").contents
+        );
+        snap!(
+            "wired_network",
+            asset("etc/systemd/network/20-wired.network").contents
+        );
+        snap!("customize_hook", CUSTOMIZE_HOOK);
+        let ro = asset("etc/systemd/system/usr-readonly.service").contents;
+        for line in [
+            "DefaultDependencies=no",
+            "After=systemd-remount-fs.service",
+            "Before=local-fs-pre.target usr-local.mount",
+            "Type=oneshot",
+            "RemainAfterExit=yes",
+            "StandardOutput=journal+console",
+            "WantedBy=local-fs.target",
+        ] {
+            assert!(ro.lines().any(|l| l == line), "{line}");
+        }
+        let script = asset("usr/local/sbin/usr-readonly").contents;
+        assert!(script.contains("mountpoint -q /usr || mount --bind /usr /usr"));
+        assert!(script.contains("mount -o remount,bind,ro /usr"));
+        assert!(script.contains("-ge 5"));
+    }
+
+    #[test]
+    fn login_settings() {
+        let sshd = asset("etc/ssh/sshd_config.d/50-flex-devhost.conf").contents;
+        assert!(sshd.lines().any(
+            |l| l == "AuthorizedKeysFile .ssh/authorized_keys .ssh/authorized_keys.d/ignition"
+        ));
+        assert!(sshd.lines().any(|l| l == "PasswordAuthentication no"));
+        let sudo = asset("etc/sudoers.d/50-flex-devhost");
+        assert_eq!(sudo.mode, 0o440);
+        assert!(
+            sudo.contents
+                .lines()
+                .any(|l| l == "%sudo ALL=(ALL) NOPASSWD: ALL")
+        );
+        // sudo ignores drop-ins whose names contain a dot.
+        assert!(!sudo.path.rsplit('/').next().unwrap().contains('.'));
+        assert!(!CUSTOMIZE_HOOK.contains("passwd -d"));
+        assert!(!ASSETS.iter().any(|a| a.path.contains("getty")));
+        let selinux = asset("etc/selinux/config").contents;
+        assert!(selinux.lines().any(|l| l == "SELINUXTYPE=none"));
+        for a in ASSETS {
+            let first = a.contents.lines().next().unwrap();
+            assert!(
+                first.starts_with("#!/bin/sh")
+                    || first.starts_with('#')
+                    || a.path.starts_with("etc/host"),
+                "{}",
+                a.path
+            );
+        }
+    }
+
+    /// Builds the image for real (root, network, a few minutes; cached in the default cache
+    /// root). Run with `cargo test -p flex-harness devhost -- --ignored --nocapture`.
+    #[tokio::test]
+    #[ignore = "builds the 8 GiB dev host image with mmdebstrap (root, network, minutes)"]
+    async fn real_devhost_image() {
+        if !rustix::process::geteuid().is_root() {
+            println!("skipped: building the dev host image needs root");
+            return;
+        }
+        let progress = |s: &str| println!("{s}");
+        let img = ensure(&default_cache_root(), Suite::Bookworm, &progress)
+            .await
+            .unwrap();
+        let info = build_info(&img).unwrap();
+        println!("{img:#?}\n{info:#?}");
+        assert_eq!(
+            std::fs::metadata(&img.disk).unwrap().len(),
+            IMAGE_SIZE_BYTES
+        );
+        assert!(
+            info.disk_allocated_bytes < IMAGE_SIZE_BYTES / 4,
+            "not sparse"
+        );
+        let kernel = std::fs::read(&img.kernel).unwrap();
+        assert_eq!(&kernel[0x202..0x206], b"HdrS", "bzImage header");
+        assert!(std::fs::metadata(&img.initrd).unwrap().len() > 1_000_000);
+        // A second call finds it.
+        assert_eq!(
+            ensure(&default_cache_root(), Suite::Bookworm, &|_| {})
+                .await
+                .unwrap(),
+            img
+        );
+    }
+
+    #[test]
+    fn mmdebstrap_argv() {
+        let a = mmdebstrap_args(
+            Suite::Bookworm,
+            Path::new("/c/devhost/.build-x/tree"),
+            Path::new("/c/devhost/.build-x/customize.sh"),
+            Path::new("/c/it's/overlay"),
+        );
+        snap!("mmdebstrap_argv", a.join("\n"));
+        assert!(a.contains(&"--include=systemd,systemd-sysv,udev,dbus,systemd-container,containerd,runc,iproute2,nftables,iptables,util-linux,mount,kmod,e2fsprogs,procps,linux-image-cloud-amd64,ca-certificates,ignition,openssh-server,libpam-systemd,libnss-myhostname,sudo,busybox-static,curl".to_string()));
+        assert!(!PACKAGES.contains(&"jq"));
+    }
+}

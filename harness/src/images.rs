@@ -1,0 +1,138 @@
+//! Getting images into the local registry: an OCI layout pushed as it is (the agent's image),
+//! a directory tree packed into a one-layer image (the machine rootfs), and a directory packed
+//! as an artifact (the offline component bundle).
+
+use std::path::Path;
+
+use aks_flex_node::oci::{ImageRef, OciLayout, RegistryClient};
+use bytes::Bytes;
+
+/// Pushes the (single-platform) image of an OCI layout as `reference`; returns the manifest
+/// digest.
+pub async fn push_layout(
+    client: &RegistryClient,
+    layout_dir: &Path,
+    reference: &str,
+) -> anyhow::Result<String> {
+    let image = ImageRef::parse(reference)?;
+    let layout = OciLayout::open(layout_dir)?;
+    let index = layout.index()?;
+    let desc = index
+        .manifests
+        .first()
+        .ok_or_else(|| anyhow::anyhow!("{}: empty index", layout_dir.display()))?;
+    let manifest_bytes = layout.read_blob(desc, "manifest")?;
+    let manifest: aks_flex_node::oci::ImageManifest = serde_json::from_slice(&manifest_bytes)?;
+    let config = layout.read_blob(&manifest.config, "config")?;
+    client
+        .push_blob(&image, &manifest.config.media_type, Bytes::from(config))
+        .await?;
+    for l in &manifest.layers {
+        let data = layout.read_blob(l, "layer")?;
+        client
+            .push_blob(&image, &l.media_type, Bytes::from(data))
+            .await?;
+    }
+    let tag = image.tag.clone().unwrap_or_else(|| "latest".into());
+    let digest = client
+        .push_manifest(&image, &tag, &desc.media_type, Bytes::from(manifest_bytes))
+        .await?;
+    Ok(digest.to_string())
+}
+
+/// Packs `tree` as a one-layer image and pushes it as `reference`; returns the manifest
+/// digest. The layer is made with GNU tar (ownership, hard links and modes kept; names sorted;
+/// mtimes clamped to `epoch`) and `gzip -n`, so the same tree gives the same digest.
+pub async fn push_tree_image(
+    client: &RegistryClient,
+    tree: &Path,
+    reference: &str,
+    epoch: u64,
+    work: &Path,
+) -> anyhow::Result<String> {
+    use aks_flex_node::runner::{Cmd, ProcessRunner, Runner};
+    use sha2::{Digest as _, Sha256};
+    let tar_path = work.join("layer.tar");
+    let r = ProcessRunner::new();
+    r.run(
+        &Cmd::new("tar")
+            .args([
+                "--sort=name",
+                "--numeric-owner",
+                "--xattrs",
+                "--format=posix",
+            ])
+            .arg(format!("--mtime=@{epoch}"))
+            .args([
+                "--clamp-mtime",
+                "--pax-option=exthdr.name=%d/PaxHeaders/%f,delete=atime,delete=ctime",
+            ])
+            .arg("-C")
+            .arg(tree.display().to_string())
+            .arg("-cf")
+            .arg(tar_path.display().to_string())
+            .arg(".")
+            .timeout(std::time::Duration::from_secs(600)),
+    )
+    .await?;
+    let tar = std::fs::read(&tar_path)?;
+    let diff_id = format!("sha256:{}", hex::encode(Sha256::digest(&tar)));
+    r.run(
+        &Cmd::new("gzip")
+            .args(["-n", "-6", "-f"])
+            .arg(tar_path.display().to_string())
+            .timeout(std::time::Duration::from_secs(600)),
+    )
+    .await?;
+    let gz = std::fs::read(work.join("layer.tar.gz"))?;
+    let config = flex_image::oci::config_json(
+        &flex_image::ImageConfig {
+            architecture: flex_image::oci::host_architecture().to_string(),
+            os: "linux".into(),
+            created: epoch,
+            cmd: vec!["/sbin/init".into()],
+            created_by: "cargo xtask up: machine rootfs fixture".into(),
+            ..Default::default()
+        },
+        &[diff_id],
+    )?;
+    let image = ImageRef::parse(reference)?;
+    let desc = client
+        .push_image(
+            &image,
+            Bytes::from(config),
+            vec![(
+                "application/vnd.oci.image.layer.v1.tar+gzip".to_string(),
+                Bytes::from(gz),
+            )],
+        )
+        .await?;
+    Ok(desc.digest.to_string())
+}
+
+/// `repository@digest` for a pushed image.
+pub fn pinned(repository: &str, digest: &str) -> String {
+    let repo = repository.split_once('@').map_or(repository, |(r, _)| r);
+    let repo = match repo.rsplit_once(':') {
+        Some((r, tag)) if !tag.contains('/') => r,
+        _ => repo,
+    };
+    format!("{repo}@{digest}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pinning_strips_tags() {
+        assert_eq!(
+            pinned("10.0.2.100:5000/aks-flex/agent:dev", "sha256:ab"),
+            "10.0.2.100:5000/aks-flex/agent@sha256:ab"
+        );
+        assert_eq!(
+            pinned("10.0.2.100:5000/aks-flex/agent", "sha256:ab"),
+            "10.0.2.100:5000/aks-flex/agent@sha256:ab"
+        );
+    }
+}

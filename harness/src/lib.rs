@@ -1,0 +1,24 @@
+//! The QEMU harness behind `cargo xtask up`, `check` and `down`: it builds or finds the OS
+//! image (ACL, or the embedded default dev host built from Debian packages), renders the
+//! Ignition config, starts a local registry with the agent's image, boots the VM on a fresh
+//! `cache=unsafe` overlay (KVM when a probe boot shows it is usable, else TCG), and runs timed
+//! check groups. `xtask` is a thin CLI over this library.
+//!
+//! Modules: [`qemu`] (QEMU's argv), [`qmp`] (the control socket), [`kvm`] (accelerator
+//! choice), [`groups`] (check groups and selection), [`report`] (timing table, JUnit),
+//! [`registry`] (the local registry), [`ssh`] (commands in the guest).
+
+pub mod checks;
+pub mod devhost;
+pub mod fixtures;
+pub mod groups;
+pub mod images;
+pub mod kvm;
+pub mod provision;
+pub mod qemu;
+pub mod qmp;
+pub mod registry;
+pub mod report;
+pub mod run;
+pub mod ssh;
+pub mod vm;

@@ -1,0 +1,227 @@
+//! The end of a check run: a table of how long each group and check took, and a JUnit XML
+//! report. Both are pure renderings of [`RunReport`].
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+/// How a check ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Passed.
+    Passed,
+    /// Failed, with the reason.
+    Failed(String),
+    /// Not run, with the reason (never counted as passed).
+    Skipped(String),
+}
+
+/// One check's result.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CheckReport {
+    /// Check name.
+    pub name: String,
+    /// Outcome.
+    pub outcome: Outcome,
+    /// How long it took.
+    pub duration: Duration,
+}
+
+/// One group's results.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GroupReport {
+    /// Group name.
+    pub name: String,
+    /// Checks in order.
+    pub checks: Vec<CheckReport>,
+    /// Wall time of the group, including its setup (snapshot restore).
+    pub duration: Duration,
+}
+
+/// A whole run.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RunReport {
+    /// Groups in run order.
+    pub groups: Vec<GroupReport>,
+}
+
+impl RunReport {
+    /// (passed, failed, skipped) over all checks.
+    pub fn counts(&self) -> (usize, usize, usize) {
+        let mut c = (0, 0, 0);
+        for ch in self.groups.iter().flat_map(|g| &g.checks) {
+            match ch.outcome {
+                Outcome::Passed => c.0 += 1,
+                Outcome::Failed(_) => c.1 += 1,
+                Outcome::Skipped(_) => c.2 += 1,
+            }
+        }
+        c
+    }
+
+    /// Whether nothing failed.
+    pub fn success(&self) -> bool {
+        self.counts().1 == 0
+    }
+}
+
+fn secs(d: Duration) -> String {
+    format!("{:.1}s", d.as_secs_f64())
+}
+
+/// The timing table, ending with the plain `N passed, N failed, N skipped` line.
+pub fn render_table(r: &RunReport) -> String {
+    let width = r
+        .groups
+        .iter()
+        .flat_map(|g| {
+            std::iter::once(g.name.len()).chain(g.checks.iter().map(|c| c.name.len() + 2))
+        })
+        .max()
+        .unwrap_or(10)
+        .max(10);
+    let mut s = String::new();
+    let _ = writeln!(s, "{:<width$}  {:>8}  result", "group / check", "time");
+    let total: Duration = r.groups.iter().map(|g| g.duration).sum();
+    for g in &r.groups {
+        let _ = writeln!(s, "{:<width$}  {:>8}", g.name, secs(g.duration));
+        for c in &g.checks {
+            let result = match &c.outcome {
+                Outcome::Passed => "ok".to_string(),
+                Outcome::Failed(e) => format!("FAILED: {}", e.lines().next().unwrap_or_default()),
+                Outcome::Skipped(why) => format!("skipped: {why}"),
+            };
+            let _ = writeln!(
+                s,
+                "  {:<w$}  {:>8}  {result}",
+                c.name,
+                secs(c.duration),
+                w = width - 2
+            );
+        }
+    }
+    let _ = writeln!(s, "{:<width$}  {:>8}", "total", secs(total));
+    let (p, f, k) = r.counts();
+    let _ = writeln!(s, "{p} passed, {f} failed, {k} skipped");
+    s
+}
+
+fn xml_escape(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+/// JUnit XML: one `testsuite` per group, one `testcase` per check.
+pub fn render_junit(r: &RunReport) -> String {
+    let (p, f, k) = r.counts();
+    let total: Duration = r.groups.iter().map(|g| g.duration).sum();
+    let mut s = String::from("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n");
+    let _ = writeln!(
+        s,
+        "<testsuites name=\"aks-flex-node check\" tests=\"{}\" failures=\"{f}\" skipped=\"{k}\" time=\"{:.3}\">",
+        p + f + k,
+        total.as_secs_f64()
+    );
+    for g in &r.groups {
+        let fails = g
+            .checks
+            .iter()
+            .filter(|c| matches!(c.outcome, Outcome::Failed(_)))
+            .count();
+        let skips = g
+            .checks
+            .iter()
+            .filter(|c| matches!(c.outcome, Outcome::Skipped(_)))
+            .count();
+        let _ = writeln!(
+            s,
+            "  <testsuite name=\"{}\" tests=\"{}\" failures=\"{fails}\" skipped=\"{skips}\" time=\"{:.3}\">",
+            xml_escape(&g.name),
+            g.checks.len(),
+            g.duration.as_secs_f64()
+        );
+        for c in &g.checks {
+            let open = format!(
+                "    <testcase classname=\"{}\" name=\"{}\" time=\"{:.3}\"",
+                xml_escape(&g.name),
+                xml_escape(&c.name),
+                c.duration.as_secs_f64()
+            );
+            match &c.outcome {
+                Outcome::Passed => {
+                    let _ = writeln!(s, "{open}/>");
+                }
+                Outcome::Failed(e) => {
+                    let _ = writeln!(
+                        s,
+                        "{open}>\n      <failure message=\"{}\">{}</failure>\n    </testcase>",
+                        xml_escape(e.lines().next().unwrap_or_default()),
+                        xml_escape(e)
+                    );
+                }
+                Outcome::Skipped(why) => {
+                    let _ = writeln!(
+                        s,
+                        "{open}>\n      <skipped message=\"{}\"/>\n    </testcase>",
+                        xml_escape(why)
+                    );
+                }
+            }
+        }
+        s.push_str("  </testsuite>\n");
+    }
+    s.push_str("</testsuites>\n");
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> RunReport {
+        let ms = Duration::from_millis;
+        RunReport {
+            groups: vec![
+                GroupReport {
+                    name: "machines".into(),
+                    duration: ms(61_234),
+                    checks: vec![
+                        CheckReport {
+                            name: "machine in machine.slice".into(),
+                            outcome: Outcome::Passed,
+                            duration: ms(1_500),
+                        },
+                        CheckReport {
+                            name: "back after reboot".into(),
+                            outcome: Outcome::Failed("kube1 not running\njournal: ...".into()),
+                            duration: ms(45_000),
+                        },
+                    ],
+                },
+                GroupReport {
+                    name: "node-join".into(),
+                    duration: ms(0),
+                    checks: vec![CheckReport {
+                        name: "node Ready".into(),
+                        outcome: Outcome::Skipped("no cluster".into()),
+                        duration: ms(0),
+                    }],
+                },
+            ],
+        }
+    }
+
+    #[test]
+    fn table_and_counts() {
+        let r = sample();
+        assert_eq!(r.counts(), (1, 1, 1));
+        assert!(!r.success());
+        insta::assert_snapshot!(render_table(&r));
+    }
+
+    #[test]
+    fn junit() {
+        insta::assert_snapshot!(render_junit(&sample()));
+    }
+}

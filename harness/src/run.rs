@@ -1,0 +1,432 @@
+//! The harness's entry points, as `cargo xtask` calls them: [`up`], [`check`] and [`down`].
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use aks_flex_node::runner::{Cmd, ProcessRunner, Runner};
+
+use crate::checks::{self, Ctx};
+use crate::devhost::{self, Suite};
+use crate::fixtures;
+use crate::groups::{self, Needs};
+use crate::images;
+use crate::provision::{self, Additions};
+use crate::qemu::{Accel, Boot};
+use crate::registry::{self, GUEST_REGISTRY};
+use crate::report::{self, RunReport};
+use crate::ssh::{self, Ssh};
+use crate::vm::{self, OsImage, Progress, State, UpOptions};
+
+/// The hostname the harness gives the guest.
+pub const HOSTNAME: &str = "flex-dev-node";
+
+/// A base64 PEM stand-in for the cluster CA (offline: there is no cluster).
+const OFFLINE_CA: &str = "LS0tLS1CRUdJTiBDRVJUSUZJQ0FURS0tLS0tCk1JSUJvZmZsaW5lLWhhcm5lc3MtY2EKLS0tLS1FTkQgQ0VSVElGSUNBVEUtLS0tLQo=";
+
+/// The bootstrap inputs for an offline host.
+pub fn offline_bootstrap_env(machine_image: &str, bundle: &str, kubernetes: &str) -> String {
+    let loc = checks::hostile_location().replace('\'', "");
+    [
+        "# Written by cargo xtask up: an offline node (there is no cluster to join).".to_string(),
+        "AKS_FLEX_NODE_CLUSTER_RESOURCE_ID=/subscriptions/00000000-0000-0000-0000-000000000000/resourceGroups/offline/providers/Microsoft.ContainerService/managedClusters/offline".into(),
+        format!("AKS_FLEX_NODE_LOCATION='{loc}'"),
+        format!("AKS_FLEX_NODE_KUBERNETES_VERSION={kubernetes}"),
+        "AKS_FLEX_NODE_API_SERVER=10.0.2.2:6443".into(),
+        format!("AKS_FLEX_NODE_CA_CERT_DATA={OFFLINE_CA}"),
+        "AKS_FLEX_NODE_BOOTSTRAP_TOKEN=abcdef.0123456789abcdef".into(),
+        format!("AKS_FLEX_NODE_NODE_NAME={HOSTNAME}"),
+        format!("AKS_FLEX_NODE_OCI_IMAGE={machine_image}"),
+        format!("AKS_FLEX_NODE_OFFLINE_ARTIFACTS=oci://{bundle}"),
+        "AKS_FLEX_NODE_LOG_LEVEL=debug".into(),
+        "AKS_FLEX_NODE_PREFLIGHT_IGNORE=api-server-reachable,disk-space".into(),
+        String::new(),
+    ]
+    .join("\n")
+}
+
+/// Installs what `up` needs when running as root on Debian; otherwise names the packages.
+pub async fn ensure_tools(progress: &Progress) -> anyhow::Result<()> {
+    let r = ProcessRunner::new();
+    let wanted: &[(&str, &str)] = &[
+        ("qemu-system-x86_64", "qemu-system-x86"),
+        ("qemu-img", "qemu-utils"),
+        ("mmdebstrap", "mmdebstrap"),
+        ("docker-registry", "docker-registry"),
+        ("ssh", "openssh-client"),
+        ("start-stop-daemon", "dpkg"),
+        ("mkfs.ext4", "e2fsprogs"),
+    ];
+    let missing: Vec<&str> = wanted
+        .iter()
+        .filter(|(bin, _)| r.which(bin).is_none())
+        .map(|(_, pkg)| *pkg)
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    let root = rustix::process::geteuid().is_root();
+    if !root || r.which("apt-get").is_none() {
+        anyhow::bail!(
+            "missing packages: {} (on Debian 12: add bookworm-backports to the apt sources, then `apt-get install -t bookworm-backports qemu-system-x86` and `apt-get install {}`)",
+            missing.join(" "),
+            missing
+                .iter()
+                .filter(|p| **p != "qemu-system-x86")
+                .copied()
+                .collect::<Vec<_>>()
+                .join(" ")
+        );
+    }
+    progress.say(&format!("installing {}", missing.join(" ")));
+    let backports = Path::new("/etc/apt/sources.list.d/bookworm-backports.sources");
+    let os = std::fs::read_to_string("/etc/os-release").unwrap_or_default();
+    if missing.contains(&"qemu-system-x86") && os.contains("bookworm") && !backports.exists() {
+        std::fs::write(
+            backports,
+            "Types: deb\nURIs: http://deb.debian.org/debian\nSuites: bookworm-backports\nComponents: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n",
+        )?;
+    }
+    let long = Duration::from_secs(1800);
+    let apt = |args: Vec<&str>| {
+        Cmd::new("apt-get")
+            .args(args)
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .timeout(long)
+    };
+    r.run(&apt(vec!["update", "-q"])).await?;
+    let plain: Vec<&str> = missing
+        .iter()
+        .filter(|p| **p != "qemu-system-x86")
+        .copied()
+        .collect();
+    if !plain.is_empty() {
+        let mut a = vec!["install", "-y", "-q", "--no-install-recommends"];
+        a.extend(plain);
+        r.run(&apt(a)).await?;
+    }
+    if missing.contains(&"qemu-system-x86") {
+        let t = if os.contains("bookworm") {
+            vec!["-t", "bookworm-backports"]
+        } else {
+            vec![]
+        };
+        let mut a = vec!["install", "-y", "-q", "--no-install-recommends"];
+        a.extend(t);
+        a.push("qemu-system-x86");
+        r.run(&apt(a)).await?;
+    }
+    Ok(())
+}
+
+/// Stops what a failed `up` started, unless disarmed.
+struct Cleanup {
+    work: PathBuf,
+    armed: bool,
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        eprintln!("up failed: stopping the VM and the registry it started");
+        let work = self.work.clone();
+        // Drop cannot await: run `down` on a fresh single-threaded runtime in its own thread.
+        let _ = std::thread::spawn(move || {
+            if let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                let _ = rt.block_on(vm::down(&work));
+            }
+        })
+        .join();
+    }
+}
+
+/// `up`: boots the VM with the agent bootstrapped in its container. `agent_layout` is the
+/// agent's OCI image layout (`cargo xtask image`).
+pub async fn up(
+    repo: &Path,
+    work: &Path,
+    agent_layout: &Path,
+    opts: &UpOptions,
+) -> anyhow::Result<State> {
+    let p = Progress::new();
+    let mut timings: Vec<(String, f64)> = Vec::new();
+    let mut phase = Instant::now();
+    let mut lap = |name: &str, timings: &mut Vec<(String, f64)>| {
+        timings.push((name.to_string(), phase.elapsed().as_secs_f64()));
+        phase = Instant::now();
+    };
+    ensure_tools(&p).await?;
+    if vm::State::load(work)?.is_some() {
+        p.say("replacing the VM of an earlier up");
+    }
+    vm::down(work).await?;
+    std::fs::create_dir_all(work)?;
+    let mut guard = Cleanup {
+        work: work.to_path_buf(),
+        armed: true,
+    };
+    let cache = devhost::default_cache_root();
+
+    let (base, boot, fw_key, spec, kernel_for_probe) = match &opts.os {
+        OsImage::DevHost => {
+            p.say("dev host image (built once per recipe, cached)");
+            let img = devhost::ensure(&cache, Suite::Bookworm, &|m| p.say(m)).await?;
+            let boot = Boot::Kernel {
+                kernel: img.kernel.clone(),
+                initrd: img.initrd.clone(),
+                append: crate::qemu::dev_host_append(&[]),
+            };
+            (
+                img.disk.clone(),
+                boot,
+                devhost::FWCFG_IGNITION_KEY,
+                flex_ignition::SpecVersion::V3_3_0,
+                Some(img.kernel.clone()),
+            )
+        }
+        OsImage::Acl {
+            image,
+            ovmf_code,
+            ovmf_vars,
+        } => {
+            if !image.is_file() {
+                anyhow::bail!("ACL image {} does not exist", image.display());
+            }
+            let vars = work.join("OVMF_VARS.fd");
+            std::fs::copy(ovmf_vars, &vars)?;
+            (
+                image.clone(),
+                Boot::Uefi {
+                    code: ovmf_code.clone(),
+                    vars,
+                },
+                crate::qemu::FWCFG_FLATCAR,
+                flex_ignition::SpecVersion::V3_4_0,
+                None,
+            )
+        }
+    };
+    lap("os image", &mut timings);
+
+    p.say("starting the registry");
+    let reg = vm::start_registry(work).await?;
+    let client = vm::registry_client()?;
+    let epoch = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_secs();
+    p.say("pushing the agent image");
+    let agent_digest = images::push_layout(
+        &client,
+        agent_layout,
+        &format!("{}/aks-flex/agent:dev", reg.host_addr()),
+    )
+    .await?;
+    let agent_image = images::pinned(&format!("{GUEST_REGISTRY}/aks-flex/agent"), &agent_digest);
+    p.say("machine rootfs and component bundle (fixtures, cached)");
+    let tree = fixtures::machine_rootfs_with(&cache, &|m| p.say(m)).await?;
+    let tmp = tempfile::tempdir_in(work)?;
+    let machine_digest = images::push_tree_image(
+        &client,
+        &tree,
+        &format!("{}/aks-flex/machine:dev", reg.host_addr()),
+        epoch,
+        tmp.path(),
+    )
+    .await?;
+    let (bundle_dir, versions) = fixtures::offline_bundle_with(&cache, &|m| p.say(m)).await?;
+    let tmp2 = tempfile::tempdir_in(work)?;
+    let bundle_digest = images::push_tree_image(
+        &client,
+        &bundle_dir,
+        &format!("{}/aks-flex/bundle:dev", reg.host_addr()),
+        epoch,
+        tmp2.path(),
+    )
+    .await?;
+    let machine_image = images::pinned(
+        &format!("{GUEST_REGISTRY}/aks-flex/machine"),
+        &machine_digest,
+    );
+    let bundle = images::pinned(&format!("{GUEST_REGISTRY}/aks-flex/bundle"), &bundle_digest);
+    lap("registry and images", &mut timings);
+
+    let key = work.join("id_ed25519");
+    let pubkey = ssh::ensure_key(&key).await?;
+    let env = offline_bootstrap_env(&machine_image, &bundle, &versions.kubernetes);
+    let json = provision::render(
+        repo,
+        &Additions {
+            ssh_public_key: pubkey,
+            hostname: HOSTNAME.into(),
+            agent_image: agent_image.clone(),
+            pull_args: "--plain-http".into(),
+            bootstrap_env: Some(env.clone()),
+            label_containerd: opts.label_containerd,
+        },
+        spec,
+    )?;
+    std::fs::write(work.join("config.ign"), json)?;
+    vm::create_overlay(&base, &work.join("disk.qcow2")).await?;
+
+    let (accel, reason) = match &kernel_for_probe {
+        Some(k) => vm::choose_accel(work, k, opts.try_kvm).await,
+        None if opts.try_kvm => (Accel::Kvm, "ACL boots with UEFI; KVM asked for".into()),
+        None => (Accel::Tcg, "TCG requested".into()),
+    };
+    p.say(&reason);
+    lap("kvm probe", &mut timings);
+
+    let ssh_port = registry::free_port()?;
+    let qspec = vm::qemu_spec(work, accel, opts, boot, fw_key, ssh_port, Some(reg.port));
+    p.say(&format!(
+        "booting ({})",
+        if accel == Accel::Kvm { "kvm" } else { "tcg" }
+    ));
+    let pid = vm::boot(&qspec).await?;
+    let ssh = Ssh {
+        port: ssh_port,
+        key,
+    };
+    let mut state = State {
+        work: work.to_path_buf(),
+        qemu_pid: Some(pid),
+        registry: Some(reg),
+        ssh: ssh.clone(),
+        accel: if accel == Accel::Kvm { "kvm" } else { "tcg" }.into(),
+        accel_reason: reason,
+        agent_image,
+        machine_image: Some(machine_image),
+        bundle: Some(bundle),
+        bootstrap_env: Some(env),
+        snapshot: None,
+        timings: Vec::new(),
+    };
+    state.save()?;
+    vm::wait_ssh(&ssh, &state.serial_log(), pid, opts.boot_timeout).await?;
+    p.say("the guest answers SSH");
+    lap("first boot", &mut timings);
+
+    p.say("waiting for the agent's bootstrap (pull, machine, kubelet stand-in)");
+    let ctx = Ctx {
+        state: &state,
+        ssh: &ssh,
+        cluster: false,
+    };
+    let waited = wait_bootstrapped(&ctx, opts.bootstrap_timeout).await;
+    if let Err(e) = waited {
+        let journal = ssh
+            .output("journalctl -b --no-pager -n 150 -u aks-flex-node-bootstrap.service -u aks-flex-node-agent.service", Duration::from_secs(60))
+            .await
+            .map(|o| o.stdout)
+            .unwrap_or_default();
+        anyhow::bail!("{e:#}\njournal:\n{journal}");
+    }
+    lap("bootstrap", &mut timings);
+    if opts.snapshot {
+        let secs = vm::save_snapshot(&mut state).await?;
+        p.say(&format!(
+            "snapshot {} saved in {secs:.2}s",
+            vm::READY_SNAPSHOT
+        ));
+        lap("savevm", &mut timings);
+    }
+    state.timings = timings;
+    state.save()?;
+    guard.armed = false;
+    p.say("up: the host is bootstrapped and the agent runs in its container");
+    for (n, s) in &state.timings {
+        eprintln!("  {n:<22} {s:>7.1}s");
+    }
+    Ok(state)
+}
+
+async fn wait_bootstrapped(ctx: &Ctx<'_>, timeout: Duration) -> anyhow::Result<()> {
+    let start = Instant::now();
+    loop {
+        let o = ctx
+            .ssh
+            .output(
+                "systemctl is-failed --quiet aks-flex-node-bootstrap.service && echo FAILED; \
+                 test -s /etc/aks-flex-node/daemon-state.json && systemctl is-active --quiet aks-flex-node-agent.service && echo READY; true",
+                Duration::from_secs(60),
+            )
+            .await?;
+        if o.stdout.contains("READY") {
+            return Ok(());
+        }
+        if o.stdout.contains("FAILED") {
+            anyhow::bail!("aks-flex-node-bootstrap.service failed");
+        }
+        if start.elapsed() > timeout {
+            anyhow::bail!("the host did not bootstrap within {timeout:?}");
+        }
+        tokio::time::sleep(Duration::from_secs(5)).await;
+    }
+}
+
+/// `check`: runs the selected groups, prints the timing table, writes JUnit, and on failure
+/// prints the journal lines that explain it. Returns whether everything passed.
+pub async fn check(
+    work: &Path,
+    only: Option<&str>,
+    no_snapshot: bool,
+    junit: &Path,
+) -> anyhow::Result<bool> {
+    let selected = groups::select(only)?;
+    let state =
+        State::load(work)?.ok_or_else(|| anyhow::anyhow!("no VM: run `cargo xtask up` first"))?;
+    let cluster = false;
+    let ctx = Ctx {
+        state: &state,
+        ssh: &state.ssh,
+        cluster,
+    };
+    let use_snapshot = !no_snapshot && state.snapshot.is_some();
+    let mut run = RunReport::default();
+    for g in &selected {
+        eprintln!("group {}", g.name);
+        let restore = use_snapshot && g.needs == Needs::Host;
+        run.groups.push(checks::run_group(&ctx, g, restore).await);
+    }
+    let table = report::render_table(&run);
+    std::fs::write(junit, report::render_junit(&run))?;
+    if !run.success() {
+        eprintln!(
+            "journal of the agent's units:\n{}",
+            checks::failure_journal(&state.ssh).await
+        );
+    }
+    print!("{table}");
+    eprintln!("JUnit report: {}", junit.display());
+    Ok(run.success())
+}
+
+/// `down`.
+pub async fn down(work: &Path) -> anyhow::Result<()> {
+    vm::down(work).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn offline_env_is_valid_bootstrap_input() {
+        let env = offline_bootstrap_env(
+            "10.0.2.100:5000/aks-flex/machine@sha256:00",
+            "10.0.2.100:5000/aks-flex/bundle@sha256:11",
+            "1.35.0",
+        );
+        let vars = aks_flex_node::bootstrap::env::parse(&env).unwrap();
+        let loc = vars
+            .iter()
+            .find(|e| e.key == "AKS_FLEX_NODE_LOCATION")
+            .map(|e| e.value.clone())
+            .unwrap();
+        assert_eq!(loc, checks::hostile_location());
+    }
+}
