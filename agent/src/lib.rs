@@ -19,12 +19,14 @@
 //! - [`host`]: host setup (`setupHost`);
 //! - [`components`]: Kubernetes node components installed into a machine rootfs;
 //! - [`machine`]: starting, stopping and removing nspawn machines;
+//! - [`machineclient`]: the machine goal model and client;
 //! - [`node`]: provisioning and running machines on a real host;
 //! - [`nodegoal`]: the resolved goal of one machine;
 //! - [`nodeconfig`]: the files written into a machine and for it on the host;
 //! - [`repave`]: blue/green repave and NodeReboot;
 //! - [`reset`]: node reset;
 //! - [`preflight`]: preflight checks and their report;
+//! - [`provisioning`]: the ACL host provisioning (`image/agent-container.bu`);
 //! - [`start`], [`daemon`]: the `start` and `daemon` commands;
 //! - [`bootstrap`]: `bootstrap.sh`'s and `aks-flex-node-bootstrap`'s flow (inputs, config,
 //!   preflight, start once);
@@ -47,11 +49,13 @@ pub mod http;
 pub mod lifecycle;
 pub mod logging;
 pub mod machine;
+pub mod machineclient;
 pub mod node;
 pub mod nodeconfig;
 pub mod nodegoal;
 pub mod oci;
 pub mod preflight;
+pub mod provisioning;
 pub mod repave;
 pub mod reset;
 pub mod runner;

@@ -390,17 +390,22 @@ fn disk_space(host: &Host) -> CheckResult {
 
 fn cgroups(host: &Host) -> CheckResult {
     let name = "cgroups";
-    if !host.fs.exists(Path::new("/sys/fs/cgroup")) {
+    // In the agent's container the host's cgroup file system is under /host (the container's
+    // own /sys/fs/cgroup is its runtime's view).
+    let base = if host.containerized() {
+        "/host/sys/fs/cgroup"
+    } else {
+        "/sys/fs/cgroup"
+    };
+    if !host.fs.exists(Path::new(base)) {
         return CheckResult::new(
             name,
             "host cgroups",
             Severity::Error,
-            "/sys/fs/cgroup is missing",
+            format!("{base} is missing"),
         );
     }
-    if host
-        .fs
-        .exists(Path::new("/sys/fs/cgroup/cgroup.controllers"))
+    if host.fs.exists(&Path::new(base).join("cgroup.controllers"))
     {
         CheckResult::new(
             name,

@@ -295,13 +295,22 @@ pub async fn cleanup_legacy_cni(host: &Host) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `remove-runtime-dirs`: removes `/etc/aks-flex-node` and `/var/log/aks-flex-node`.
+/// `remove-runtime-dirs`: removes `/etc/aks-flex-node` and `/var/log/aks-flex-node`. A
+/// directory that is a mount point (the agent's container) counts as removed once emptied, and
+/// in the container the host's directory itself goes through `/host`.
 pub async fn remove_runtime_dirs(host: &Host) -> anyhow::Result<()> {
     for d in RUNTIME_DIRS {
         match host.fs.remove_dir_all(Path::new(d))? {
             Removed::Removed => tracing::info!(path = d, "removed runtime directory"),
             Removed::EmptiedMountPoint => {
-                tracing::info!(path = d, "emptied runtime directory (a mount point)")
+                // In the agent's container the directory is a bind mount of the host's: its
+                // contents are gone, and the host's (now empty) directory is removed through
+                // the host's root, which is not a mount point here.
+                let on_host = Path::new(crate::hostexec::HOST_ROOT).join(d.trim_start_matches('/'));
+                if host.containerized() && host.fs.exists(&on_host) {
+                    host.fs.remove_dir_all(&on_host)?;
+                }
+                tracing::info!(path = d, "removed runtime directory (it was a mount point)")
             }
             Removed::Absent => {}
         }

@@ -19,10 +19,10 @@
 //! (e) without the host mounted, the entrypoint exits non-zero naming `/host`.
 //!
 //! PID namespace: in production the container joins the host's (`pid:/proc/1/ns/pid`). Where
-//! this machine's PID 1 refuses access to its namespaces (a sandbox's init), the test starts a
-//! stand-in init (`unshare --pid --fork sleep`), a process of this machine's mount namespace that
-//! is PID 1 of a new PID namespace, and the container joins that one: `/proc/1/ns/mnt` inside the
-//! container is then this machine's mount namespace, as the host's would be.
+//! this machine's PID 1 refuses access to its namespaces (a sandbox's init) or lives in another
+//! mount namespace, the test starts a stand-in init (`unshare --pid --fork sleep`), a process of
+//! this machine's mount namespace that is PID 1 of a new PID namespace, and the container joins
+//! that one: `/proc/1/ns/mnt` inside the container is then this machine's, as the host's would be.
 //!
 //! Needs root and the Debian packages `containerd runc dbus busybox-static` (CI installs them;
 //! without them the test fails and says what to install). As non-root it prints "skipped".
@@ -412,12 +412,14 @@ fn test_pki() -> (String, Vec<u8>, Vec<u8>) {
 
 /// The namespace the containers join as their PID namespace (see the module doc).
 fn pid_namespace(dir: &Path) -> (String, Option<Daemon>) {
-    if std::fs::File::open("/proc/1/ns/pid").is_ok()
-        && std::fs::File::open("/proc/1/ns/mnt").is_ok()
-    {
+    let mnt_ns = |p: &str| std::fs::read_link(format!("/proc/{p}/ns/mnt")).ok();
+    if std::fs::File::open("/proc/1/ns/pid").is_ok() && mnt_ns("1") == mnt_ns("self") {
         return ("/proc/1/ns/pid".into(), None);
     }
-    eprintln!("PID 1's namespaces are not accessible here: using a stand-in init");
+    eprintln!(
+        "PID 1's namespaces are not accessible here, or PID 1 is in another mount namespace: \
+         using a stand-in init"
+    );
     let init = spawn_daemon(
         "unshare",
         &["--pid", "--fork", "--kill-child", "sleep", "3600"],
@@ -437,7 +439,6 @@ fn pid_namespace(dir: &Path) -> (String, Option<Daemon>) {
         );
         std::thread::sleep(Duration::from_millis(50));
     };
-    let mnt_ns = |p: &str| std::fs::read_link(format!("/proc/{p}/ns/mnt")).unwrap();
     assert_eq!(
         mnt_ns(&pid),
         mnt_ns("self"),

@@ -1,6 +1,7 @@
 //! `cargo xtask`: the project's automation, in Rust. A thin CLI over small task modules.
 
 mod ci;
+mod codegen;
 mod deps;
 mod image;
 mod vm;
@@ -25,6 +26,12 @@ enum Task {
         /// Skip installing system packages
         #[arg(long)]
         no_install: bool,
+    },
+    /// Regenerate committed generated files (image/agent-container.bu)
+    Codegen {
+        /// Fail if a generated file is stale instead of writing it
+        #[arg(long)]
+        check: bool,
     },
     /// Build the agent's container image (OCI layout + archive) without a container engine
     Image {
@@ -65,6 +72,7 @@ fn main() -> ExitCode {
     let result = rt.block_on(async {
         match cli.command {
             Task::Ci { no_install } => ci::run(!no_install).await,
+            Task::Codegen { check } => codegen::run(check),
             Task::Image {
                 out,
                 check_reproducible,

@@ -201,3 +201,36 @@ async fn arc_is_removed_when_detected() {
             .contains(&"disable himdsd.service".to_string())
     );
 }
+
+/// A real tmpfs mount stands in for the container's bind mount of a runtime dir (root only;
+/// skipped with a message otherwise): it is emptied, and the host's directory (under /host)
+/// is removed.
+#[tokio::test]
+async fn containerized_runtime_dirs_are_emptied_and_removed_on_the_host() {
+    use crate::runner::{Cmd, ProcessRunner, Runner};
+    if !rustix::process::geteuid().is_root() {
+        eprintln!("skipped: mounting a tmpfs needs root");
+        return;
+    }
+    let f = FakeHost::with_info(crate::testing::FakeHostInfo {
+        containerized: true,
+        ..Default::default()
+    })
+    .unwrap();
+    let fs = &f.host.fs;
+    let d = Path::new("/etc/aks-flex-node");
+    fs.create_dir_all(d).unwrap();
+    fs.create_dir_all(Path::new("/host/etc/aks-flex-node")).unwrap();
+    let real = fs.path(d).display().to_string();
+    let r = ProcessRunner::new();
+    r.run(&Cmd::new("mount").args(["-t", "tmpfs", "tmpfs", &real]))
+        .await
+        .unwrap();
+    fs.write_atomic(&d.join("config.json"), b"{}", 0o600).unwrap();
+    let result = remove_runtime_dirs(&f.host).await;
+    let emptied = std::fs::read_dir(fs.path(d)).map(|mut e| e.next().is_none());
+    r.run(&Cmd::new("umount").arg(&real)).await.unwrap();
+    result.unwrap();
+    assert!(emptied.unwrap(), "the mount point was not emptied");
+    assert!(!fs.exists(Path::new("/host/etc/aks-flex-node")), "the host's directory remains");
+}

@@ -94,7 +94,8 @@ pub fn render_agent_unit_for(containerized: bool) -> String {
     }
 }
 
-/// Renders a unit that runs the agent's image with `ctr run`: privileged, in the host's network
+/// Renders a unit that runs the agent's image with `ctr run` (naming the image's entrypoint
+/// explicitly: `ctr run` replaces the image's entrypoint when given a command): privileged, in the host's network
 /// and PID namespaces, the host's root at `/host`, in scope `aks-flex-<name>.scope` under
 /// `system-aksflex.slice`. It first waits (within its start timeout) until containerd answers
 /// `ctr version`, pulls the image if containerd does not have it, and clears a stale container
@@ -107,7 +108,7 @@ pub fn render_container_unit(unit: ContainerUnit) -> String {
             "AKS Flex Node Agent (container)",
             "StartLimitIntervalSec=300\nStartLimitBurst=5\n",
             "simple",
-            "aks-flex-node agent --config /etc/aks-flex-node/config.json",
+            "/opt/aks-flex-node/bin/entrypoint aks-flex-node agent --config /etc/aks-flex-node/config.json",
             "TimeoutStartSec=300\nTimeoutStopSec=60\nRestart=on-failure\nRestartSec=30\n",
             "[Install]\nWantedBy=multi-user.target\n",
         ),
@@ -115,7 +116,7 @@ pub fn render_container_unit(unit: ContainerUnit) -> String {
             "AKS Flex Node bootstrap (container)",
             "ConditionPathExists=/etc/aks-flex-node/bootstrap.env\n",
             "oneshot",
-            "aks-flex-node-bootstrap",
+            "/opt/aks-flex-node/bin/entrypoint aks-flex-node-bootstrap",
             "RemainAfterExit=yes\nTimeoutStartSec=1800\n",
             "[Install]\nWantedBy=multi-user.target\n",
         ),
@@ -123,7 +124,7 @@ pub fn render_container_unit(unit: ContainerUnit) -> String {
             "AKS Flex Node reset (container)",
             "",
             "oneshot",
-            "aks-flex-node reset",
+            "/opt/aks-flex-node/bin/entrypoint aks-flex-node reset",
             "TimeoutStartSec=900\n",
             "",
         ),
