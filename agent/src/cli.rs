@@ -83,6 +83,9 @@ pub enum Command {
         #[arg(long, value_name = "FILE")]
         env_file: Option<PathBuf>,
     },
+    /// MachineOperations run on this node, without a cluster
+    #[command(subcommand)]
+    Operation(OperationCommand),
     /// Diagnostics for the agent's image (name resolution, TLS); not for people
     #[command(hide = true, subcommand)]
     Debug(DebugCommand),
@@ -95,6 +98,52 @@ pub enum Command {
         /// The machine: kube1 or kube2
         machine: String,
     },
+}
+
+/// `operation` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum OperationCommand {
+    /// Run one MachineOperation (NodeReboot, AgentReset, AgentUpgrade) node-locally through the
+    /// daemon's handler, and print the result as the operation's status would record it
+    Run {
+        /// Operation kind
+        kind: String,
+        /// Parameter, repeatable (`--param image=...`)
+        #[arg(long = "param", value_name = "KEY=VALUE")]
+        params: Vec<String>,
+        /// Path to configuration JSON file
+        #[arg(long, value_name = "PATH", default_value = config::DEFAULT_CONFIG_PATH)]
+        config: PathBuf,
+    },
+}
+
+async fn run_operation(cmd: OperationCommand) -> anyhow::Result<()> {
+    let OperationCommand::Run {
+        kind,
+        params,
+        config: config_path,
+    } = cmd;
+    require_root("operation run")?;
+    let params = crate::operations::parse_params(&params).map_err(|e| anyhow::anyhow!(e))?;
+    let host = Host::real().await?;
+    if let Err(f) = crate::operations::decide::admit(&kind, &params, host.containerized()) {
+        let r = f.into_result();
+        print!("{}", crate::operations::render_result(&r));
+        anyhow::bail!("{}: {}", r.reason, r.message);
+    }
+    let loaded = load_config(&config_path)?;
+    crate::logging::init(&loaded.config.agent.log_level, None);
+    let node = std::sync::Arc::new(crate::node::NodeMachines::new(
+        host.clone(),
+        loaded.config.clone(),
+    )?);
+    let handlers = crate::operations::HostHandlers::new(host.clone(), node);
+    let r = crate::operations::run_local(&kind, &params, &handlers, host.containerized()).await;
+    print!("{}", crate::operations::render_result(&r));
+    if !r.succeeded() {
+        anyhow::bail!("{}: {}", r.reason, r.message);
+    }
+    Ok(())
 }
 
 /// Hidden diagnostics, used by the image tests to prove the binary works inside its image.
@@ -289,6 +338,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             crate::daemon::run(cfg, shutdown).await
         }
         Command::Debug(d) => run_debug(d).await,
+        Command::Operation(o) => run_operation(o).await,
         Command::BootstrapNode { env_file } => {
             let host = Host::real().await?;
             let cfg_for_probe = config::Config::default();

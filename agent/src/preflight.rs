@@ -405,8 +405,7 @@ fn cgroups(host: &Host) -> CheckResult {
             format!("{base} is missing"),
         );
     }
-    if host.fs.exists(&Path::new(base).join("cgroup.controllers"))
-    {
+    if host.fs.exists(&Path::new(base).join("cgroup.controllers")) {
         CheckResult::new(
             name,
             "host cgroups",

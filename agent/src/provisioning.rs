@@ -52,7 +52,13 @@ storage:
 fn indent(text: &str, n: usize) -> String {
     let pad = " ".repeat(n);
     text.lines()
-        .map(|l| if l.is_empty() { String::new() } else { format!("{pad}{l}") })
+        .map(|l| {
+            if l.is_empty() {
+                String::new()
+            } else {
+                format!("{pad}{l}")
+            }
+        })
         .collect::<Vec<_>>()
         .join("\n")
         + "\n"
@@ -63,9 +69,21 @@ pub fn render_agent_container_bu() -> String {
     let mut s = String::from(HEADER);
     s.push_str("systemd:\n  units:\n");
     for (name, enabled, contents) in [
-        ("usr-local-overlay.service", true, USR_LOCAL_OVERLAY_UNIT.to_string()),
-        ("aks-flex-node-bootstrap.service", true, render_container_unit(ContainerUnit::Bootstrap)),
-        ("aks-flex-node-reset.service", false, render_container_unit(ContainerUnit::Reset)),
+        (
+            "usr-local-overlay.service",
+            true,
+            USR_LOCAL_OVERLAY_UNIT.to_string(),
+        ),
+        (
+            "aks-flex-node-bootstrap.service",
+            true,
+            render_container_unit(ContainerUnit::Bootstrap),
+        ),
+        (
+            "aks-flex-node-reset.service",
+            false,
+            render_container_unit(ContainerUnit::Reset),
+        ),
     ] {
         s.push_str(&format!("    - name: {name}\n"));
         if enabled {

@@ -285,9 +285,12 @@ fn daemon_stops_cleanly_on_sigterm_and_logs_no_secrets() {
     let start = std::time::Instant::now();
     while !std::fs::read_to_string(&log_file)
         .unwrap_or_default()
-        .contains("daemon ready")
+        .contains("daemon starting")
     {
-        assert!(start.elapsed().as_secs() < 30, "daemon never logged ready");
+        assert!(
+            start.elapsed().as_secs() < 30,
+            "daemon never logged that it started"
+        );
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
     let pid = rustix::process::Pid::from_raw(child.id() as i32).unwrap();

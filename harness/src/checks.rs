@@ -221,6 +221,33 @@ async fn leader_survives_restart(c: &Ctx<'_>) -> anyhow::Result<Outcome> {
     Ok(Outcome::Passed)
 }
 
+async fn node_reboot_operation(c: &Ctx<'_>) -> anyhow::Result<Outcome> {
+    let m = c.active_machine().await?;
+    let before = c
+        .sh(&format!("machinectl show {m} -p Leader --value"))
+        .await?;
+    let out = c
+        .ssh
+        .run(
+            "ctr -n aks-flex tasks exec --exec-id check-reboot-$$ aks-flex-agent aks-flex-node operation run NodeReboot",
+            Duration::from_secs(600),
+        )
+        .await?;
+    ensure(out.contains("phase: Complete"), || {
+        format!("NodeReboot printed {out:?}")
+    })?;
+    let state = c
+        .sh(&format!("machinectl show {m} -p State --value"))
+        .await?;
+    let after = c
+        .sh(&format!("machinectl show {m} -p Leader --value"))
+        .await?;
+    ensure(state == "running" && after != before, || {
+        format!("after NodeReboot {m} is {state:?} with leader {after} (was {before})")
+    })?;
+    Ok(Outcome::Passed)
+}
+
 async fn back_after_reboot(c: &Ctx<'_>) -> anyhow::Result<Outcome> {
     let m = c.active_machine().await?;
     let boot_id = c.sh("cat /proc/sys/kernel/random/boot_id").await?;

@@ -5,8 +5,8 @@
 //! select the Azure platform) or from UEFI firmware (ACL), on a qcow2 overlay with
 //! `cache=unsafe` (the harness owns the disk and drops it with the VM; the host ignores the
 //! guest's flushes). The Ignition config goes on fw_cfg. The guest's network is QEMU's user
-//! network with `restrict=on`: it reaches only the registry (a `guestfwd` to the host's
-//! loopback), and the host reaches the guest's SSH through a forwarded loopback port.
+//! network: it reaches the registry on the host's loopback as `10.0.2.2:<port>`, and the host
+//! reaches the guest's SSH through a forwarded loopback port.
 
 use std::path::PathBuf;
 
@@ -40,16 +40,6 @@ pub enum Boot {
     },
 }
 
-/// Where the guest reaches the registry: `guest_addr` (`10.0.2.100:5000`) forwarded to the
-/// host's `127.0.0.1:host_port`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct RegistryForward {
-    /// Guest-side address and port.
-    pub guest_addr: String,
-    /// Host loopback port.
-    pub host_port: u16,
-}
-
 /// Everything that decides QEMU's argv.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct QemuSpec {
@@ -67,8 +57,6 @@ pub struct QemuSpec {
     pub fw_cfg: Option<(String, PathBuf)>,
     /// Host loopback port forwarded to the guest's SSH port.
     pub ssh_port: u16,
-    /// Registry forwarding.
-    pub registry: Option<RegistryForward>,
     /// Serial console log.
     pub serial_log: PathBuf,
     /// QMP socket.
@@ -129,16 +117,11 @@ pub fn args(spec: &QemuSpec) -> Vec<String> {
         spec.disk.display()
     );
     push(&["-drive", &disk]);
-    let mut netdev = format!(
-        "user,id=n0,restrict=on,hostfwd=tcp:127.0.0.1:{}-:22",
-        spec.ssh_port
-    );
-    if let Some(r) = &spec.registry {
-        netdev.push_str(&format!(
-            ",guestfwd=tcp:{}-tcp:127.0.0.1:{}",
-            r.guest_addr, r.host_port
-        ));
-    }
+    // The guest reaches the host's loopback registry at 10.0.2.2 (QEMU's user network maps it
+    // to 127.0.0.1). Not `restrict=on` with a `guestfwd`: a `tcp:` guestfwd connects to the
+    // host once and multiplexes every guest connection over it, which corrupts concurrent
+    // blob downloads.
+    let netdev = format!("user,id=n0,hostfwd=tcp:127.0.0.1:{}-:22", spec.ssh_port);
     push(&["-netdev", &netdev, "-device", "virtio-net-pci,netdev=n0"]);
     push(&["-device", "virtio-rng-pci"]);
     if let Some((key, file)) = &spec.fw_cfg {
@@ -188,10 +171,6 @@ mod tests {
             },
             fw_cfg: Some((FWCFG_COREOS.into(), "/w/vm/config.ign".into())),
             ssh_port: 2222,
-            registry: Some(RegistryForward {
-                guest_addr: "10.0.2.100:5000".into(),
-                host_port: 35000,
-            }),
             serial_log: "/w/vm/serial.log".into(),
             qmp_socket: "/w/vm/qmp.sock".into(),
             pidfile: "/w/vm/qemu.pid".into(),
@@ -213,7 +192,6 @@ mod tests {
             vars: "/w/vm/OVMF_VARS.fd".into(),
         };
         s.fw_cfg = Some((FWCFG_FLATCAR.into(), "/w/vm/config.ign".into()));
-        s.registry = None;
         s.daemonize = false;
         let a = args(&s);
         insta::assert_snapshot!(a.join("\n"));

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use aks_flex_node::runner::{Cmd, ProcessRunner, Runner};
 
-/// The guest-side address of the registry (forwarded to the host's loopback port).
-pub const GUEST_REGISTRY: &str = "10.0.2.100:5000";
+/// The host as QEMU's user network shows it to the guest.
+pub const GUEST_HOST_ADDR: &str = "10.0.2.2";
 
 /// A registry started by the harness.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -23,6 +23,11 @@ impl Registry {
     /// `127.0.0.1:<port>`.
     pub fn host_addr(&self) -> String {
         format!("127.0.0.1:{}", self.port)
+    }
+
+    /// The registry as the guest reaches it: `10.0.2.2:<port>`.
+    pub fn guest_addr(&self) -> String {
+        format!("{GUEST_HOST_ADDR}:{}", self.port)
     }
 
     fn pidfile(&self) -> PathBuf {

@@ -12,7 +12,7 @@ use crate::groups::{self, Needs};
 use crate::images;
 use crate::provision::{self, Additions};
 use crate::qemu::{Accel, Boot};
-use crate::registry::{self, GUEST_REGISTRY};
+use crate::registry;
 use crate::report::{self, RunReport};
 use crate::ssh::{self, Ssh};
 use crate::vm::{self, OsImage, Progress, State, UpOptions};
@@ -20,8 +20,9 @@ use crate::vm::{self, OsImage, Progress, State, UpOptions};
 /// The hostname the harness gives the guest.
 pub const HOSTNAME: &str = "flex-dev-node";
 
-/// A base64 PEM stand-in for the cluster CA (offline: there is no cluster).
-const OFFLINE_CA: &str = "LS0tLS1CRUdJTiBDRVJUSUZJQ0FURS0tLS0tCk1JSUJvZmZsaW5lLWhhcm5lc3MtY2EKLS0tLS1FTkQgQ0VSVElGSUNBVEUtLS0tLQo=";
+/// A self-signed CA certificate (base64 PEM) standing in for the cluster CA: offline there is
+/// no cluster, but the config must still name a well-formed CA.
+const OFFLINE_CA: &str = "LS0tLS1CRUdJTiBDRVJUSUZJQ0FURS0tLS0tCk1JSUJ4ekNDQVcyZ0F3SUJBZ0lVVXhTQmRqeG8zUm9aQnB2ajkyd0FPdXZSQktFd0NnWUlLb1pJemowRUF3SXcKT0RFMk1EUUdBMVVFQXd3dFlXdHpMV1pzWlhndGJtOWtaU0J2Wm1ac2FXNWxJR2hoY201bGMzTWdRMEVnS0c1dgpJR05zZFhOMFpYSXBNQ0FYRFRJMk1USXdNakUyTWpFd04xb1lEekl4TWpZeE1UQTRNVFl5TVRBM1dqQTRNVFl3Ck5BWURWUVFEREMxaGEzTXRabXhsZUMxdWIyUmxJRzltWm14cGJtVWdhR0Z5Ym1WemN5QkRRU0FvYm04Z1kyeDEKYzNSbGNpa3dXVEFUQmdjcWhrak9QUUlCQmdncWhrak9QUU1CQndOQ0FBVHhQc2pNZWRkT3hZaFVyQmFHckU0SAphL0pNZG5PYzhGb042SUpKTll2UUNxbWNpaU9mZkV6YklmWHAwYjliUnFYUml6Njk4TWttQ2Q2QzdSc0FhbjJjCm8xTXdVVEFkQmdOVkhRNEVGZ1FVSGhLNVM3QlJBcGZHUmVRN1JjU1NqenlZY1RNd0h3WURWUjBqQkJnd0ZvQVUKSGhLNVM3QlJBcGZHUmVRN1JjU1NqenlZY1RNd0R3WURWUjBUQVFIL0JBVXdBd0VCL3pBS0JnZ3Foa2pPUFFRRApBZ05JQURCRkFpRUE2YnZsVm5xODJhYlU5N01mQVJScFJyZHlpa0hNUDVaVFhXWjYvUTFwTVVJQ0lBOU1ic2FXCkg1aGFTYVdzcU5KN05WQzQya21JL0dZYk01RDJwdGYvcnA3cgotLS0tLUVORCBDRVJUSUZJQ0FURS0tLS0tCg==";
 
 /// The bootstrap inputs for an offline host.
 pub fn offline_bootstrap_env(machine_image: &str, bundle: &str, kubernetes: &str) -> String {
@@ -225,7 +226,8 @@ pub async fn up(
         &format!("{}/aks-flex/agent:dev", reg.host_addr()),
     )
     .await?;
-    let agent_image = images::pinned(&format!("{GUEST_REGISTRY}/aks-flex/agent"), &agent_digest);
+    let guest_registry = reg.guest_addr();
+    let agent_image = images::pinned(&format!("{guest_registry}/aks-flex/agent"), &agent_digest);
     p.say("machine rootfs and component bundle (fixtures, cached)");
     let tree = fixtures::machine_rootfs_with(&cache, &|m| p.say(m)).await?;
     let tmp = tempfile::tempdir_in(work)?;
@@ -248,10 +250,10 @@ pub async fn up(
     )
     .await?;
     let machine_image = images::pinned(
-        &format!("{GUEST_REGISTRY}/aks-flex/machine"),
+        &format!("{guest_registry}/aks-flex/machine"),
         &machine_digest,
     );
-    let bundle = images::pinned(&format!("{GUEST_REGISTRY}/aks-flex/bundle"), &bundle_digest);
+    let bundle = images::pinned(&format!("{guest_registry}/aks-flex/bundle"), &bundle_digest);
     lap("registry and images", &mut timings);
 
     let key = work.join("id_ed25519");
@@ -281,7 +283,7 @@ pub async fn up(
     lap("kvm probe", &mut timings);
 
     let ssh_port = registry::free_port()?;
-    let qspec = vm::qemu_spec(work, accel, opts, boot, fw_key, ssh_port, Some(reg.port));
+    let qspec = vm::qemu_spec(work, accel, opts, boot, fw_key, ssh_port);
     p.say(&format!(
         "booting ({})",
         if accel == Accel::Kvm { "kvm" } else { "tcg" }

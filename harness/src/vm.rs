@@ -16,9 +16,9 @@ use aks_flex_node::runner::{Cmd, ProcessRunner, Runner};
 use serde::{Deserialize, Serialize};
 
 use crate::kvm::{self, Probe};
-use crate::qemu::{self, Accel, Boot, QemuSpec, RegistryForward};
+use crate::qemu::{self, Accel, Boot, QemuSpec};
 use crate::qmp::{Qmp, QmpClient};
-use crate::registry::{self, GUEST_REGISTRY, Registry};
+use crate::registry::{self, Registry};
 use crate::ssh::Ssh;
 
 /// The snapshot `up` saves once the host is bootstrapped.
@@ -389,7 +389,6 @@ pub fn qemu_spec(
     boot: Boot,
     fw_cfg_key: &str,
     ssh_port: u16,
-    registry_port: Option<u16>,
 ) -> QemuSpec {
     QemuSpec {
         accel,
@@ -399,10 +398,6 @@ pub fn qemu_spec(
         boot,
         fw_cfg: Some((fw_cfg_key.to_string(), work.join("config.ign"))),
         ssh_port,
-        registry: registry_port.map(|p| RegistryForward {
-            guest_addr: GUEST_REGISTRY.to_string(),
-            host_port: p,
-        }),
         serial_log: work.join("serial.log"),
         qmp_socket: work.join("qmp.sock"),
         pidfile: work.join("qemu.pid"),

@@ -14,8 +14,24 @@ fn cargo(args: &[&str]) -> Cmd {
         .timeout(LONG)
 }
 
-/// Runs the CI task.
-pub async fn run(install: bool) -> anyhow::Result<()> {
+/// Runs the CI task: static checks and tests, then (unless `e2e` is off) the offline
+/// end-to-end check: `up` on the dev host, `check`, `down`. Everything is compiled before the VM
+/// boots (`up` builds the agent image first), so no build competes with the guest.
+pub async fn run(install: bool, e2e: bool) -> anyhow::Result<()> {
+    unit(install).await?;
+    if !e2e {
+        return Ok(());
+    }
+    eprintln!("xtask ci: end-to-end: cargo xtask up (dev host, offline)");
+    crate::vm::up(crate::vm::UpArgs::defaults()).await?;
+    eprintln!("xtask ci: end-to-end: cargo xtask check");
+    let checked = crate::vm::check(crate::vm::CheckArgs::defaults()).await;
+    let downed = crate::vm::down().await;
+    checked?;
+    downed
+}
+
+async fn unit(install: bool) -> anyhow::Result<()> {
     if install {
         crate::deps::ensure(crate::deps::TEST_PACKAGES).await?;
     }

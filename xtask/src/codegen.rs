@@ -6,10 +6,16 @@ use std::path::Path;
 /// Runs the task.
 pub fn run(check: bool) -> anyhow::Result<()> {
     let root = crate::project_root();
-    let files = [(
-        root.join("image/agent-container.bu"),
-        aks_flex_node::provisioning::render_agent_container_bu(),
-    )];
+    let files = [
+        (
+            root.join("image/agent-container.bu"),
+            aks_flex_node::provisioning::render_agent_container_bu(),
+        ),
+        (
+            root.join("deploy/crds/machina.yaml"),
+            aks_flex_node::machina::crd_yaml()?,
+        ),
+    ];
     let mut stale = Vec::new();
     for (path, content) in files {
         let current = std::fs::read_to_string(&path).unwrap_or_default();
@@ -24,7 +30,10 @@ pub fn run(check: bool) -> anyhow::Result<()> {
         }
     }
     if !stale.is_empty() {
-        anyhow::bail!("stale generated files: {} (run `cargo xtask codegen`)", stale.join(", "));
+        anyhow::bail!(
+            "stale generated files: {} (run `cargo xtask codegen`)",
+            stale.join(", ")
+        );
     }
     Ok(())
 }

@@ -20,12 +20,15 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Task {
-    /// Format check, clippy with -D warnings, and the whole test suite (installs the Debian
-    /// packages the tests need when run as root)
+    /// What CI runs: format check, clippy -D warnings, every test, then the offline end-to-end
+    /// check on the dev host (installs the Debian packages needed when run as root)
     Ci {
         /// Skip installing system packages
         #[arg(long)]
         no_install: bool,
+        /// Skip the offline end-to-end check (up, check, down on the dev host)
+        #[arg(long)]
+        no_e2e: bool,
     },
     /// Regenerate committed generated files (image/agent-container.bu)
     Codegen {
@@ -42,6 +45,9 @@ enum Task {
         /// unless the digests match
         #[arg(long)]
         check_reproducible: bool,
+        /// Build the aks-flex-controller image instead of the agent's
+        #[arg(long, conflicts_with = "check_reproducible")]
+        controller: bool,
     },
     /// Boot the dev host (or ACL) under QEMU with the agent bootstrapped in its container
     Up(vm::UpArgs),
@@ -71,11 +77,17 @@ fn main() -> ExitCode {
     };
     let result = rt.block_on(async {
         match cli.command {
-            Task::Ci { no_install } => ci::run(!no_install).await,
+            Task::Ci { no_install, no_e2e } => ci::run(!no_install, !no_e2e).await,
             Task::Codegen { check } => codegen::run(check),
             Task::Image {
                 out,
+                controller: true,
+                ..
+            } => image::run_controller(out).await,
+            Task::Image {
+                out,
                 check_reproducible,
+                controller: false,
             } => image::run(out, check_reproducible).await,
             Task::Up(a) => vm::up(a).await,
             Task::Check(a) => vm::check(a).await,

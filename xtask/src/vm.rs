@@ -56,6 +56,34 @@ pub struct CheckArgs {
     pub junit: Option<PathBuf>,
 }
 
+impl UpArgs {
+    /// The defaults, as `cargo xtask up` with no flags.
+    pub fn defaults() -> Self {
+        Self {
+            acl_image: None,
+            ovmf_code: "/usr/share/OVMF/OVMF_CODE_4M.fd".into(),
+            ovmf_vars: "/usr/share/OVMF/OVMF_VARS_4M.fd".into(),
+            tcg: false,
+            label_containerd: false,
+            no_snapshot: false,
+            cpus: 2,
+            memory: 3072,
+        }
+    }
+}
+
+impl CheckArgs {
+    /// The defaults, as `cargo xtask check` with no flags.
+    pub fn defaults() -> Self {
+        Self {
+            only: None,
+            list: false,
+            no_snapshot: false,
+            junit: None,
+        }
+    }
+}
+
 /// `cargo xtask up`.
 pub async fn up(a: UpArgs) -> anyhow::Result<()> {
     let work = work_dir();

@@ -7,6 +7,18 @@ use async_trait::async_trait;
 
 use crate::start::GoalState;
 
+pub mod arm;
+pub mod armmodel;
+pub mod incluster;
+pub mod retry;
+pub mod select;
+
+pub use arm::{ArmMachineClient, AzureCredential, MachineResourceId, NoAzureCredential};
+pub use armmodel::{ArmMachine, parse_arm_machine};
+pub use incluster::{Endpoint, InClusterClient};
+pub use retry::RetryPolicy;
+pub use select::{MachineClientRegistry, client_for_daemon, client_for_start, machine_client};
+
 /// A machine's provisioning state as the agent reports it.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "camelCase")]

@@ -220,17 +220,22 @@ async fn containerized_runtime_dirs_are_emptied_and_removed_on_the_host() {
     let fs = &f.host.fs;
     let d = Path::new("/etc/aks-flex-node");
     fs.create_dir_all(d).unwrap();
-    fs.create_dir_all(Path::new("/host/etc/aks-flex-node")).unwrap();
+    fs.create_dir_all(Path::new("/host/etc/aks-flex-node"))
+        .unwrap();
     let real = fs.path(d).display().to_string();
     let r = ProcessRunner::new();
     r.run(&Cmd::new("mount").args(["-t", "tmpfs", "tmpfs", &real]))
         .await
         .unwrap();
-    fs.write_atomic(&d.join("config.json"), b"{}", 0o600).unwrap();
+    fs.write_atomic(&d.join("config.json"), b"{}", 0o600)
+        .unwrap();
     let result = remove_runtime_dirs(&f.host).await;
     let emptied = std::fs::read_dir(fs.path(d)).map(|mut e| e.next().is_none());
     r.run(&Cmd::new("umount").arg(&real)).await.unwrap();
     result.unwrap();
     assert!(emptied.unwrap(), "the mount point was not emptied");
-    assert!(!fs.exists(Path::new("/host/etc/aks-flex-node")), "the host's directory remains");
+    assert!(
+        !fs.exists(Path::new("/host/etc/aks-flex-node")),
+        "the host's directory remains"
+    );
 }

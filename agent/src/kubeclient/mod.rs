@@ -1,0 +1,411 @@
+//! The daemon's Kubernetes client, built from the config (upstream's `kubeauth` and unbounded's
+//! `daemoncred`).
+//!
+//! - [`bootstrap_config`]: the API server URL (`Config::api_server_url`) and CA
+//!   (`node.kubelet.caCertData`, base64 PEM) from the config; as credential the bootstrap token
+//!   (a bearer token) or, for a service principal or managed identity, the exec credential
+//!   plugin `aks-flex-node token kubelogin` with `crate::nodegoal`'s environment.
+//! - [`DaemonCredentials`]: with a bootstrap token, the daemon does not keep using the token: it
+//!   asks for a client certificate of its own through a `CertificateSigningRequest` (CN
+//!   `system:node:<node>`, O `system:nodes` and `aks-flex-node-daemons`, signer
+//!   `kubernetes.io/kube-apiserver-client`), keeps it in `/etc/aks-flex-node/daemon-credentials`
+//!   (0700; `key.pem` 0600, `cert.pem`), reuses it across restarts and rotates it in the
+//!   background once 80 % of its lifetime has passed.
+//! - [`daemon_clients`]: the two together, as the daemon uses them; [`KubeClients`] hands out
+//!   the current client (a rotation replaces it).
+//!
+//! The private key is generated here, written only inside the credential directory and never
+//! sent: the CSR carries the public key. The key is held as a [`Secret`] (redacted `Debug`) and
+//! no log line carries it.
+//!
+//! `aks-flex-node token kubelogin` (the exec plugin) is not implemented yet; until it is, a
+//! daemon without a bootstrap token gets an exec error on every API call, which it logs and
+//! retries with backoff.
+
+mod credentials;
+mod csr;
+#[cfg(test)]
+pub(crate) mod mock;
+mod store;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use base64::Engine as _;
+use kube::config::{AuthInfo, ExecConfig, ExecInteractiveMode};
+use rustls::pki_types::CertificateDer;
+use rustls::pki_types::pem::PemObject as _;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{Config, Secret};
+use crate::fs::{FsError, HostFs};
+
+pub use credentials::{CredentialTimings, DaemonCredentials};
+pub use csr::{csr_name, csr_pem, csr_resource};
+pub use store::{Issued, Validity, needs_rotation, rotation_deadline};
+
+/// Where the daemon's client credentials live (mode 0700).
+pub const CREDENTIAL_DIR: &str = "/etc/aks-flex-node/daemon-credentials";
+/// The daemon's private key (0600).
+pub const KEY_FILE: &str = "/etc/aks-flex-node/daemon-credentials/key.pem";
+/// The daemon's client certificate.
+pub const CERT_FILE: &str = "/etc/aks-flex-node/daemon-credentials/cert.pem";
+/// The key of a request not yet answered (0600): a daemon restarted while waiting asks again
+/// with the same key, under the same CSR name.
+pub const PENDING_KEY_FILE: &str = "/etc/aks-flex-node/daemon-credentials/pending-key.pem";
+/// The CSR name prefix (upstream's provider name).
+pub const DAEMON_NAME: &str = "aks-flex-node-daemon";
+/// The group every daemon certificate carries besides `system:nodes`.
+pub const DAEMON_GROUP: &str = "aks-flex-node-daemons";
+/// The nodes group.
+pub const NODES_GROUP: &str = "system:nodes";
+/// The signer (not auto-approved: the aks-flex-controller CSR approver or an administrator
+/// approves it).
+pub const SIGNER_NAME: &str = "kubernetes.io/kube-apiserver-client";
+/// The key usages requested.
+pub const USAGES: [&str; 2] = ["digital signature", "client auth"];
+/// The certificate lifetime requested (`expirationSeconds`, 365 days).
+pub const CERT_LIFETIME: Duration = Duration::from_secs(365 * 24 * 3600);
+/// How long startup waits for a certificate.
+pub const ISSUE_TIMEOUT: Duration = Duration::from_secs(120);
+/// The exec credential API version.
+pub const EXEC_API_VERSION: &str = "client.authentication.k8s.io/v1";
+
+/// Why a Kubernetes client could not be built or credentials obtained.
+#[derive(Debug, thiserror::Error)]
+pub enum KubeClientError {
+    /// `node.kubelet.clusterFQDN` is empty.
+    #[error("kubernetes API server URL is empty")]
+    EmptyServer,
+    /// The URL does not parse.
+    #[error("kubernetes API server URL {url:?} is invalid: {reason}")]
+    BadServer {
+        /// The URL.
+        url: String,
+        /// The parser's message.
+        reason: String,
+    },
+    /// `node.kubelet.caCertData` is empty.
+    #[error("kubernetes CA certificate is empty (node.kubelet.caCertData)")]
+    EmptyCa,
+    /// `node.kubelet.caCertData` does not decode to PEM certificates.
+    #[error("decode kubernetes CA certificate (node.kubelet.caCertData): {0}")]
+    BadCa(String),
+    /// Neither a bootstrap token nor an exec credential is configured.
+    #[error("kubernetes client requires bootstrap token or exec credential")]
+    NoCredential,
+    /// The exec credential's environment could not be resolved.
+    #[error("kubernetes exec credential: {0}")]
+    Exec(String),
+    /// kube refused the configuration.
+    #[error("build kubernetes client: {0}")]
+    Client(String),
+    /// Reading or writing the credential files.
+    #[error(transparent)]
+    Fs(#[from] FsError),
+    /// A key or CSR could not be made.
+    #[error("daemon credentials: {0}")]
+    Crypto(String),
+    /// Creating the CSR failed.
+    #[error("create CertificateSigningRequest {name}: {reason}")]
+    CreateCsr {
+        /// The CSR.
+        name: String,
+        /// The API server's answer or the transport error.
+        reason: String,
+        /// Whether the API server refused the identity (401/403).
+        refused: bool,
+    },
+    /// The CSR was denied.
+    #[error("CertificateSigningRequest {name} was denied: {message}")]
+    Denied {
+        /// The CSR.
+        name: String,
+        /// The condition's reason and message.
+        message: String,
+    },
+    /// The signer failed the CSR.
+    #[error("CertificateSigningRequest {name} failed: {message}")]
+    Failed {
+        /// The CSR.
+        name: String,
+        /// The condition's reason and message.
+        message: String,
+    },
+    /// Nothing was issued in time.
+    #[error(
+        "no daemon client certificate issued within {timeout}: CertificateSigningRequest {name} {state} (signer {SIGNER_NAME} is not auto-approved: the aks-flex-controller CSR approver or an administrator must approve it){last_error}"
+    )]
+    Timeout {
+        /// The CSR.
+        name: String,
+        /// The wait, as a Go duration.
+        timeout: String,
+        /// `is not approved` or `is approved but has no certificate yet`, or `was not created`.
+        state: &'static str,
+        /// `; last error: ...` when the last attempt failed.
+        last_error: String,
+    },
+    /// The issued certificate is unusable.
+    #[error("certificate issued for CertificateSigningRequest {name}: {reason}")]
+    BadIssued {
+        /// The CSR.
+        name: String,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+/// Replaces the values of secret-looking environment assignments (`NAME="value"` where NAME
+/// contains `SECRET`, `TOKEN` or `PASSWORD`) with `***REDACTED***`. kube's exec-plugin errors
+/// print the plugin's command with its environment, which holds a service principal's secret.
+pub fn redact_env(text: &str) -> String {
+    static RE: std::sync::OnceLock<Option<regex::Regex>> = std::sync::OnceLock::new();
+    let re = RE.get_or_init(|| {
+        regex::Regex::new(
+            r#"\b([A-Z][A-Z0-9_]*(?:SECRET|TOKEN|PASSWORD)[A-Z0-9_]*)=("(?:[^"\\]|\\.)*"|\S+)"#,
+        )
+        .ok()
+    });
+    match re {
+        Some(re) => re
+            .replace_all(text, format!("$1=\"{}\"", crate::runner::REDACTED))
+            .into_owned(),
+        None => text.to_string(),
+    }
+}
+
+impl KubeClientError {
+    /// Whether retrying cannot help: the config is wrong (server, CA, credential), not the
+    /// cluster's answer.
+    pub fn is_permanent(&self) -> bool {
+        matches!(
+            self,
+            KubeClientError::EmptyServer
+                | KubeClientError::BadServer { .. }
+                | KubeClientError::EmptyCa
+                | KubeClientError::BadCa(_)
+                | KubeClientError::NoCredential
+                | KubeClientError::Exec(_)
+        )
+    }
+}
+
+/// A one-line description of a kube error that names the cause: the API server's status code,
+/// reason and message, or the transport error with its sources (secret environment values of
+/// an exec plugin redacted).
+pub fn describe(e: &kube::Error) -> String {
+    redact_env(&match e {
+        kube::Error::Api(s) => {
+            let mut out = format!("API server answered {}", s.code);
+            if !s.reason.is_empty() {
+                out.push(' ');
+                out.push_str(&s.reason);
+            }
+            if !s.message.is_empty() {
+                out.push_str(": ");
+                out.push_str(&s.message);
+            }
+            out
+        }
+        other => error_chain(other),
+    })
+}
+
+/// `e` and its sources, joined by `: ` (repeated messages dropped; secret environment values
+/// redacted).
+pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = e.to_string();
+    let mut cur = e.source();
+    while let Some(s) = cur {
+        let m = s.to_string();
+        if !out.contains(&m) {
+            out.push_str(": ");
+            out.push_str(&m);
+        }
+        cur = s.source();
+    }
+    redact_env(&out)
+}
+
+/// Whether a kube error is the API server refusing the identity (401 or 403).
+pub fn is_refused(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 401 || s.code == 403)
+}
+
+/// The cluster's CA certificates (DER) from `node.kubelet.caCertData` (base64 of PEM).
+pub fn decode_ca(ca_cert_data: &str) -> Result<Vec<Vec<u8>>, KubeClientError> {
+    let compact: String = ca_cert_data
+        .chars()
+        .filter(|c| !c.is_whitespace())
+        .collect();
+    if compact.is_empty() {
+        return Err(KubeClientError::EmptyCa);
+    }
+    let pem = base64::engine::general_purpose::STANDARD
+        .decode(compact.as_bytes())
+        .map_err(|e| KubeClientError::BadCa(format!("not base64: {e}")))?;
+    let certs = CertificateDer::pem_slice_iter(&pem)
+        .map(|c| c.map(|c| c.as_ref().to_vec()))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| KubeClientError::BadCa(format!("not PEM: {e}")))?;
+    if certs.is_empty() {
+        return Err(KubeClientError::BadCa("no PEM certificate found".into()));
+    }
+    for (i, der) in certs.iter().enumerate() {
+        x509_parser::parse_x509_certificate(der).map_err(|e| {
+            KubeClientError::BadCa(format!("certificate {} is not X.509: {e}", i + 1))
+        })?;
+    }
+    Ok(certs)
+}
+
+/// The exec credential plugin config: `<command> token kubelogin --server-id <AKS AAD server>`
+/// with `env` (`AAD_LOGIN_METHOD`, ...), never interactive. The values are secrets (a service
+/// principal's client secret): the returned config must not be logged.
+pub fn exec_config(command: &str, env: &BTreeMap<String, Secret>) -> ExecConfig {
+    ExecConfig {
+        api_version: Some(EXEC_API_VERSION.into()),
+        command: Some(command.into()),
+        args: Some(vec![
+            "token".into(),
+            "kubelogin".into(),
+            "--server-id".into(),
+            crate::nodegoal::AKS_AAD_SERVER_ID.into(),
+        ]),
+        env: Some(
+            env.iter()
+                .map(|(k, v)| {
+                    std::collections::HashMap::from([
+                        ("name".to_string(), k.clone()),
+                        ("value".to_string(), v.expose().to_string()),
+                    ])
+                })
+                .collect(),
+        ),
+        interactive_mode: Some(ExecInteractiveMode::Never),
+        ..Default::default()
+    }
+}
+
+/// The exec plugin's environment, as kubelet's (`crate::nodegoal`).
+fn exec_env(cfg: &Config) -> Result<BTreeMap<String, Secret>, KubeClientError> {
+    if cfg.azure.service_principal.is_none() && cfg.azure.managed_identity.is_none() {
+        return Err(KubeClientError::NoCredential);
+    }
+    let facts = crate::nodegoal::HostFacts::default();
+    match crate::nodegoal::resolve(cfg, crate::state::KUBE1, &facts) {
+        Ok(g) => match g.auth {
+            crate::nodegoal::KubeletAuth::ExecCredential { env } => Ok(env),
+            crate::nodegoal::KubeletAuth::BootstrapToken(_) => Err(KubeClientError::NoCredential),
+        },
+        Err(e) => Err(KubeClientError::Exec(e.message)),
+    }
+}
+
+/// The configured bootstrap token, if not blank.
+fn bootstrap_token(cfg: &Config) -> Option<&Secret> {
+    cfg.azure
+        .bootstrap_token
+        .as_ref()
+        .map(|b| &b.token)
+        .filter(|t| !t.is_blank())
+}
+
+/// The base REST config: server and CA from the config; the bootstrap token as bearer token
+/// (a [`Secret`], never logged) or the exec credential plugin (the running binary's
+/// `token kubelogin`).
+pub async fn bootstrap_config(cfg: &Config) -> Result<kube::Config, KubeClientError> {
+    let url = cfg.api_server_url();
+    if url.trim().is_empty() {
+        return Err(KubeClientError::EmptyServer);
+    }
+    let uri: http::Uri =
+        url.parse()
+            .map_err(|e: http::uri::InvalidUri| KubeClientError::BadServer {
+                url: url.clone(),
+                reason: e.to_string(),
+            })?;
+    let ca = decode_ca(&cfg.node.kubelet.ca_cert_data)?;
+    let auth_info = if let Some(token) = bootstrap_token(cfg) {
+        AuthInfo {
+            token: Some(secrecy::SecretString::from(token.expose().trim())),
+            ..Default::default()
+        }
+    } else {
+        let env = exec_env(cfg)?;
+        let command = crate::lifecycle::current_exe()
+            .map(|p| p.display().to_string())
+            .unwrap_or_else(|_| "aks-flex-node".into());
+        AuthInfo {
+            exec: Some(exec_config(&command, &env)),
+            ..Default::default()
+        }
+    };
+    let mut kc = kube::Config::new(uri);
+    kc.root_cert = Some(ca);
+    kc.auth_info = auth_info;
+    Ok(kc)
+}
+
+/// Builds a client from a REST config (kube's rustls with the ring provider).
+pub fn client_from(config: kube::Config) -> Result<kube::Client, KubeClientError> {
+    crate::http::install_crypto();
+    kube::Client::try_from(config).map_err(|e| KubeClientError::Client(describe(&e)))
+}
+
+/// The daemon's current Kubernetes client. A certificate rotation replaces it: take
+/// [`current`](Self::current) for each piece of work, and restart long watches on
+/// [`changed`](Self::changed).
+#[derive(Clone)]
+pub struct KubeClients {
+    rx: watch::Receiver<kube::Client>,
+}
+
+impl KubeClients {
+    /// A client that never changes (exec credential, tests).
+    pub fn fixed(client: kube::Client) -> Self {
+        let (_tx, rx) = watch::channel(client);
+        Self { rx }
+    }
+
+    /// Clients published through `rx`.
+    pub fn from_receiver(rx: watch::Receiver<kube::Client>) -> Self {
+        Self { rx }
+    }
+
+    /// The current client.
+    pub fn current(&self) -> kube::Client {
+        self.rx.borrow().clone()
+    }
+
+    /// Waits until the client is replaced (forever for a fixed client).
+    pub async fn changed(&mut self) {
+        if self.rx.changed().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+/// The daemon's clients for `cfg`: with a bootstrap token, a client certificate of its own
+/// (reused from `fs`'s credential directory or requested, waiting up to 2 minutes), rotated in
+/// the background until `shutdown`; otherwise the exec credential client.
+pub async fn daemon_clients(
+    fs: &HostFs,
+    cfg: &Config,
+    shutdown: CancellationToken,
+) -> Result<KubeClients, KubeClientError> {
+    let base = bootstrap_config(cfg).await?;
+    if bootstrap_token(cfg).is_none() {
+        tracing::info!("kubernetes client uses the exec credential plugin");
+        return Ok(KubeClients::fixed(client_from(base)?));
+    }
+    let bootstrap = client_from(base.clone())?;
+    DaemonCredentials::new(fs.clone(), &cfg.agent.node_name, base)
+        .start(bootstrap, shutdown)
+        .await
+}
+
+#[cfg(test)]
+mod tests;

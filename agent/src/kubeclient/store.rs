@@ -1,0 +1,226 @@
+//! The daemon's credential files and what they hold: the key and certificate in
+//! [`CREDENTIAL_DIR`](super::CREDENTIAL_DIR), checked on load (the certificate parses, belongs
+//! to the key and to this node, and has not expired), and the rotation decision (pure).
+
+use std::path::Path;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use rcgen::KeyPair;
+
+use super::{CERT_FILE, CREDENTIAL_DIR, KEY_FILE, KubeClientError, PENDING_KEY_FILE};
+use crate::config::Secret;
+use crate::fs::HostFs;
+
+/// A certificate's validity period.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Validity {
+    /// Not valid before.
+    pub not_before: SystemTime,
+    /// Not valid after.
+    pub not_after: SystemTime,
+}
+
+/// When a certificate is due for rotation: once 80 % of its lifetime has passed.
+pub fn rotation_deadline(v: &Validity) -> SystemTime {
+    let lifetime = v
+        .not_after
+        .duration_since(v.not_before)
+        .unwrap_or(Duration::ZERO);
+    v.not_before + lifetime.mul_f64(0.8)
+}
+
+/// Whether a certificate valid for `v` should be replaced at `now` (80 % of its lifetime
+/// passed, or expired, or not valid yet by more than its lifetime — a clock far off).
+pub fn needs_rotation(v: &Validity, now: SystemTime) -> bool {
+    now >= rotation_deadline(v)
+}
+
+/// A key and the certificate issued for it.
+#[derive(Clone, Debug)]
+pub struct Issued {
+    /// The private key, PEM (PKCS#8). Never logged, never sent.
+    pub key_pem: Secret,
+    /// The certificate, PEM.
+    pub cert_pem: String,
+    /// Its validity.
+    pub validity: Validity,
+}
+
+fn unix(ts: i64) -> SystemTime {
+    if ts >= 0 {
+        UNIX_EPOCH + Duration::from_secs(ts.unsigned_abs())
+    } else {
+        UNIX_EPOCH - Duration::from_secs(ts.unsigned_abs())
+    }
+}
+
+/// What a certificate says about itself.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct CertFacts {
+    pub validity: Validity,
+    pub common_name: String,
+    pub public_key: Vec<u8>,
+}
+
+/// Parses a PEM certificate (the first one).
+pub(crate) fn cert_facts(cert_pem: &str) -> Result<CertFacts, String> {
+    let (_, pem) = x509_parser::pem::parse_x509_pem(cert_pem.as_bytes())
+        .map_err(|e| format!("not a PEM certificate: {e}"))?;
+    let cert = pem
+        .parse_x509()
+        .map_err(|e| format!("not an X.509 certificate: {e}"))?;
+    let v = cert.validity();
+    let common_name = cert
+        .subject()
+        .iter_common_name()
+        .next()
+        .and_then(|a| a.as_str().ok())
+        .unwrap_or_default()
+        .to_string();
+    Ok(CertFacts {
+        validity: Validity {
+            not_before: unix(v.not_before.timestamp()),
+            not_after: unix(v.not_after.timestamp()),
+        },
+        common_name,
+        public_key: cert.public_key().subject_public_key.data.to_vec(),
+    })
+}
+
+/// Checks that `cert_pem` is a certificate for `key` and `node`, valid at `now`.
+pub(crate) fn check(
+    key: &KeyPair,
+    cert_pem: &str,
+    node: &str,
+    now: SystemTime,
+) -> Result<Validity, String> {
+    let facts = cert_facts(cert_pem)?;
+    if facts.public_key != key.public_key_raw() {
+        return Err("the certificate is not for the stored key".into());
+    }
+    let want = super::csr::common_name(node);
+    if facts.common_name != want {
+        return Err(format!(
+            "the certificate is for {:?}, not {want:?}",
+            facts.common_name
+        ));
+    }
+    if now >= facts.validity.not_after {
+        return Err("the certificate has expired".into());
+    }
+    Ok(facts.validity)
+}
+
+/// Parses a PEM private key.
+pub(crate) fn parse_key(pem: &Secret) -> Result<KeyPair, String> {
+    // rcgen's parse error does not echo the input.
+    KeyPair::from_pem(pem.expose()).map_err(|e| format!("not a usable private key: {e}"))
+}
+
+/// The credential files under a [`HostFs`].
+#[derive(Clone, Debug)]
+pub(crate) struct CredentialStore {
+    fs: HostFs,
+}
+
+impl CredentialStore {
+    pub fn new(fs: HostFs) -> Self {
+        Self { fs }
+    }
+
+    /// Creates the directory (0700) and narrows an existing one to 0700.
+    pub fn prepare(&self) -> Result<(), KubeClientError> {
+        let dir = Path::new(CREDENTIAL_DIR);
+        if let Some(parent) = dir.parent() {
+            self.fs.create_dir_all(parent)?;
+        }
+        self.fs.create_dir_all_mode(dir, 0o700)?;
+        if self.fs.mode(dir) != Some(0o700) {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(self.fs.path(dir), std::fs::Permissions::from_mode(0o700))
+                .map_err(|source| crate::fs::FsError {
+                    op: "chmod",
+                    path: dir.to_path_buf(),
+                    source,
+                })?;
+        }
+        Ok(())
+    }
+
+    /// The stored key and certificate, when both are there, belong together, name `node` and
+    /// have not expired at `now`; otherwise `None` (why is logged, without the key).
+    pub fn load(&self, node: &str, now: SystemTime) -> Option<Issued> {
+        let key = self.fs.read_to_string(Path::new(KEY_FILE));
+        let cert = self.fs.read_to_string(Path::new(CERT_FILE));
+        let (key, cert) = match (key, cert) {
+            (Ok(Some(k)), Ok(Some(c))) => (Secret::new(k), c),
+            (Ok(None), _) | (_, Ok(None)) => {
+                tracing::debug!(dir = CREDENTIAL_DIR, "no stored daemon client certificate");
+                return None;
+            }
+            (Err(e), _) | (_, Err(e)) => {
+                tracing::warn!(error = %e, "cannot read the stored daemon credentials; requesting new ones");
+                return None;
+            }
+        };
+        let result = parse_key(&key).and_then(|k| check(&k, &cert, node, now));
+        match result {
+            Ok(validity) => Some(Issued {
+                key_pem: key,
+                cert_pem: cert,
+                validity,
+            }),
+            Err(reason) => {
+                tracing::warn!(file = CERT_FILE, reason = %reason, "stored daemon client certificate is not usable; requesting a new one");
+                None
+            }
+        }
+    }
+
+    /// The key of an unanswered request, if one is stored and parses.
+    pub fn pending_key(&self) -> Option<(Secret, KeyPair)> {
+        let pem = Secret::new(
+            self.fs
+                .read_to_string(Path::new(PENDING_KEY_FILE))
+                .ok()
+                .flatten()?,
+        );
+        match parse_key(&pem) {
+            Ok(k) => Some((pem, k)),
+            Err(reason) => {
+                tracing::warn!(file = PENDING_KEY_FILE, reason = %reason, "ignoring the pending daemon key");
+                None
+            }
+        }
+    }
+
+    /// Stores a new request's key (0600).
+    pub fn save_pending_key(&self, pem: &Secret) -> Result<(), KubeClientError> {
+        self.fs
+            .write_atomic(Path::new(PENDING_KEY_FILE), pem.expose().as_bytes(), 0o600)?;
+        Ok(())
+    }
+
+    /// Drops the pending key (a request that cannot succeed).
+    pub fn remove_pending(&self) -> Result<(), KubeClientError> {
+        self.fs.remove_file(Path::new(PENDING_KEY_FILE))?;
+        Ok(())
+    }
+
+    /// Stores an issued pair: the key (0600), then the certificate (0644), then drops the
+    /// pending key. A crash in between leaves a pair that does not match, which [`load`]
+    /// rejects; the pending key then asks again under the same CSR name.
+    ///
+    /// [`load`]: Self::load
+    pub fn save(&self, issued: &Issued) -> Result<(), KubeClientError> {
+        self.fs.write_atomic(
+            Path::new(KEY_FILE),
+            issued.key_pem.expose().as_bytes(),
+            0o600,
+        )?;
+        self.fs
+            .write_atomic(Path::new(CERT_FILE), issued.cert_pem.as_bytes(), 0o644)?;
+        self.fs.remove_file(Path::new(PENDING_KEY_FILE))?;
+        Ok(())
+    }
+}

@@ -1,0 +1,506 @@
+//! The decision layer: pure functions from an operation, this node's facts and the local record
+//! to what to do (the table is in [`crate::operations`]), and parameter validation per kind.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use k8s_openapi::jiff::Timestamp;
+
+use super::record::{Record, Stage};
+use super::{
+    INTERRUPTED, INVALID_PARAMETERS, OperationResult, UNKNOWN_KIND, UNSUPPORTED_OPERATION,
+};
+use crate::machina::{
+    AGENT_RESET, AGENT_UPGRADE, HOST_KINDS, MachineOperation, NODE_REBOOT, OperationPhase,
+};
+use crate::oci::ImageRef;
+
+/// What an operation's agent upgrade names.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum UpgradeRequest {
+    /// The agent's image (containerized agents): a fully qualified reference pinned by digest.
+    Image(String),
+    /// A release archive and its SHA-256 (agents installed on the host).
+    Download {
+        /// `downloadURL`.
+        url: String,
+        /// `sha256`, lowercase hex.
+        sha256: String,
+    },
+}
+
+/// A validated operation, ready for a handler.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// Restart the active machine.
+    NodeReboot,
+    /// Reset the node, then (after the status says so) stop the daemon.
+    AgentReset,
+    /// Upgrade the agent.
+    AgentUpgrade(UpgradeRequest),
+}
+
+impl Action {
+    /// The operation kind.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::NodeReboot => NODE_REBOOT,
+            Self::AgentReset => AGENT_RESET,
+            Self::AgentUpgrade(_) => AGENT_UPGRADE,
+        }
+    }
+
+    /// The status message while it runs (upstream's wording).
+    pub fn in_progress_message(&self) -> &'static str {
+        match self {
+            Self::NodeReboot => "restarting active nspawn node",
+            Self::AgentReset => "resetting local nspawn node runtime",
+            Self::AgentUpgrade(_) => "staging upgraded AKS Flex Node agent",
+        }
+    }
+}
+
+/// Why an operation is finished without running.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Failure {
+    /// `InvalidParameters`, `UnsupportedOperation` or `UnknownKind`.
+    pub reason: &'static str,
+    /// Names the cause.
+    pub message: String,
+}
+
+impl Failure {
+    fn invalid(message: impl Into<String>) -> Self {
+        Self {
+            reason: INVALID_PARAMETERS,
+            message: message.into(),
+        }
+    }
+
+    /// The `Failed` result the status records.
+    pub fn into_result(self) -> OperationResult {
+        OperationResult::failed(self.reason, self.message)
+    }
+}
+
+/// Parameters each kind accepts, for messages.
+fn accepted(kind: &str) -> &'static str {
+    match kind {
+        AGENT_UPGRADE => "image, or downloadURL and sha256",
+        _ => "none",
+    }
+}
+
+/// Validates `kind` and its parameters (empty values count as absent). `containerized`: whether
+/// the agent runs in its container image (AgentUpgrade takes `image` there, and `downloadURL` +
+/// `sha256` on a host).
+pub fn validate(
+    kind: &str,
+    params: &BTreeMap<String, String>,
+    containerized: bool,
+) -> Result<Action, Failure> {
+    let known: &[&str] = match kind {
+        NODE_REBOOT | AGENT_RESET => &[],
+        AGENT_UPGRADE => &["image", "downloadURL", "sha256"],
+        "" => {
+            return Err(Failure {
+                reason: UNKNOWN_KIND,
+                message: "the operation names no operationKind".into(),
+            });
+        }
+        k if HOST_KINDS.contains(&k) => {
+            return Err(Failure {
+                reason: UNSUPPORTED_OPERATION,
+                message: format!(
+                    "operation kind {k} is carried out by machina's host controllers, not by the node agent"
+                ),
+            });
+        }
+        k => {
+            return Err(Failure {
+                reason: UNKNOWN_KIND,
+                message: format!(
+                    "unknown operation kind {k:?} (the node agent handles {NODE_REBOOT}, {AGENT_RESET} and {AGENT_UPGRADE})"
+                ),
+            });
+        }
+    };
+    if let Some(k) = params.keys().find(|k| !known.contains(&k.as_str())) {
+        return Err(Failure::invalid(format!(
+            "unknown parameter {k:?} for {kind} (it takes {})",
+            accepted(kind)
+        )));
+    }
+    match kind {
+        NODE_REBOOT => Ok(Action::NodeReboot),
+        AGENT_RESET => Ok(Action::AgentReset),
+        _ => validate_upgrade(params, containerized).map(Action::AgentUpgrade),
+    }
+}
+
+fn validate_upgrade(
+    params: &BTreeMap<String, String>,
+    containerized: bool,
+) -> Result<UpgradeRequest, Failure> {
+    let get = |k: &str| params.get(k).map(|v| v.trim()).filter(|v| !v.is_empty());
+    match (get("image"), get("downloadURL"), get("sha256")) {
+        (Some(_), Some(_), _) => Err(Failure::invalid(
+            "parameters \"image\" and \"downloadURL\" are mutually exclusive: name one",
+        )),
+        (Some(image), None, sha) => {
+            if !containerized {
+                return Err(Failure::invalid(
+                    "parameter \"image\" needs the agent to run in its container image, and this \
+                     agent runs from a binary on the host: upgrade it with \"downloadURL\" and \"sha256\"",
+                ));
+            }
+            if sha.is_some() {
+                return Err(Failure::invalid(
+                    "parameter \"sha256\" goes with \"downloadURL\"; an image is pinned by its digest",
+                ));
+            }
+            validate_image(image)
+                .map(UpgradeRequest::Image)
+                .map_err(Failure::invalid)
+        }
+        (None, Some(url), sha) => {
+            if containerized {
+                return Err(Failure::invalid(
+                    "parameter \"downloadURL\" upgrades an agent installed on the host, and this \
+                     agent runs in its container image: name the new image with \"image\"",
+                ));
+            }
+            let Some(sha) = sha else {
+                return Err(Failure::invalid(
+                    "missing required parameter \"sha256\" (the SHA-256 of the archive at \"downloadURL\")",
+                ));
+            };
+            if sha.len() != 64 || !sha.bytes().all(|b| b.is_ascii_hexdigit()) {
+                return Err(Failure::invalid(format!(
+                    "parameter \"sha256\" must be 64 hexadecimal digits, got {sha:?}"
+                )));
+            }
+            match url::Url::parse(url) {
+                Ok(u) if matches!(u.scheme(), "https" | "http") && u.host().is_some() => {
+                    Ok(UpgradeRequest::Download {
+                        url: url.to_string(),
+                        sha256: sha.to_ascii_lowercase(),
+                    })
+                }
+                Ok(_) => Err(Failure::invalid(format!(
+                    "parameter \"downloadURL\" must be an http(s) URL, got {url:?}"
+                ))),
+                Err(e) => Err(Failure::invalid(format!(
+                    "parameter \"downloadURL\" is not a URL ({e}): {url:?}"
+                ))),
+            }
+        }
+        (None, None, _) if containerized => Err(Failure::invalid(
+            "missing required parameter \"image\" (the agent's image, pinned by digest)",
+        )),
+        (None, None, _) => Err(Failure::invalid(
+            "missing required parameter \"downloadURL\"",
+        )),
+    }
+}
+
+/// Checks an `image` parameter: a fully qualified reference (naming its registry, in canonical
+/// form) pinned by digest, as `ctr` pulls and verifies it. Returns it unchanged.
+pub fn validate_image(image: &str) -> Result<String, String> {
+    let parsed = ImageRef::parse(image).map_err(|e| format!("parameter \"image\": {e}"))?;
+    if parsed.digest.is_none() {
+        return Err(format!(
+            "parameter \"image\" must be pinned by digest (registry/repository@sha256:<digest>), \
+             and {image:?} names only a tag"
+        ));
+    }
+    let first = image.split('/').next().unwrap_or_default();
+    let names_registry =
+        image.contains('/') && (first.contains('.') || first.contains(':') || first == "localhost");
+    if !names_registry {
+        return Err(format!(
+            "parameter \"image\" must be fully qualified, naming its registry (as {:?}), got {image:?}",
+            parsed.to_string()
+        ));
+    }
+    if parsed.to_string() != image {
+        return Err(format!(
+            "parameter \"image\" must be fully qualified in canonical form: {:?}, got {image:?}",
+            parsed.to_string()
+        ));
+    }
+    Ok(image.to_string())
+}
+
+/// Whether this agent can carry out a valid `action` (AgentUpgrade's execution is the
+/// AgentUpgrade issue's; until then it fails here, before anything runs).
+pub fn supported(action: &Action) -> Result<(), Failure> {
+    match action {
+        Action::AgentUpgrade(req) => Err(Failure {
+            reason: UNSUPPORTED_OPERATION,
+            message: format!(
+                "operation kind {AGENT_UPGRADE} is not supported by AKS FlexNode daemon yet: \
+                 the request is valid ({}), but this agent cannot upgrade itself",
+                match req {
+                    UpgradeRequest::Image(i) => format!("image {i}"),
+                    UpgradeRequest::Download { url, .. } => format!("downloadURL {url}"),
+                }
+            ),
+        }),
+        Action::NodeReboot | Action::AgentReset => Ok(()),
+    }
+}
+
+/// [`validate`], then [`supported`]: an action this agent will run, or why not.
+pub fn admit(
+    kind: &str,
+    params: &BTreeMap<String, String>,
+    containerized: bool,
+) -> Result<Action, Failure> {
+    let action = validate(kind, params, containerized)?;
+    supported(&action)?;
+    Ok(action)
+}
+
+/// Whether `sel` selects `labels`, with Kubernetes' semantics (an empty selector selects
+/// everything); `Err` names a malformed requirement.
+pub fn selector_matches(
+    sel: &LabelSelector,
+    labels: &BTreeMap<String, String>,
+) -> Result<bool, String> {
+    let mut ok = true;
+    for (k, v) in sel.match_labels.iter().flatten() {
+        ok &= labels.get(k) == Some(v);
+    }
+    for r in sel.match_expressions.iter().flatten() {
+        let values = r.values.as_deref().unwrap_or_default();
+        let have = labels.get(&r.key);
+        let m = match r.operator.as_str() {
+            "In" | "NotIn" if values.is_empty() => {
+                return Err(format!(
+                    "requirement on {:?}: operator {} needs values",
+                    r.key, r.operator
+                ));
+            }
+            "Exists" | "DoesNotExist" if !values.is_empty() => {
+                return Err(format!(
+                    "requirement on {:?}: operator {} takes no values",
+                    r.key, r.operator
+                ));
+            }
+            "In" => have.is_some_and(|h| values.contains(h)),
+            "NotIn" => !have.is_some_and(|h| values.contains(h)),
+            "Exists" => have.is_some(),
+            "DoesNotExist" => have.is_none(),
+            other => {
+                return Err(format!(
+                    "requirement on {:?}: unknown operator {other:?}",
+                    r.key
+                ));
+            }
+        };
+        ok &= m;
+    }
+    Ok(ok)
+}
+
+/// Whether the operation's kind belongs to machina's host controllers.
+fn host_kind(op: &MachineOperation) -> bool {
+    HOST_KINDS.contains(&op.spec.operation_kind.as_str())
+}
+
+/// Whether deciding on `op` needs this node's labels (it is aimed by selector).
+pub fn needs_labels(op: &MachineOperation) -> bool {
+    !host_kind(op) && op.spec.machine_ref.is_empty() && op.spec.machine_selector.is_some()
+}
+
+/// Whether `op` may target `machine_name` (its `machineRef` names it, or it has a selector),
+/// without looking at labels.
+pub fn may_target(op: &MachineOperation, machine_name: &str) -> bool {
+    !host_kind(op)
+        && if op.spec.machine_ref.is_empty() {
+            op.spec.machine_selector.is_some()
+        } else {
+            op.spec.machine_ref == machine_name
+        }
+}
+
+/// A cheap filter for watch events: whether `op` may concern `machine_name` now (it may target
+/// this machine, and it is waiting, running, or finished with a TTL). The reconciler decides.
+pub fn may_concern(op: &MachineOperation, machine_name: &str) -> bool {
+    may_target(op, machine_name)
+        && match op.phase() {
+            Ok(p) if p.is_terminal() => op.spec.ttl_seconds_after_finished.is_some(),
+            Ok(_) => true,
+            Err(_) => false,
+        }
+}
+
+/// Whether `op` targets this machine; `Err` says why not.
+pub fn targets(
+    op: &MachineOperation,
+    machine_name: &str,
+    labels: Option<&BTreeMap<String, String>>,
+) -> Result<(), String> {
+    if !op.spec.machine_ref.is_empty() {
+        return if op.spec.machine_ref == machine_name {
+            Ok(())
+        } else {
+            Err(format!(
+                "it targets machine {:?}, not {machine_name:?}",
+                op.spec.machine_ref
+            ))
+        };
+    }
+    let Some(sel) = &op.spec.machine_selector else {
+        return Err("it names no machine (neither machineRef nor machineSelector)".into());
+    };
+    let Some(labels) = labels else {
+        return Err(format!(
+            "its machineSelector needs labels, and neither Node nor Machine {machine_name:?} exists"
+        ));
+    };
+    match selector_matches(sel, labels) {
+        Ok(true) => Ok(()),
+        Ok(false) => Err(format!(
+            "its machineSelector does not match the labels of {machine_name:?}"
+        )),
+        Err(e) => Err(format!("its machineSelector is invalid: {e}")),
+    }
+}
+
+/// This node, as decisions see it.
+#[derive(Clone, Debug)]
+pub struct Facts<'a> {
+    /// The machine name operations target with `machineRef`.
+    pub machine_name: &'a str,
+    /// The Node's labels (the Machine's when there is no Node); `None` when neither exists or
+    /// they were not needed.
+    pub labels: Option<&'a BTreeMap<String, String>>,
+    /// Whether the agent runs in its container image.
+    pub containerized: bool,
+    /// Now.
+    pub now: Timestamp,
+}
+
+/// How to pick up an operation this agent already claimed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Resume {
+    /// The claim is recorded but the handler never started: run it now (the first time).
+    Execute(Action),
+    /// The handler started and the daemon stopped before its result was recorded: never run it
+    /// again; finish it as `Interrupted` (unless [`super::Handlers::resume_interrupted`] knows
+    /// better).
+    Interrupted,
+    /// The result is recorded: report it.
+    Report(OperationResult),
+}
+
+/// What to do with an operation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Decision {
+    /// Nothing (why, for the log).
+    Ignore(String),
+    /// Finished; look again when its TTL expires.
+    Wait(Duration),
+    /// Claim it and run `Action`.
+    Claim(Action),
+    /// Already claimed by this agent.
+    Resume(Resume),
+    /// Finish it without running anything (bad input or unsupported).
+    Finish(OperationResult),
+    /// Drop the local record: another agent claimed the operation (why, for the log).
+    Forget(String),
+    /// Its TTL expired: delete it.
+    Delete,
+}
+
+/// Decides what to do with `op` (see the table in [`crate::operations`]). `record` is the local
+/// record of this UID.
+pub fn decide(op: &MachineOperation, facts: &Facts<'_>, record: Option<&Record>) -> Decision {
+    if host_kind(op) {
+        return Decision::Ignore(format!(
+            "operation kind {} is for machina's host controllers",
+            op.spec.operation_kind
+        ));
+    }
+    if let Err(why) = targets(op, facts.machine_name, facts.labels) {
+        return Decision::Ignore(why);
+    }
+    let phase = match op.phase() {
+        Ok(p) => p,
+        Err(raw) => return Decision::Ignore(format!("unknown phase {raw:?}")),
+    };
+    if phase.is_terminal() {
+        return after_finish(op, facts.now);
+    }
+    match (phase, record.map(|r| (r.stage, r))) {
+        (_, Some((Stage::Finished, r))) => Decision::Resume(Resume::Report(
+            r.result.clone().unwrap_or_else(|| interrupted(&r.kind)),
+        )),
+        (_, Some((Stage::Executing, _))) => Decision::Resume(Resume::Interrupted),
+        (OperationPhase::Pending, _) if op.metadata.deletion_timestamp.is_some() => {
+            Decision::Ignore("it is being deleted".into())
+        }
+        (OperationPhase::Pending, _) => {
+            let spec = &op.spec;
+            match admit(&spec.operation_kind, &spec.parameters, facts.containerized) {
+                Ok(a) => Decision::Claim(a),
+                Err(f) => Decision::Finish(f.into_result()),
+            }
+        }
+        (_, Some((Stage::Claiming, r))) => {
+            let started = op
+                .status
+                .as_ref()
+                .and_then(|s| s.started_at.as_ref())
+                .map(|t| format_time(&t.0));
+            if started.as_deref() == Some(r.started_at.as_str()) {
+                let spec = &op.spec;
+                match admit(&spec.operation_kind, &spec.parameters, facts.containerized) {
+                    Ok(a) => Decision::Resume(Resume::Execute(a)),
+                    Err(f) => Decision::Finish(f.into_result()),
+                }
+            } else {
+                Decision::Forget(format!(
+                    "another agent claimed it (started at {}, this agent's claim was {})",
+                    started.as_deref().unwrap_or("an unknown time"),
+                    r.started_at
+                ))
+            }
+        }
+        (_, None) => Decision::Ignore("another agent claimed it (it is InProgress)".into()),
+    }
+}
+
+fn after_finish(op: &MachineOperation, now: Timestamp) -> Decision {
+    let Some(ttl) = op.spec.ttl_seconds_after_finished else {
+        return Decision::Ignore("it is finished".into());
+    };
+    let Some(done) = op.status.as_ref().and_then(|s| s.completed_at.as_ref()) else {
+        return Decision::Ignore("it is finished without completedAt; its TTL cannot apply".into());
+    };
+    let expiry = done.0.as_second().saturating_add(i64::from(ttl.max(0)));
+    let left = expiry.saturating_sub(now.as_second());
+    if left <= 0 {
+        Decision::Delete
+    } else {
+        Decision::Wait(Duration::from_secs(left.unsigned_abs()))
+    }
+}
+
+/// The result of an operation whose run was cut short.
+pub fn interrupted(kind: &str) -> OperationResult {
+    OperationResult::failed(
+        INTERRUPTED,
+        format!(
+            "the agent restarted while {kind} was running; it is not run again, and its effect is unknown"
+        ),
+    )
+}
+
+/// A timestamp as the API writes it (`%Y-%m-%dT%H:%M:%SZ`, whole seconds).
+pub fn format_time(t: &Timestamp) -> String {
+    t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
+}

@@ -1,0 +1,306 @@
+//! A small fake API server behind kube's `tower_test` mock: MachineOperations (GET, list,
+//! watch, status merge patch with the `resourceVersion` precondition, DELETE with
+//! preconditions), Nodes and Machines (GET). It logs every request, and hooks let a test act as
+//! another writer just before a request.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::{Arc, Mutex};
+
+use http::{Method, Request, Response, StatusCode};
+use kube::Client;
+use kube::client::Body;
+use serde_json::{Value, json};
+
+const OPS: &str = "/apis/unbounded-cloud.io/v1alpha3/machineoperations";
+const MACHINES: &str = "/apis/unbounded-cloud.io/v1alpha3/machines";
+const NODES: &str = "/api/v1/nodes";
+
+/// A request as the server saw it.
+#[derive(Clone, Debug)]
+pub struct Seen {
+    pub method: Method,
+    pub path: String,
+    pub body: Value,
+}
+
+impl Seen {
+    /// `METHOD path` (for asserting the request sequence).
+    pub fn line(&self) -> String {
+        format!("{} {}", self.method, self.path)
+    }
+}
+
+type Hook = Box<dyn FnOnce(&mut State) + Send>;
+
+/// The server's objects and log.
+#[derive(Default)]
+pub struct State {
+    pub ops: BTreeMap<String, Value>,
+    pub nodes: BTreeMap<String, Value>,
+    pub machines: BTreeMap<String, Value>,
+    pub rv: u64,
+    pub seen: Vec<Seen>,
+    /// Run before the request with this index (0-based) is handled.
+    hooks: BTreeMap<usize, Vec<Hook>>,
+    /// Watch event bodies, one per watch request.
+    pub watch_bodies: VecDeque<String>,
+}
+
+impl State {
+    /// Bumps the resourceVersion of operation `name` (another writer changed it).
+    pub fn touch(&mut self, name: &str) {
+        self.rv += 1;
+        let rv = self.rv.to_string();
+        if let Some(o) = self.ops.get_mut(name) {
+            o["metadata"]["resourceVersion"] = json!(rv);
+        }
+    }
+}
+
+#[derive(Clone, Default)]
+pub struct FakeApi(pub Arc<Mutex<State>>);
+
+impl FakeApi {
+    pub fn new() -> Self {
+        let f = Self::default();
+        f.state().rv = 1;
+        f
+    }
+
+    pub fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Adds an operation (its resourceVersion becomes the server's).
+    pub fn put_op(&self, op: &crate::machina::MachineOperation) -> &Self {
+        let mut v = serde_json::to_value(op).unwrap();
+        let mut st = self.state();
+        v["metadata"]["resourceVersion"] = json!(st.rv.to_string());
+        st.ops.insert(op.metadata.name.clone().unwrap(), v);
+        drop(st);
+        self
+    }
+
+    pub fn put_node(&self, name: &str, labels: &[(&str, &str)]) -> &Self {
+        let l: BTreeMap<_, _> = labels.iter().cloned().collect();
+        self.state().nodes.insert(
+            name.into(),
+            json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": l}}),
+        );
+        self
+    }
+
+    pub fn put_machine(&self, name: &str, labels: &[(&str, &str)]) -> &Self {
+        let l: BTreeMap<_, _> = labels.iter().cloned().collect();
+        self.state().machines.insert(
+            name.into(),
+            json!({
+                "apiVersion": "unbounded-cloud.io/v1alpha3",
+                "kind": "Machine",
+                "metadata": {"name": name, "labels": l},
+                "spec": {},
+            }),
+        );
+        self
+    }
+
+    /// Runs `f` on the state just before request number `index` (0-based) is handled.
+    pub fn before(&self, index: usize, f: impl FnOnce(&mut State) + Send + 'static) -> &Self {
+        self.state()
+            .hooks
+            .entry(index)
+            .or_default()
+            .push(Box::new(f));
+        self
+    }
+
+    /// The request log as `METHOD path` lines.
+    pub fn lines(&self) -> Vec<String> {
+        self.state().seen.iter().map(Seen::line).collect()
+    }
+
+    /// The bodies of the status patches, in order.
+    pub fn patches(&self) -> Vec<Value> {
+        self.state()
+            .seen
+            .iter()
+            .filter(|s| s.method == Method::PATCH)
+            .map(|s| s.body.clone())
+            .collect()
+    }
+
+    /// The operation as stored.
+    pub fn op(&self, name: &str) -> Option<Value> {
+        self.state().ops.get(name).cloned()
+    }
+
+    /// A client talking to this server (served until every clone of the client is dropped).
+    pub fn client(&self) -> Client {
+        let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let me = self.clone();
+        tokio::spawn(async move {
+            while let Some((req, send)) = handle.next_request().await {
+                let resp = me.handle(req).await;
+                send.send_response(resp);
+            }
+        });
+        Client::new(service, "default")
+    }
+
+    async fn handle(&self, req: Request<Body>) -> Response<Body> {
+        let method = req.method().clone();
+        let path = req.uri().path().to_string();
+        let query = req.uri().query().unwrap_or_default().to_string();
+        let bytes = req.into_body().collect_bytes().await.unwrap();
+        let body: Value = if bytes.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&bytes).unwrap()
+        };
+        let mut st = self.state();
+        let index = st.seen.len();
+        st.seen.push(Seen {
+            method: method.clone(),
+            path: path.clone(),
+            body: body.clone(),
+        });
+        for hook in st.hooks.remove(&index).unwrap_or_default() {
+            hook(&mut st);
+        }
+        let (code, v) = route(&mut st, &method, &path, &query, &body);
+        let bytes = match v {
+            Value::String(s) => s.into_bytes(),
+            v => serde_json::to_vec(&v).unwrap(),
+        };
+        Response::builder()
+            .status(code)
+            .body(Body::from(bytes))
+            .unwrap()
+    }
+}
+
+fn status(code: StatusCode, reason: &str, message: &str) -> (StatusCode, Value) {
+    (
+        code,
+        json!({
+            "kind": "Status", "apiVersion": "v1", "metadata": {},
+            "status": "Failure", "message": message, "reason": reason, "code": code.as_u16(),
+        }),
+    )
+}
+
+/// A request the fake does not serve: a 500 the test sees as an API error (a panic here would
+/// leave the client waiting).
+fn unexpected(method: &Method, path: &str) -> (StatusCode, Value) {
+    status(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "InternalError",
+        &format!("the fake API server does not serve {method} {path}"),
+    )
+}
+
+/// RFC 7386 merge patch.
+fn merge(target: &mut Value, patch: &Value) {
+    match (target, patch) {
+        (Value::Object(t), Value::Object(p)) => {
+            for (k, v) in p {
+                if v.is_null() {
+                    t.remove(k);
+                } else {
+                    merge(t.entry(k.clone()).or_insert(Value::Null), v);
+                }
+            }
+        }
+        (t, p) => *t = p.clone(),
+    }
+}
+
+fn route(
+    st: &mut State,
+    method: &Method,
+    path: &str,
+    query: &str,
+    body: &Value,
+) -> (StatusCode, Value) {
+    let not_found = |what: &str| {
+        status(
+            StatusCode::NOT_FOUND,
+            "NotFound",
+            &format!("{what} not found"),
+        )
+    };
+    if let Some(name) = path.strip_prefix(&format!("{NODES}/")) {
+        return match st.nodes.get(name) {
+            Some(n) if *method == Method::GET => (StatusCode::OK, n.clone()),
+            _ => not_found(name),
+        };
+    }
+    if let Some(name) = path.strip_prefix(&format!("{MACHINES}/")) {
+        return match st.machines.get(name) {
+            Some(m) if *method == Method::GET => (StatusCode::OK, m.clone()),
+            _ => not_found(name),
+        };
+    }
+    if path == OPS && *method == Method::GET {
+        if query.contains("watch=true") {
+            let events = st.watch_bodies.pop_front().unwrap_or_default();
+            return (StatusCode::OK, Value::String(events));
+        }
+        let items: Vec<Value> = st.ops.values().cloned().collect();
+        return (
+            StatusCode::OK,
+            json!({
+                "apiVersion": "unbounded-cloud.io/v1alpha3",
+                "kind": "MachineOperationList",
+                "metadata": {"resourceVersion": st.rv.to_string()},
+                "items": items,
+            }),
+        );
+    }
+    let Some(rest) = path.strip_prefix(&format!("{OPS}/")) else {
+        return unexpected(method, path);
+    };
+    let (name, sub) = match rest.split_once('/') {
+        Some((n, s)) => (n.to_string(), Some(s)),
+        None => (rest.to_string(), None),
+    };
+    let rv = st.rv;
+    let Some(obj) = st.ops.get_mut(&name) else {
+        return not_found(&name);
+    };
+    let current_rv = obj["metadata"]["resourceVersion"].clone();
+    match (method.clone(), sub) {
+        (Method::GET, None) => (StatusCode::OK, obj.clone()),
+        (Method::PATCH, Some("status")) => {
+            let want = &body["metadata"]["resourceVersion"];
+            if !want.is_null() && *want != current_rv {
+                return status(
+                    StatusCode::CONFLICT,
+                    "Conflict",
+                    "the object has been modified",
+                );
+            }
+            let mut patch = body.clone();
+            if let Some(m) = patch.as_object_mut() {
+                m.remove("metadata");
+            }
+            merge(obj, &patch);
+            obj["metadata"]["resourceVersion"] = json!((rv + 1).to_string());
+            let out = obj.clone();
+            st.rv = rv + 1;
+            (StatusCode::OK, out)
+        }
+        (Method::DELETE, None) => {
+            let pre = &body["preconditions"];
+            let uid_ok = pre["uid"].is_null() || pre["uid"] == obj["metadata"]["uid"];
+            let rv_ok = pre["resourceVersion"].is_null() || pre["resourceVersion"] == current_rv;
+            if !(uid_ok && rv_ok) {
+                return status(StatusCode::CONFLICT, "Conflict", "precondition failed");
+            }
+            let out = obj.clone();
+            st.ops.remove(&name);
+            (StatusCode::OK, out)
+        }
+        (m, _) => unexpected(&m, path),
+    }
+}

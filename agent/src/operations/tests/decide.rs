@@ -1,0 +1,555 @@
+//! The decision table, parameter validation and selector matching, case by case.
+
+use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
+    LabelSelector, LabelSelectorRequirement, Time,
+};
+
+use super::super::decide::*;
+use super::super::record::{Record, Stage};
+use super::super::{INTERRUPTED, OperationResult};
+use super::*;
+use crate::machina::MachineOperation;
+
+const ME: &str = "node1";
+const DIGEST: &str = "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+
+fn record(stage: Stage, started_at: &str, result: Option<OperationResult>) -> Record {
+    Record {
+        version: 1,
+        uid: "uid-op".into(),
+        name: "op".into(),
+        kind: "NodeReboot".into(),
+        stage,
+        started_at: started_at.into(),
+        result,
+    }
+}
+
+fn run(
+    o: &MachineOperation,
+    rec: Option<&Record>,
+    node_labels: Option<&[(&str, &str)]>,
+) -> Decision {
+    let l = node_labels.map(labels);
+    let facts = Facts {
+        machine_name: ME,
+        labels: l.as_ref(),
+        containerized: false,
+        now: at(NOW),
+    };
+    decide(o, &facts, rec)
+}
+
+fn ignored(d: &Decision) -> String {
+    match d {
+        Decision::Ignore(why) => why.clone(),
+        other => panic!("expected Ignore, got {other:?}"),
+    }
+}
+
+#[test]
+fn decision_table() {
+    let started = "2027-01-15T07:59:00Z";
+    let ok = OperationResult::complete("NodeReboot completed");
+    let pending = op("op", "NodeReboot", ME);
+    let running = with_status(
+        op("op", "NodeReboot", ME),
+        "InProgress",
+        Some(NOW - 60),
+        None,
+    );
+    let claiming = record(Stage::Claiming, started, None);
+    let executing = record(Stage::Executing, started, None);
+    let finished = record(Stage::Finished, started, Some(ok.clone()));
+    let mut deleting = pending.clone();
+    deleting.metadata.deletion_timestamp = Some(Time(at(NOW)));
+
+    let cases: Vec<(&str, MachineOperation, Option<&Record>, Decision)> = vec![
+        ("pending, no record: claim", pending.clone(), None, Decision::Claim(Action::NodeReboot)),
+        (
+            "empty phase counts as pending",
+            with_status(pending.clone(), "", None, None),
+            None,
+            Decision::Claim(Action::NodeReboot),
+        ),
+        (
+            "pending with a claim whose patch never landed: claim again",
+            pending.clone(),
+            Some(&claiming),
+            Decision::Claim(Action::NodeReboot),
+        ),
+        (
+            "pending but executed (status reset): never twice",
+            pending.clone(),
+            Some(&executing),
+            Decision::Resume(Resume::Interrupted),
+        ),
+        (
+            "pending but finished (status reset): report again",
+            pending.clone(),
+            Some(&finished),
+            Decision::Resume(Resume::Report(ok.clone())),
+        ),
+        (
+            "being deleted: ignore",
+            deleting,
+            None,
+            Decision::Ignore("it is being deleted".into()),
+        ),
+        (
+            "in progress, claimed here, handler never ran: run",
+            running.clone(),
+            Some(&claiming),
+            Decision::Resume(Resume::Execute(Action::NodeReboot)),
+        ),
+        (
+            "in progress, someone else's claim: forget ours",
+            with_status(op("op", "NodeReboot", ME), "InProgress", Some(NOW - 5), None),
+            Some(&claiming),
+            Decision::Forget(
+                "another agent claimed it (started at 2027-01-15T07:59:55Z, this agent's claim was 2027-01-15T07:59:00Z)".into(),
+            ),
+        ),
+        (
+            "in progress, interrupted by a restart: never twice",
+            running.clone(),
+            Some(&executing),
+            Decision::Resume(Resume::Interrupted),
+        ),
+        (
+            "in progress, result recorded: report",
+            running.clone(),
+            Some(&finished),
+            Decision::Resume(Resume::Report(ok.clone())),
+        ),
+        (
+            "in progress, no record: another agent's",
+            running.clone(),
+            None,
+            Decision::Ignore("another agent claimed it (it is InProgress)".into()),
+        ),
+        (
+            "complete, no TTL: ignore",
+            with_status(pending.clone(), "Complete", Some(NOW - 60), Some(NOW - 30)),
+            Some(&finished),
+            Decision::Ignore("it is finished".into()),
+        ),
+        (
+            "unknown phase: ignore",
+            with_status(pending.clone(), "Paused", None, None),
+            None,
+            Decision::Ignore("unknown phase \"Paused\"".into()),
+        ),
+        (
+            "unknown kind: fail without running",
+            op("op", "Defragment", ME),
+            None,
+            Decision::Finish(OperationResult::failed(
+                "UnknownKind",
+                "unknown operation kind \"Defragment\" (the node agent handles NodeReboot, AgentReset and AgentUpgrade)",
+            )),
+        ),
+        (
+            "missing kind: fail without running",
+            op("op", "", ME),
+            None,
+            Decision::Finish(OperationResult::failed(
+                "UnknownKind",
+                "the operation names no operationKind",
+            )),
+        ),
+        (
+            "unknown parameter: fail without running",
+            with_params(pending.clone(), &[("force", "true")]),
+            None,
+            Decision::Finish(OperationResult::failed(
+                "InvalidParameters",
+                "unknown parameter \"force\" for NodeReboot (it takes none)",
+            )),
+        ),
+        (
+            "host kinds are machina's controllers'",
+            op("op", "HostReboot", ME),
+            None,
+            Decision::Ignore("operation kind HostReboot is for machina's host controllers".into()),
+        ),
+        (
+            "another machine's",
+            op("op", "NodeReboot", "node2"),
+            Some(&executing),
+            Decision::Ignore("it targets machine \"node2\", not \"node1\"".into()),
+        ),
+        (
+            "no target",
+            op("op", "NodeReboot", ""),
+            None,
+            Decision::Ignore("it names no machine (neither machineRef nor machineSelector)".into()),
+        ),
+        (
+            "agent reset",
+            op("op", "AgentReset", ME),
+            None,
+            Decision::Claim(Action::AgentReset),
+        ),
+    ];
+    for (what, o, rec, want) in cases {
+        assert_eq!(run(&o, rec, None), want, "{what}");
+    }
+}
+
+#[test]
+fn ttl_after_finish() {
+    let mut done = with_status(
+        op("op", "NodeReboot", ME),
+        "Complete",
+        Some(NOW - 100),
+        Some(NOW - 90),
+    );
+    done.spec.ttl_seconds_after_finished = Some(60);
+    assert_eq!(run(&done, None, None), Decision::Delete, "expired");
+    done.spec.ttl_seconds_after_finished = Some(90);
+    assert_eq!(run(&done, None, None), Decision::Delete, "expires now");
+    done.spec.ttl_seconds_after_finished = Some(120);
+    assert_eq!(
+        run(&done, None, None),
+        Decision::Wait(Duration::from_secs(30)),
+        "pending"
+    );
+    let mut failed = with_status(op("op", "NodeReboot", ME), "Failed", None, Some(NOW - 10));
+    failed.spec.ttl_seconds_after_finished = Some(0);
+    assert_eq!(run(&failed, None, None), Decision::Delete, "failed, TTL 0");
+    let mut no_completed = with_status(op("op", "NodeReboot", ME), "Failed", None, None);
+    no_completed.spec.ttl_seconds_after_finished = Some(0);
+    assert!(ignored(&run(&no_completed, None, None)).contains("without completedAt"));
+    let mut other = done.clone();
+    other.spec.machine_ref = "node2".into();
+    other.spec.ttl_seconds_after_finished = Some(0);
+    assert!(
+        ignored(&run(&other, None, None)).contains("node2"),
+        "another machine's TTL"
+    );
+}
+
+#[test]
+fn selector_targets_by_node_labels() {
+    let o = with_selector(op("op", "NodeReboot", ""), &[("pool", "flex")]);
+    assert!(needs_labels(&o));
+    assert_eq!(
+        run(&o, None, Some(&[("pool", "flex"), ("zone", "a")])),
+        Decision::Claim(Action::NodeReboot)
+    );
+    assert_eq!(
+        ignored(&run(&o, None, Some(&[("pool", "gpu")]))),
+        "its machineSelector does not match the labels of \"node1\""
+    );
+    assert_eq!(
+        ignored(&run(&o, None, None)),
+        "its machineSelector needs labels, and neither Node nor Machine \"node1\" exists"
+    );
+    // machineRef decides when it is set, whatever the selector says.
+    let mut both = o.clone();
+    both.spec.machine_ref = "node2".into();
+    assert!(!needs_labels(&both));
+    assert!(ignored(&run(&both, None, Some(&[("pool", "flex")]))).contains("node2"));
+    // An empty selector selects every machine, as in Kubernetes.
+    let mut all = o.clone();
+    all.spec.machine_selector = Some(LabelSelector::default());
+    assert_eq!(
+        run(&all, None, Some(&[])),
+        Decision::Claim(Action::NodeReboot)
+    );
+}
+
+fn req(key: &str, operator: &str, values: Option<&[&str]>) -> LabelSelectorRequirement {
+    LabelSelectorRequirement {
+        key: key.into(),
+        operator: operator.into(),
+        values: values.map(|v| v.iter().map(|s| s.to_string()).collect()),
+    }
+}
+
+#[test]
+fn selector_expressions() {
+    let node = labels(&[("pool", "flex"), ("zone", "a")]);
+    let sel = |exprs: Vec<LabelSelectorRequirement>| LabelSelector {
+        match_labels: None,
+        match_expressions: Some(exprs),
+    };
+    for (what, s, want) in [
+        (
+            "In",
+            sel(vec![req("zone", "In", Some(&["a", "b"]))]),
+            Ok(true),
+        ),
+        (
+            "In, absent value",
+            sel(vec![req("zone", "In", Some(&["c"]))]),
+            Ok(false),
+        ),
+        (
+            "NotIn",
+            sel(vec![req("zone", "NotIn", Some(&["c"]))]),
+            Ok(true),
+        ),
+        (
+            "NotIn, missing key",
+            sel(vec![req("rack", "NotIn", Some(&["c"]))]),
+            Ok(true),
+        ),
+        ("Exists", sel(vec![req("pool", "Exists", None)]), Ok(true)),
+        (
+            "DoesNotExist",
+            sel(vec![req("pool", "DoesNotExist", None)]),
+            Ok(false),
+        ),
+        (
+            "ANDed",
+            sel(vec![
+                req("pool", "Exists", None),
+                req("zone", "In", Some(&["b"])),
+            ]),
+            Ok(false),
+        ),
+        (
+            "In without values",
+            sel(vec![req("zone", "In", None)]),
+            Err("requirement on \"zone\": operator In needs values".to_string()),
+        ),
+        (
+            "Exists with values",
+            sel(vec![req("zone", "Exists", Some(&["a"]))]),
+            Err("requirement on \"zone\": operator Exists takes no values".to_string()),
+        ),
+        (
+            "unknown operator",
+            sel(vec![req("zone", "Gt", Some(&["1"]))]),
+            Err("requirement on \"zone\": unknown operator \"Gt\"".to_string()),
+        ),
+    ] {
+        assert_eq!(selector_matches(&s, &node), want, "{what}");
+    }
+    let bad = with_selector(op("op", "NodeReboot", ""), &[]);
+    let mut bad = bad;
+    bad.spec.machine_selector = Some(sel(vec![req("zone", "Gt", Some(&["1"]))]));
+    assert_eq!(
+        ignored(&run(&bad, None, Some(&[("zone", "a")]))),
+        "its machineSelector is invalid: requirement on \"zone\": unknown operator \"Gt\""
+    );
+}
+
+#[test]
+#[allow(clippy::type_complexity)] // a table of (name, params, containerized, expected)
+fn agent_upgrade_parameters() {
+    let image = format!("registry.example.com/aks/agent@{DIGEST}");
+    let tagged_and_pinned = format!("registry.example.com/aks/agent:v2@{DIGEST}");
+    let sha = "ab".repeat(32);
+    let cases: Vec<(
+        &str,
+        Vec<(&str, String)>,
+        bool,
+        Result<UpgradeRequest, &str>,
+    )> = vec![
+        (
+            "image pinned by digest, in the container",
+            vec![("image", image.clone())],
+            true,
+            Ok(UpgradeRequest::Image(image.clone())),
+        ),
+        (
+            "tag and digest",
+            vec![("image", tagged_and_pinned.clone())],
+            true,
+            Ok(UpgradeRequest::Image(tagged_and_pinned.clone())),
+        ),
+        (
+            "a tag alone",
+            vec![("image", "registry.example.com/aks/agent:v2".into())],
+            true,
+            Err(
+                "parameter \"image\" must be pinned by digest (registry/repository@sha256:<digest>), and \"registry.example.com/aks/agent:v2\" names only a tag",
+            ),
+        ),
+        (
+            "no registry",
+            vec![("image", format!("aks/agent@{DIGEST}"))],
+            true,
+            Err("must be fully qualified, naming its registry (as \"docker.io/aks/agent@sha256:"),
+        ),
+        (
+            "not canonical",
+            vec![("image", format!("docker.io/debian@{DIGEST}"))],
+            true,
+            Err("must be fully qualified in canonical form: \"docker.io/library/debian@sha256:"),
+        ),
+        (
+            "bad reference",
+            vec![("image", "registry.example.com/Agent@sha256:xyz".into())],
+            true,
+            Err("parameter \"image\": invalid image reference"),
+        ),
+        (
+            "image on a host",
+            vec![("image", image.clone())],
+            false,
+            Err(
+                "parameter \"image\" needs the agent to run in its container image, and this agent runs from a binary on the host: upgrade it with \"downloadURL\" and \"sha256\"",
+            ),
+        ),
+        (
+            "image and downloadURL",
+            vec![
+                ("image", image.clone()),
+                ("downloadURL", "https://example.com/a.tar.gz".into()),
+            ],
+            true,
+            Err("parameters \"image\" and \"downloadURL\" are mutually exclusive: name one"),
+        ),
+        (
+            "image with sha256",
+            vec![("image", image.clone()), ("sha256", sha.clone())],
+            true,
+            Err("parameter \"sha256\" goes with \"downloadURL\"; an image is pinned by its digest"),
+        ),
+        (
+            "downloadURL and sha256 on a host",
+            vec![
+                ("downloadURL", "https://example.com/a.tar.gz".into()),
+                ("sha256", sha.to_uppercase()),
+            ],
+            false,
+            Ok(UpgradeRequest::Download {
+                url: "https://example.com/a.tar.gz".into(),
+                sha256: sha.clone(),
+            }),
+        ),
+        (
+            "downloadURL without sha256",
+            vec![("downloadURL", "https://example.com/a.tar.gz".into())],
+            false,
+            Err(
+                "missing required parameter \"sha256\" (the SHA-256 of the archive at \"downloadURL\")",
+            ),
+        ),
+        (
+            "bad sha256",
+            vec![
+                ("downloadURL", "https://example.com/a.tar.gz".into()),
+                ("sha256", "abc".into()),
+            ],
+            false,
+            Err("parameter \"sha256\" must be 64 hexadecimal digits, got \"abc\""),
+        ),
+        (
+            "not http",
+            vec![
+                ("downloadURL", "ftp://example.com/a.tar.gz".into()),
+                ("sha256", sha.clone()),
+            ],
+            false,
+            Err(
+                "parameter \"downloadURL\" must be an http(s) URL, got \"ftp://example.com/a.tar.gz\"",
+            ),
+        ),
+        (
+            "downloadURL in the container",
+            vec![
+                ("downloadURL", "https://example.com/a.tar.gz".into()),
+                ("sha256", sha.clone()),
+            ],
+            true,
+            Err("parameter \"downloadURL\" upgrades an agent installed on the host"),
+        ),
+        (
+            "nothing, on a host",
+            vec![],
+            false,
+            Err("missing required parameter \"downloadURL\""),
+        ),
+        (
+            "nothing, in the container",
+            vec![("image", "  ".into())],
+            true,
+            Err("missing required parameter \"image\" (the agent's image, pinned by digest)"),
+        ),
+        (
+            "unknown parameter",
+            vec![("imageRef", image.clone())],
+            true,
+            Err(
+                "unknown parameter \"imageRef\" for AgentUpgrade (it takes image, or downloadURL and sha256)",
+            ),
+        ),
+    ];
+    for (what, params, containerized, want) in cases {
+        let params = params
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect();
+        let got = validate("AgentUpgrade", &params, containerized);
+        match (got, want) {
+            (Ok(Action::AgentUpgrade(r)), Ok(w)) => assert_eq!(r, w, "{what}"),
+            (Err(f), Err(w)) => {
+                assert_eq!(f.reason, "InvalidParameters", "{what}");
+                assert!(f.message.contains(w), "{what}: {}", f.message);
+            }
+            (got, want) => panic!("{what}: got {got:?}, want {want:?}"),
+        }
+    }
+}
+
+#[test]
+fn valid_agent_upgrade_is_unsupported_until_its_issue() {
+    let image = format!("registry.example.com/aks/agent@{DIGEST}");
+    let params = labels(&[("image", &image)]);
+    let f = admit("AgentUpgrade", &params, true).unwrap_err();
+    assert_eq!(f.reason, "UnsupportedOperation");
+    assert_eq!(
+        f.message,
+        format!(
+            "operation kind AgentUpgrade is not supported by AKS FlexNode daemon yet: the request is valid (image {image}), but this agent cannot upgrade itself"
+        )
+    );
+    let o = with_params(op("op", "AgentUpgrade", ME), &[("image", &image)]);
+    let facts = Facts {
+        machine_name: ME,
+        labels: None,
+        containerized: true,
+        now: at(NOW),
+    };
+    assert_eq!(decide(&o, &facts, None), Decision::Finish(f.into_result()));
+}
+
+#[test]
+fn watch_filter() {
+    let mine = op("a", "NodeReboot", ME);
+    assert!(may_concern(&mine, ME));
+    assert!(!may_concern(&op("b", "NodeReboot", "node2"), ME));
+    assert!(!may_concern(&op("c", "HostReboot", ME), ME));
+    assert!(may_concern(
+        &with_selector(op("d", "NodeReboot", ""), &[("a", "b")]),
+        ME
+    ));
+    assert!(!may_concern(&op("e", "NodeReboot", ""), ME));
+    assert!(may_concern(
+        &with_status(mine.clone(), "InProgress", Some(NOW), None),
+        ME
+    ));
+    let done = with_status(mine.clone(), "Complete", Some(NOW), Some(NOW));
+    assert!(!may_concern(&done, ME));
+    let mut ttl = done.clone();
+    ttl.spec.ttl_seconds_after_finished = Some(10);
+    assert!(may_concern(&ttl, ME));
+    assert!(may_target(&done, ME));
+}
+
+#[test]
+fn interrupted_names_the_kind() {
+    let r = interrupted("NodeReboot");
+    assert_eq!(r.reason, INTERRUPTED);
+    assert_eq!(
+        r.message,
+        "the agent restarted while NodeReboot was running; it is not run again, and its effect is unknown"
+    );
+}

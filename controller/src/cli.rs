@@ -1,0 +1,227 @@
+//! The command line (upstream's flags, Go syntax: `--flag=value`, Go durations and booleans)
+//! and the run: the HTTP server and, with `--enable-csr-approver`, the CSR approver, stopped
+//! together on shutdown or when either ends; their errors are joined.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::{ArgAction, Parser};
+use tokio_util::sync::CancellationToken;
+
+use crate::csr::{self, ApproverConfig};
+use crate::server::Server;
+use crate::store::{ConfigMapStore, MachineStore};
+
+/// `aks-flex-controller`'s flags.
+#[derive(Clone, Debug, PartialEq, Eq, Parser)]
+#[command(
+    name = "aks-flex-controller",
+    about = "Run the AKS Flex in-cluster machine endpoint",
+    version
+)]
+pub struct Args {
+    /// Address the HTTP server listens on (`:8080` = every interface).
+    #[arg(long, default_value = ":8080")]
+    pub listen_address: String,
+    /// How long shutdown waits for requests in flight (Go duration).
+    #[arg(long, default_value = "15s", value_parser = parse_duration)]
+    pub shutdown_timeout: Duration,
+    /// kubeconfig path; empty = the in-cluster config (then the default kubeconfig).
+    #[arg(long, default_value = "")]
+    pub kubeconfig: String,
+    /// Namespace of the machine ConfigMap.
+    #[arg(long, default_value = "kube-system")]
+    pub machine_configmap_namespace: String,
+    /// Name of the machine ConfigMap.
+    #[arg(long, default_value = "aks-flex-machines")]
+    pub machine_configmap_name: String,
+    /// Approve the agent daemon's client-certificate CSRs.
+    #[arg(long, default_value = "false", num_args = 0..=1, require_equals = true,
+          default_missing_value = "true", action = ArgAction::Set, value_parser = parse_go_bool)]
+    pub enable_csr_approver: bool,
+    /// The bootstrap token group allowed to request daemon credentials.
+    #[arg(long, default_value = "system:bootstrappers:aks-flex-node")]
+    pub bootstrap_group: String,
+    /// The group daemon certificates carry.
+    #[arg(long, default_value = "aks-flex-node-daemons")]
+    pub daemon_group: String,
+    /// Longest certificate lifetime approved (0 = no limit).
+    #[arg(long, default_value_t = 0)]
+    pub max_expiration_seconds: i32,
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    aks_flex_node::config::parse_go_duration(s).map_err(|e| e.to_string())
+}
+
+/// Go's `strconv.ParseBool`.
+pub fn parse_go_bool(s: &str) -> Result<bool, String> {
+    match s {
+        "1" | "t" | "T" | "true" | "TRUE" | "True" => Ok(true),
+        "0" | "f" | "F" | "false" | "FALSE" | "False" => Ok(false),
+        _ => Err(format!("invalid boolean value {s:?}")),
+    }
+}
+
+impl Args {
+    /// The approver's settings.
+    pub fn approver(&self) -> ApproverConfig {
+        ApproverConfig {
+            bootstrap_group: self.bootstrap_group.clone(),
+            daemon_group: self.daemon_group.clone(),
+            max_expiration_seconds: self.max_expiration_seconds,
+        }
+    }
+}
+
+/// The Kubernetes client: `--kubeconfig`, else the in-cluster config, else the default
+/// kubeconfig.
+pub async fn kube_client(kubeconfig: &str) -> anyhow::Result<kube::Client> {
+    aks_flex_node::http::install_crypto();
+    let config = if kubeconfig.is_empty() {
+        match kube::Config::incluster() {
+            Ok(c) => c,
+            Err(in_cluster) => {
+                tracing::warn!(error = %in_cluster, "no in-cluster config; trying the default kubeconfig");
+                kube::Config::from_kubeconfig(&Default::default())
+                    .await
+                    .map_err(|e| {
+                        anyhow::anyhow!(
+                            "no Kubernetes config: in-cluster: {in_cluster}; kubeconfig: {e}"
+                        )
+                    })?
+            }
+        }
+    } else {
+        let kc = kube::config::Kubeconfig::read_from(kubeconfig)
+            .map_err(|e| anyhow::anyhow!("read kubeconfig {kubeconfig}: {e}"))?;
+        kube::Config::from_custom_kubeconfig(kc, &Default::default())
+            .await
+            .map_err(|e| anyhow::anyhow!("kubeconfig {kubeconfig}: {e}"))?
+    };
+    let mut config = config;
+    // Each machine request reads the ConfigMap once and answers 503 on failure (the agent
+    // retries); kube's own retry of 429/503/504 would hold the request up instead.
+    config.default_retry = false;
+    kube::Client::try_from(config).map_err(|e| anyhow::anyhow!("build Kubernetes client: {e}"))
+}
+
+/// Runs the controller against the cluster until `shutdown`.
+pub async fn run(args: Args, shutdown: CancellationToken) -> anyhow::Result<()> {
+    tracing::info!(
+        listen_address = %args.listen_address,
+        machine_configmap_namespace = %args.machine_configmap_namespace,
+        machine_configmap_name = %args.machine_configmap_name,
+        "starting aks-flex-controller"
+    );
+    let client = kube_client(&args.kubeconfig).await?;
+    let store: Arc<dyn MachineStore> = Arc::new(ConfigMapStore::new(
+        client.clone(),
+        &args.machine_configmap_namespace,
+        &args.machine_configmap_name,
+    ));
+    let server = Server::bind(&args.listen_address).await?;
+    run_with(&args, server, store, Some(client), shutdown).await
+}
+
+/// Runs a bound server over `store` (and the approver over `client` when enabled) until
+/// `shutdown` or until either stops.
+pub async fn run_with(
+    args: &Args,
+    server: Server,
+    store: Arc<dyn MachineStore>,
+    client: Option<kube::Client>,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    tracing::info!(address = %server.local_addr()?, "machine endpoint listening");
+    let stop = shutdown.child_token();
+    let server_task = {
+        let stop = stop.clone();
+        let store = store.clone();
+        let timeout = args.shutdown_timeout;
+        async move {
+            let r = server.run(store, stop.clone(), timeout).await;
+            stop.cancel();
+            r
+        }
+    };
+    let approver_task = {
+        let stop = stop.clone();
+        let enabled = args.enable_csr_approver;
+        let cfg = args.approver();
+        async move {
+            if !enabled {
+                return Ok(());
+            }
+            let r = match client {
+                Some(c) => csr::run(c, store, cfg, stop.clone()).await,
+                None => Err(anyhow::anyhow!(
+                    "the CSR approver needs a Kubernetes client"
+                )),
+            };
+            stop.cancel();
+            r
+        }
+    };
+    let (served, approved) = tokio::join!(server_task, approver_task);
+    let errors: Vec<String> = [served.err(), approved.err()]
+        .into_iter()
+        .flatten()
+        .map(|e| format!("{e:#}"))
+        .collect();
+    if errors.is_empty() {
+        tracing::info!("aks-flex-controller stopped");
+        Ok(())
+    } else {
+        Err(anyhow::anyhow!(errors.join("; ")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_upstreams() {
+        let a = Args::try_parse_from(["aks-flex-controller"]).unwrap();
+        assert_eq!(
+            a,
+            Args {
+                listen_address: ":8080".into(),
+                shutdown_timeout: Duration::from_secs(15),
+                kubeconfig: String::new(),
+                machine_configmap_namespace: "kube-system".into(),
+                machine_configmap_name: "aks-flex-machines".into(),
+                enable_csr_approver: false,
+                bootstrap_group: "system:bootstrappers:aks-flex-node".into(),
+                daemon_group: "aks-flex-node-daemons".into(),
+                max_expiration_seconds: 0,
+            }
+        );
+    }
+
+    #[test]
+    fn go_style_flags_parse() {
+        let a = Args::try_parse_from([
+            "aks-flex-controller",
+            "--listen-address=127.0.0.1:9090",
+            "--shutdown-timeout=1m30s",
+            "--enable-csr-approver=false",
+            "--max-expiration-seconds=3600",
+        ])
+        .unwrap();
+        assert_eq!(a.listen_address, "127.0.0.1:9090");
+        assert_eq!(a.shutdown_timeout, Duration::from_secs(90));
+        assert!(!a.enable_csr_approver);
+        assert_eq!(a.approver().max_expiration_seconds, 3600);
+        for on in [
+            vec!["x", "--enable-csr-approver"],
+            vec!["x", "--enable-csr-approver=true"],
+            vec!["x", "--enable-csr-approver=1"],
+        ] {
+            assert!(Args::try_parse_from(on).unwrap().enable_csr_approver);
+        }
+        assert!(Args::try_parse_from(["x", "--enable-csr-approver=yes"]).is_err());
+        assert!(Args::try_parse_from(["x", "--shutdown-timeout=15"]).is_err());
+    }
+}

@@ -1,0 +1,504 @@
+//! The optional CSR approver (`--enable-csr-approver`): approves the agent daemon's
+//! client-certificate requests (signer `kubernetes.io/kube-apiserver-client`), as unbounded's
+//! `daemoncred` approver with AKSFlexNode's `AuthorizeBootstrap` / `AuthorizeRenewal`.
+//!
+//! A request is ours when it is pending (no `Approved`/`Denied` condition, no certificate), is
+//! for the signer above, and its PKCS#10 request (signature verified) asks for CN
+//! `system:node:<node>`, organizations within {`system:nodes`, daemon group} including the
+//! daemon group, no subject alternative names, and usages within {digital signature, key
+//! encipherment, client auth} including client auth. With `--max-expiration-seconds` > 0 it
+//! must ask for at most that lifetime. Then, by requester:
+//! - **bootstrap** (`system:bootstrap:<token-id>` in the bootstrap group): the Secret
+//!   `kube-system/bootstrap-token-<token-id>` must exist, be of type
+//!   `bootstrap.kubernetes.io/token`, have `token-id` = the id, a non-empty `token-secret`,
+//!   `usage-bootstrap-authentication` = `true` (any case), the bootstrap group in
+//!   `auth-extra-groups` (comma list, trimmed), and an `expiration` that is empty or an RFC 3339
+//!   time in the future (unparseable = expired); and the machine must exist;
+//! - **renewal** (`system:node:<node>` in the daemon group, the same node as requested): the
+//!   machine must exist.
+//!
+//! Anything else is left alone (never denied: an administrator may still decide). A request
+//! whose machine is not (yet) in the store, or whose checks hit an API error, is looked at
+//! again after [`RETRY_AFTER`]. The decisions are pure functions ([`examine`],
+//! [`authorize_bootstrap_token`]) with table tests; [`run`] drives them from a watch.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::certificates::v1::{
+    CertificateSigningRequest, CertificateSigningRequestCondition,
+};
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, PostParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::watcher;
+use tokio_util::sync::CancellationToken;
+
+use crate::store::{MachineStore, StoreError};
+
+/// The signer the daemon's certificates use.
+pub const SIGNER: &str = "kubernetes.io/kube-apiserver-client";
+/// Bootstrap token users: `system:bootstrap:<token-id>`.
+pub const BOOTSTRAP_USER_PREFIX: &str = "system:bootstrap:";
+/// Node users and common names: `system:node:<node>`.
+pub const NODE_USER_PREFIX: &str = "system:node:";
+/// The nodes group.
+pub const NODES_GROUP: &str = "system:nodes";
+/// The bootstrap token Secret type.
+pub const BOOTSTRAP_TOKEN_TYPE: &str = "bootstrap.kubernetes.io/token";
+/// Where bootstrap token Secrets live.
+pub const TOKEN_NAMESPACE: &str = "kube-system";
+/// When a request that may become approvable is looked at again.
+pub const RETRY_AFTER: Duration = Duration::from_secs(15);
+
+/// The approver's settings (the controller's flags).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ApproverConfig {
+    /// `--bootstrap-group`.
+    pub bootstrap_group: String,
+    /// `--daemon-group`.
+    pub daemon_group: String,
+    /// `--max-expiration-seconds` (0: no limit).
+    pub max_expiration_seconds: i32,
+}
+
+/// Who asks.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Requester {
+    /// A bootstrap token.
+    Bootstrap {
+        /// The token id.
+        token_id: String,
+    },
+    /// The daemon's current certificate.
+    Renewal,
+}
+
+/// A request that passed the checks that need no API call.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Candidate {
+    /// The node the certificate is for.
+    pub node: String,
+    /// Who asks.
+    pub requester: Requester,
+}
+
+/// What to do with a request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Decision {
+    /// Approve it (the message goes into the condition).
+    Approve(String),
+    /// Not ours or not approvable: leave it (the reason is logged).
+    Ignore(String),
+    /// Possibly approvable later: look again.
+    Retry(String),
+}
+
+/// The subject and SANs of a PKCS#10 request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RequestSubject {
+    /// Common names.
+    pub common_names: Vec<String>,
+    /// Organizations.
+    pub organizations: Vec<String>,
+    /// Whether any subject alternative name is requested.
+    pub has_sans: bool,
+}
+
+/// Parses and verifies a PEM `CERTIFICATE REQUEST`.
+pub fn parse_request(pem: &[u8]) -> Result<RequestSubject, String> {
+    use x509_parser::prelude::*;
+    let (_, pem) = x509_parser::pem::parse_x509_pem(pem).map_err(|e| format!("not PEM: {e}"))?;
+    if pem.label != "CERTIFICATE REQUEST" {
+        return Err(format!(
+            "PEM block is {:?}, want CERTIFICATE REQUEST",
+            pem.label
+        ));
+    }
+    let (_, csr) = X509CertificationRequest::from_der(&pem.contents)
+        .map_err(|e| format!("not a PKCS#10 request: {e}"))?;
+    csr.verify_signature()
+        .map_err(|e| format!("request signature does not verify: {e}"))?;
+    let subject = &csr.certification_request_info.subject;
+    let strings =
+        |it: &mut dyn Iterator<Item = &AttributeTypeAndValue<'_>>| -> Result<Vec<String>, String> {
+            it.map(|a| {
+                a.as_str()
+                    .map(str::to_string)
+                    .map_err(|e| format!("subject attribute: {e}"))
+            })
+            .collect()
+        };
+    let common_names = strings(&mut subject.iter_common_name())?;
+    let organizations = strings(&mut subject.iter_organization())?;
+    let has_sans = csr.requested_extensions().is_some_and(|mut exts| {
+        exts.any(|e| match e {
+            ParsedExtension::SubjectAlternativeName(san) => !san.general_names.is_empty(),
+            _ => false,
+        })
+    });
+    Ok(RequestSubject {
+        common_names,
+        organizations,
+        has_sans,
+    })
+}
+
+fn has_condition(csr: &CertificateSigningRequest, kinds: &[&str]) -> Option<String> {
+    csr.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|cs| cs.iter().find(|c| kinds.contains(&c.type_.as_str())))
+        .map(|c| c.type_.clone())
+}
+
+/// The checks that need no API call: state, signer, request contents, usages, lifetime and
+/// requester. `Err` is why the request is not ours or not approvable.
+pub fn examine(csr: &CertificateSigningRequest, cfg: &ApproverConfig) -> Result<Candidate, String> {
+    if let Some(c) = has_condition(csr, &["Approved", "Denied"]) {
+        return Err(format!("already {c}"));
+    }
+    if csr
+        .status
+        .as_ref()
+        .and_then(|s| s.certificate.as_ref())
+        .is_some_and(|c| !c.0.is_empty())
+    {
+        return Err("already issued".into());
+    }
+    let spec = &csr.spec;
+    if spec.signer_name != SIGNER {
+        return Err(format!("signer {:?} is not {SIGNER}", spec.signer_name));
+    }
+    let subject = parse_request(&spec.request.0)?;
+    let [cn] = subject.common_names.as_slice() else {
+        return Err(format!(
+            "request has {} common names, want one",
+            subject.common_names.len()
+        ));
+    };
+    let node = cn
+        .strip_prefix(NODE_USER_PREFIX)
+        .filter(|n| !n.is_empty())
+        .ok_or_else(|| format!("common name {cn:?} is not {NODE_USER_PREFIX}<node>"))?
+        .to_string();
+    if !subject.organizations.contains(&cfg.daemon_group) {
+        return Err(format!(
+            "organizations {:?} do not include the daemon group {:?}",
+            subject.organizations, cfg.daemon_group
+        ));
+    }
+    if let Some(o) = subject
+        .organizations
+        .iter()
+        .find(|o| **o != cfg.daemon_group && *o != NODES_GROUP)
+    {
+        return Err(format!("organization {o:?} is not allowed"));
+    }
+    if subject.has_sans {
+        return Err("subject alternative names are not allowed".into());
+    }
+    let usages = spec.usages.clone().unwrap_or_default();
+    if !usages.iter().any(|u| u == "client auth") {
+        return Err(format!("usages {usages:?} do not include client auth"));
+    }
+    if let Some(u) = usages.iter().find(|u| {
+        !matches!(
+            u.as_str(),
+            "digital signature" | "key encipherment" | "client auth"
+        )
+    }) {
+        return Err(format!("usage {u:?} is not allowed"));
+    }
+    if cfg.max_expiration_seconds > 0 {
+        match spec.expiration_seconds {
+            Some(s) if s <= cfg.max_expiration_seconds => {}
+            Some(s) => {
+                return Err(format!(
+                    "expirationSeconds {s} exceeds the maximum {}",
+                    cfg.max_expiration_seconds
+                ));
+            }
+            None => {
+                return Err(format!(
+                    "expirationSeconds is unset; at most {} is allowed",
+                    cfg.max_expiration_seconds
+                ));
+            }
+        }
+    }
+    let username = spec.username.clone().unwrap_or_default();
+    let groups = spec.groups.clone().unwrap_or_default();
+    if let Some(id) = username.strip_prefix(BOOTSTRAP_USER_PREFIX) {
+        if !groups.contains(&cfg.bootstrap_group) {
+            return Err(format!(
+                "bootstrap user {username:?} is not in the bootstrap group {:?}",
+                cfg.bootstrap_group
+            ));
+        }
+        if id.is_empty() {
+            return Err("bootstrap user has no token id".into());
+        }
+        return Ok(Candidate {
+            node,
+            requester: Requester::Bootstrap {
+                token_id: id.to_string(),
+            },
+        });
+    }
+    if username == format!("{NODE_USER_PREFIX}{node}") && groups.contains(&cfg.daemon_group) {
+        return Ok(Candidate {
+            node,
+            requester: Requester::Renewal,
+        });
+    }
+    Err(format!(
+        "requester {username:?} is neither a bootstrap token in {:?} nor {NODE_USER_PREFIX}{node} in {:?}",
+        cfg.bootstrap_group, cfg.daemon_group
+    ))
+}
+
+/// `AuthorizeBootstrap`'s Secret checks: `secret` is `kube-system/bootstrap-token-<token_id>`
+/// (`None`: it does not exist).
+pub fn authorize_bootstrap_token(
+    secret: Option<&Secret>,
+    token_id: &str,
+    bootstrap_group: &str,
+    now: Timestamp,
+) -> Result<(), String> {
+    let name = format!("bootstrap-token-{token_id}");
+    let Some(secret) = secret else {
+        return Err(format!("secret {TOKEN_NAMESPACE}/{name} does not exist"));
+    };
+    if secret.type_.as_deref() != Some(BOOTSTRAP_TOKEN_TYPE) {
+        return Err(format!(
+            "secret {name} has type {:?}, want {BOOTSTRAP_TOKEN_TYPE}",
+            secret.type_.as_deref().unwrap_or_default()
+        ));
+    }
+    let data: BTreeMap<&str, String> = secret
+        .data
+        .iter()
+        .flatten()
+        .map(|(k, v)| (k.as_str(), String::from_utf8_lossy(&v.0).into_owned()))
+        .collect();
+    let get = |k: &str| data.get(k).map(String::as_str).unwrap_or_default();
+    if get("token-id") != token_id {
+        return Err(format!(
+            "secret {name} token-id {:?} does not match {token_id:?}",
+            get("token-id")
+        ));
+    }
+    if get("token-secret").is_empty() {
+        return Err(format!("secret {name} has an empty token-secret"));
+    }
+    if !get("usage-bootstrap-authentication").eq_ignore_ascii_case("true") {
+        return Err(format!(
+            "secret {name} is not usable for authentication (usage-bootstrap-authentication is {:?})",
+            get("usage-bootstrap-authentication")
+        ));
+    }
+    if !get("auth-extra-groups")
+        .split(',')
+        .any(|g| g.trim() == bootstrap_group)
+    {
+        return Err(format!(
+            "secret {name} auth-extra-groups {:?} do not include {bootstrap_group:?}",
+            get("auth-extra-groups")
+        ));
+    }
+    let expiration = get("expiration").trim();
+    if !expiration.is_empty() {
+        match expiration.parse::<Timestamp>() {
+            Ok(t) if t > now => {}
+            Ok(_) => return Err(format!("secret {name} expired at {expiration}")),
+            Err(_) => {
+                return Err(format!(
+                    "secret {name} expiration {expiration:?} is not RFC 3339 (treated as expired)"
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn machine_exists(store: &dyn MachineStore, node: &str) -> Result<(), Decision> {
+    match store.get(node).await {
+        Ok(_) => Ok(()),
+        Err(StoreError::NotFound(_)) => Err(Decision::Retry(format!(
+            "machine {node:?} is not registered"
+        ))),
+        Err(StoreError::Unavailable(e)) => {
+            Err(Decision::Retry(format!("machine store unavailable: {e}")))
+        }
+    }
+}
+
+/// The whole decision for one request: [`examine`], then the Secret (bootstrap) and the machine.
+pub async fn decide(
+    csr: &CertificateSigningRequest,
+    cfg: &ApproverConfig,
+    secrets: &Api<Secret>,
+    store: &dyn MachineStore,
+    now: Timestamp,
+) -> Decision {
+    let candidate = match examine(csr, cfg) {
+        Ok(c) => c,
+        Err(why) => return Decision::Ignore(why),
+    };
+    match &candidate.requester {
+        Requester::Bootstrap { token_id } => {
+            let secret = match secrets
+                .get_opt(&format!("bootstrap-token-{token_id}"))
+                .await
+            {
+                Ok(s) => s,
+                Err(e) => {
+                    return Decision::Retry(format!(
+                        "read bootstrap token secret: {}",
+                        aks_flex_node::kubeclient::describe(&e)
+                    ));
+                }
+            };
+            if let Err(why) =
+                authorize_bootstrap_token(secret.as_ref(), token_id, &cfg.bootstrap_group, now)
+            {
+                return Decision::Ignore(why);
+            }
+            if let Err(d) = machine_exists(store, &candidate.node).await {
+                return d;
+            }
+            Decision::Approve(format!(
+                "aks-flex-controller approved the daemon credential of node {} (bootstrap token {token_id})",
+                candidate.node
+            ))
+        }
+        Requester::Renewal => {
+            if let Err(d) = machine_exists(store, &candidate.node).await {
+                return d;
+            }
+            Decision::Approve(format!(
+                "aks-flex-controller approved the daemon credential renewal of node {}",
+                candidate.node
+            ))
+        }
+    }
+}
+
+/// `csr` with an `Approved` condition added.
+pub fn approved(
+    csr: &CertificateSigningRequest,
+    message: &str,
+    now: Timestamp,
+) -> CertificateSigningRequest {
+    let mut out = csr.clone();
+    let status = out.status.get_or_insert_with(Default::default);
+    status
+        .conditions
+        .get_or_insert_with(Vec::new)
+        .push(CertificateSigningRequestCondition {
+            type_: "Approved".into(),
+            status: "True".into(),
+            reason: Some("AKSFlexNodeDaemonApprove".into()),
+            message: Some(message.into()),
+            last_update_time: Some(Time(now)),
+            last_transition_time: Some(Time(now)),
+        });
+    out
+}
+
+struct Context {
+    csrs: Api<CertificateSigningRequest>,
+    secrets: Api<Secret>,
+    store: Arc<dyn MachineStore>,
+    cfg: ApproverConfig,
+}
+
+/// A failure to record an approval.
+#[derive(Debug, thiserror::Error)]
+#[error("approve CertificateSigningRequest {name}: {reason}")]
+pub struct ApproveError {
+    name: String,
+    reason: String,
+}
+
+async fn reconcile(
+    csr: Arc<CertificateSigningRequest>,
+    ctx: Arc<Context>,
+) -> Result<Action, ApproveError> {
+    let name = csr.metadata.name.clone().unwrap_or_default();
+    match decide(
+        &csr,
+        &ctx.cfg,
+        &ctx.secrets,
+        ctx.store.as_ref(),
+        Timestamp::now(),
+    )
+    .await
+    {
+        Decision::Approve(message) => {
+            let body = approved(&csr, &message, Timestamp::now());
+            ctx.csrs
+                .replace_subresource("approval", &name, &PostParams::default(), &body)
+                .await
+                .map_err(|e| ApproveError {
+                    name: name.clone(),
+                    reason: aks_flex_node::kubeclient::describe(&e),
+                })?;
+            tracing::info!(csr = %name, message = %message, "approved CertificateSigningRequest");
+            Ok(Action::await_change())
+        }
+        Decision::Ignore(why) => {
+            tracing::debug!(csr = %name, reason = %why, "not approving CertificateSigningRequest");
+            Ok(Action::await_change())
+        }
+        Decision::Retry(why) => {
+            tracing::info!(csr = %name, reason = %why, retry_in_s = RETRY_AFTER.as_secs(), "CertificateSigningRequest not approvable yet");
+            Ok(Action::requeue(RETRY_AFTER))
+        }
+    }
+}
+
+fn error_policy(
+    _csr: Arc<CertificateSigningRequest>,
+    e: &ApproveError,
+    _ctx: Arc<Context>,
+) -> Action {
+    tracing::warn!(error = %e, retry_in_s = 10, "CSR approval failed; retrying");
+    Action::requeue(Duration::from_secs(10))
+}
+
+/// Watches CertificateSigningRequests and approves the daemon's until `shutdown`.
+pub async fn run(
+    client: kube::Client,
+    store: Arc<dyn MachineStore>,
+    cfg: ApproverConfig,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    tracing::info!(bootstrap_group = %cfg.bootstrap_group, daemon_group = %cfg.daemon_group, "starting daemon CSR approver");
+    let csrs: Api<CertificateSigningRequest> = Api::all(client.clone());
+    let ctx = Arc::new(Context {
+        csrs: csrs.clone(),
+        secrets: Api::namespaced(client, TOKEN_NAMESPACE),
+        store,
+        cfg,
+    });
+    Controller::new(csrs, watcher::Config::default())
+        .graceful_shutdown_on(async move { shutdown.cancelled_owned().await })
+        .run(reconcile, error_policy, ctx)
+        .for_each(|r| async move {
+            if let Err(e) = r {
+                tracing::debug!(error = %e, "CSR approver reconcile");
+            }
+        })
+        .await;
+    tracing::info!("daemon CSR approver stopped");
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

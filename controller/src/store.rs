@@ -1,0 +1,326 @@
+//! Where machines come from: the [`MachineStore`] trait, the ConfigMap store the controller
+//! runs with ([`ConfigMapStore`], `kube-system/aks-flex-machines` read on every request) and an
+//! in-memory store behind the same trait ([`MemoryStore`], for tests and local runs).
+//!
+//! Both look machines up the same way ([`lookup`]): the data key `<machine>.json`, then
+//! `<machine>`; the value trimmed and parsed as ARM machine JSON. A missing ConfigMap, a value
+//! that does not parse and an API error make the store unavailable (the server answers 503); a
+//! missing key is "not found" (404).
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+use aks_flex_node::machineclient::{ArmMachine, parse_arm_machine};
+use async_trait::async_trait;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::Api;
+
+/// Why a machine could not be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StoreError {
+    /// No entry for the machine.
+    #[error("machine {0:?} not found")]
+    NotFound(String),
+    /// The data source is missing, broken or unreachable.
+    #[error("{0}")]
+    Unavailable(String),
+}
+
+/// A source of machines by name.
+#[async_trait]
+pub trait MachineStore: Send + Sync {
+    /// The machine named `name`.
+    async fn get(&self, name: &str) -> Result<ArmMachine, StoreError>;
+
+    /// A status report for `name` (the PATCH body). The endpoint is read-only: the default
+    /// ignores it, as upstream does.
+    async fn record_status(&self, _name: &str, _body: &[u8]) {}
+}
+
+/// Looks `machine` up in a ConfigMap's `data` (`None`: the ConfigMap does not exist).
+pub fn lookup(
+    data: Option<&BTreeMap<String, String>>,
+    namespace: &str,
+    config_map: &str,
+    machine: &str,
+) -> Result<ArmMachine, StoreError> {
+    let Some(data) = data else {
+        return Err(StoreError::Unavailable(format!(
+            "machine config map {namespace}/{config_map} not found"
+        )));
+    };
+    let json_key = format!("{machine}.json");
+    let (key, value) = match data.get(&json_key) {
+        Some(v) => (json_key.as_str(), v),
+        None => match data.get(machine) {
+            Some(v) => (machine, v),
+            None => return Err(StoreError::NotFound(machine.to_string())),
+        },
+    };
+    parse_arm_machine(value.trim().as_bytes()).map_err(|e| {
+        StoreError::Unavailable(format!(
+            "machine config map key {key:?} is not valid ARM machine JSON: {e}"
+        ))
+    })
+}
+
+/// The ConfigMap store: GET `<namespace>/<name>` on every lookup (no cache).
+#[derive(Clone)]
+pub struct ConfigMapStore {
+    api: Api<ConfigMap>,
+    namespace: String,
+    name: String,
+}
+
+impl ConfigMapStore {
+    /// A store over `namespace/name`.
+    pub fn new(client: kube::Client, namespace: &str, name: &str) -> Self {
+        Self {
+            api: Api::namespaced(client, namespace),
+            namespace: namespace.to_string(),
+            name: name.to_string(),
+        }
+    }
+}
+
+#[async_trait]
+impl MachineStore for ConfigMapStore {
+    async fn get(&self, machine: &str) -> Result<ArmMachine, StoreError> {
+        let cm = self.api.get_opt(&self.name).await.map_err(|e| {
+            StoreError::Unavailable(format!(
+                "read machine config map {}/{}: {}",
+                self.namespace,
+                self.name,
+                aks_flex_node::kubeclient::describe(&e)
+            ))
+        })?;
+        let data = cm.map(|cm| cm.data.unwrap_or_default());
+        lookup(data.as_ref(), &self.namespace, &self.name, machine)
+    }
+}
+
+/// An in-memory store: a ConfigMap's `data` that tests edit, plus the status reports received.
+#[derive(Debug)]
+pub struct MemoryStore {
+    namespace: String,
+    name: String,
+    data: Mutex<Option<BTreeMap<String, String>>>,
+    failure: Mutex<Option<String>>,
+    statuses: Mutex<Vec<(String, serde_json::Value)>>,
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl MemoryStore {
+    /// An existing, empty `kube-system/aks-flex-machines`.
+    pub fn new() -> Self {
+        Self {
+            namespace: "kube-system".into(),
+            name: "aks-flex-machines".into(),
+            data: Mutex::new(Some(BTreeMap::new())),
+            failure: Mutex::new(None),
+            statuses: Mutex::new(Vec::new()),
+        }
+    }
+
+    fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+        m.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Sets data key `key` (the ConfigMap is created if missing).
+    pub fn insert(&self, key: &str, value: &str) {
+        Self::lock(&self.data)
+            .get_or_insert_with(BTreeMap::new)
+            .insert(key.to_string(), value.to_string());
+    }
+
+    /// Removes data key `key`.
+    pub fn remove(&self, key: &str) {
+        if let Some(d) = Self::lock(&self.data).as_mut() {
+            d.remove(key);
+        }
+    }
+
+    /// Deletes the whole ConfigMap.
+    pub fn delete_config_map(&self) {
+        *Self::lock(&self.data) = None;
+    }
+
+    /// Makes every lookup fail as an API error would (`None` heals it).
+    pub fn fail_with(&self, message: Option<&str>) {
+        *Self::lock(&self.failure) = message.map(str::to_string);
+    }
+
+    /// The status reports received, as `(machine, body)`; a body that is not JSON is kept as a
+    /// JSON string.
+    pub fn statuses(&self) -> Vec<(String, serde_json::Value)> {
+        Self::lock(&self.statuses).clone()
+    }
+}
+
+#[async_trait]
+impl MachineStore for MemoryStore {
+    async fn get(&self, machine: &str) -> Result<ArmMachine, StoreError> {
+        if let Some(f) = Self::lock(&self.failure).clone() {
+            return Err(StoreError::Unavailable(f));
+        }
+        let data = Self::lock(&self.data).clone();
+        lookup(data.as_ref(), &self.namespace, &self.name, machine)
+    }
+
+    async fn record_status(&self, name: &str, body: &[u8]) {
+        let v = serde_json::from_slice(body).unwrap_or_else(|_| {
+            serde_json::Value::String(String::from_utf8_lossy(body).into_owned())
+        });
+        Self::lock(&self.statuses).push((name.to_string(), v));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn data(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn lookup_table() {
+        let m = r#"  {"name":"n1","properties":{"eTag":"e"}}
+"#;
+        let d = data(&[("n1.json", m), ("n2", r#"{"name":"n2"}"#), ("bad", "{")]);
+        assert_eq!(
+            lookup(Some(&d), "ns", "cm", "n1").unwrap().etag(),
+            "e",
+            "<m>.json, trimmed"
+        );
+        assert_eq!(
+            lookup(Some(&d), "ns", "cm", "n2").unwrap().name.as_deref(),
+            Some("n2"),
+            "bare key"
+        );
+        // <m>.json wins over <m>.
+        let d2 = data(&[
+            ("x.json", r#"{"name":"json"}"#),
+            ("x", r#"{"name":"bare"}"#),
+        ]);
+        assert_eq!(
+            lookup(Some(&d2), "ns", "cm", "x").unwrap().name.as_deref(),
+            Some("json")
+        );
+        assert_eq!(
+            lookup(Some(&d), "ns", "cm", "n3").unwrap_err(),
+            StoreError::NotFound("n3".into())
+        );
+        let e = lookup(Some(&d), "ns", "cm", "bad").unwrap_err();
+        assert!(
+            matches!(&e, StoreError::Unavailable(m) if m.starts_with("machine config map key \"bad\" is not valid ARM machine JSON: invalid ARM machine JSON")),
+            "{e}"
+        );
+        assert_eq!(
+            lookup(None, "ns", "cm", "n1").unwrap_err(),
+            StoreError::Unavailable("machine config map ns/cm not found".into())
+        );
+    }
+
+    /// A ConfigMap API answering each GET with the next `(status, body)`.
+    fn config_map_store(replies: Vec<(u16, String)>) -> ConfigMapStore {
+        use http::{Request, Response};
+        use kube::client::Body;
+        let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        tokio::spawn(async move {
+            for (status, body) in replies {
+                let (req, send) = handle.next_request().await.unwrap();
+                assert_eq!(req.method(), http::Method::GET);
+                assert_eq!(
+                    req.uri().path(),
+                    "/api/v1/namespaces/kube-system/configmaps/aks-flex-machines"
+                );
+                send.send_response(
+                    Response::builder()
+                        .status(status)
+                        .body(Body::from(body.into_bytes()))
+                        .unwrap(),
+                );
+            }
+        });
+        ConfigMapStore::new(
+            kube::Client::new(svc, "default"),
+            "kube-system",
+            "aks-flex-machines",
+        )
+    }
+
+    #[tokio::test]
+    async fn config_map_store_reads_on_every_lookup() {
+        let cm = |data: serde_json::Value| {
+            serde_json::json!({"apiVersion":"v1","kind":"ConfigMap",
+                "metadata":{"name":"aks-flex-machines","namespace":"kube-system"},"data":data})
+            .to_string()
+        };
+        let not_found = r#"{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"NotFound","code":404}"#;
+        let store = config_map_store(vec![
+            (200, cm(serde_json::json!({"n1.json": "{\"name\":\"n1\",\"properties\":{\"eTag\":\"e1\"}}"}))),
+            (200, cm(serde_json::json!({"n1": "{\"name\":\"n1\",\"properties\":{\"eTag\":\"e2\"}}"}))),
+            (200, r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"aks-flex-machines"}}"#.to_string()),
+            (404, not_found.to_string()),
+            (500, r#"{"kind":"Status","apiVersion":"v1","status":"Failure","message":"etcd timeout","reason":"InternalError","code":500}"#.to_string()),
+        ]);
+        assert_eq!(store.get("n1").await.unwrap().etag(), "e1");
+        assert_eq!(store.get("n1").await.unwrap().etag(), "e2", "not cached");
+        assert_eq!(
+            store.get("n1").await.unwrap_err(),
+            StoreError::NotFound("n1".into()),
+            "no data at all"
+        );
+        assert_eq!(
+            store.get("n1").await.unwrap_err(),
+            StoreError::Unavailable(
+                "machine config map kube-system/aks-flex-machines not found".into()
+            )
+        );
+        let e = store.get("n1").await.unwrap_err().to_string();
+        assert!(
+            e.starts_with("read machine config map kube-system/aks-flex-machines: ")
+                && e.contains("etcd timeout"),
+            "{e}"
+        );
+    }
+
+    #[tokio::test]
+    async fn memory_store_edits_and_failures() {
+        let s = MemoryStore::new();
+        assert_eq!(
+            s.get("a").await.unwrap_err(),
+            StoreError::NotFound("a".into())
+        );
+        s.insert("a", r#"{"name":"a"}"#);
+        assert!(s.get("a").await.is_ok());
+        s.fail_with(Some("API server down"));
+        assert_eq!(
+            s.get("a").await.unwrap_err(),
+            StoreError::Unavailable("API server down".into())
+        );
+        s.fail_with(None);
+        s.remove("a");
+        assert!(matches!(s.get("a").await, Err(StoreError::NotFound(_))));
+        s.delete_config_map();
+        assert!(matches!(s.get("a").await, Err(StoreError::Unavailable(_))));
+        s.record_status("a", br#"{"x":1}"#).await;
+        s.record_status("a", b"not json").await;
+        assert_eq!(
+            s.statuses(),
+            vec![
+                ("a".to_string(), serde_json::json!({"x": 1})),
+                ("a".to_string(), serde_json::json!("not json"))
+            ]
+        );
+    }
+}

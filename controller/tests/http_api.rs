@@ -1,0 +1,317 @@
+//! The controller's HTTP API end to end: the real server on 127.0.0.1 (ephemeral port) over the
+//! in-memory store, every route, method, status and body; then graceful shutdown.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use aks_flex_controller::{Args, MemoryStore, Server};
+use clap::Parser;
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+const MACHINE: &str = r#"
+{
+  "id": "/subscriptions/s/resourceGroups/rg/providers/Microsoft.ContainerService/managedClusters/c/agentPools/aksflexnodes/machines/node1",
+  "name": "node1",
+  "type": "Microsoft.ContainerService/managedClusters/agentPools/machines",
+  "unknownTopLevel": true,
+  "properties": {
+    "eTag": "etag-1",
+    "provisioningState": "Succeeded",
+    "unknownProperty": {"x": 1},
+    "kubernetes": {
+      "orchestratorVersion": "1.35.0",
+      "maxPods": 110,
+      "nodeLabels": {"kubernetes.azure.com/managed": "false"},
+      "nodeTaints": [],
+      "kubeletConfig": {"imageGcHighThreshold": 85, "imageGcLowThreshold": 80}
+    }
+  }
+}
+"#;
+
+struct Running {
+    base: String,
+    store: Arc<MemoryStore>,
+    shutdown: CancellationToken,
+    task: tokio::task::JoinHandle<anyhow::Result<()>>,
+    http: reqwest::Client,
+}
+
+async fn start() -> Running {
+    let store = Arc::new(MemoryStore::new());
+    store.insert("node1.json", MACHINE);
+    let server = Server::bind("127.0.0.1:0").await.unwrap();
+    let addr = server.local_addr().unwrap();
+    let shutdown = CancellationToken::new();
+    let args = Args::try_parse_from(["aks-flex-controller", "--shutdown-timeout=2s"]).unwrap();
+    let task = {
+        let store = store.clone();
+        let shutdown = shutdown.clone();
+        tokio::spawn(async move {
+            aks_flex_controller::run_with(&args, server, store, None, shutdown).await
+        })
+    };
+    aks_flex_node::http::install_crypto();
+    Running {
+        base: format!("http://{addr}"),
+        store,
+        shutdown,
+        task,
+        http: reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .timeout(Duration::from_secs(10))
+            .build()
+            .unwrap(),
+    }
+}
+
+impl Running {
+    async fn call(&self, method: Method, path: &str, body: &str) -> (StatusCode, String, String) {
+        let r = self
+            .http
+            .request(method, format!("{}{path}", self.base))
+            .body(body.to_string())
+            .send()
+            .await
+            .unwrap();
+        let status = r.status();
+        let ct = r
+            .headers()
+            .get("content-type")
+            .map(|v| v.to_str().unwrap().to_string())
+            .unwrap_or_default();
+        (status, ct, r.text().await.unwrap())
+    }
+
+    async fn stop(self) {
+        self.shutdown.cancel();
+        tokio::time::timeout(Duration::from_secs(5), self.task)
+            .await
+            .expect("server stops within the shutdown timeout")
+            .unwrap()
+            .unwrap();
+    }
+}
+
+fn expected_machine() -> Value {
+    let mut v: Value = serde_json::from_str(MACHINE).unwrap();
+    v.as_object_mut().unwrap().remove("unknownTopLevel");
+    v["properties"]
+        .as_object_mut()
+        .unwrap()
+        .remove("unknownProperty");
+    v
+}
+
+fn err(code: &str, message: &str) -> String {
+    format!("{}\n", json!({"error": {"code": code, "message": message}}))
+}
+
+#[tokio::test]
+async fn health_endpoints_answer_any_method() {
+    let s = start().await;
+    for path in ["/healthz", "/readyz"] {
+        for m in [Method::GET, Method::POST, Method::DELETE] {
+            let (status, _, body) = s.call(m.clone(), path, "").await;
+            assert_eq!(
+                (status, body.as_str()),
+                (StatusCode::OK, "ok\n"),
+                "{m} {path}"
+            );
+        }
+    }
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn machine_get_head_put_post_and_other_methods() {
+    let s = start().await;
+    let (status, ct, body) = s.call(Method::GET, "/machines/node1", "").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(ct, "application/json");
+    assert!(body.ends_with("}\n"), "trailing newline: {body:?}");
+    assert_eq!(
+        serde_json::from_str::<Value>(&body).unwrap(),
+        expected_machine(),
+        "re-encoded through the model: unknown fields dropped"
+    );
+    // HEAD: 200, no body.
+    let (status, _, body) = s.call(Method::HEAD, "/machines/node1", "").await;
+    assert_eq!((status, body.as_str()), (StatusCode::OK, ""));
+    // PUT and POST: body ignored, the existing machine.
+    for m in [Method::PUT, Method::POST] {
+        let (status, _, body) = s
+            .call(
+                m.clone(),
+                "/machines/node1",
+                r#"{"properties":{"kubernetes":{"orchestratorVersion":"9.9.9"}}}"#,
+            )
+            .await;
+        assert_eq!(status, StatusCode::OK, "{m}");
+        assert_eq!(
+            serde_json::from_str::<Value>(&body).unwrap(),
+            expected_machine()
+        );
+    }
+    // The bare key works too.
+    s.store.insert("node2", r#"{"name":"node2"}"#);
+    let (status, _, body) = s.call(Method::GET, "/machines/node2/", "").await;
+    assert_eq!(
+        (status, body.as_str()),
+        (StatusCode::OK, "{\"name\":\"node2\"}\n")
+    );
+    for m in [Method::DELETE, Method::PATCH, Method::OPTIONS] {
+        let (status, ct, body) = s.call(m.clone(), "/machines/node1", "").await;
+        assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED, "{m}");
+        assert_eq!(ct, "application/json");
+        assert_eq!(
+            body,
+            err(
+                "MethodNotAllowed",
+                "only GET, HEAD, PUT, and POST are supported"
+            )
+        );
+    }
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn not_found_and_store_failures() {
+    let s = start().await;
+    for m in [Method::GET, Method::PUT, Method::POST] {
+        let (status, _, body) = s.call(m, "/machines/ghost", "").await;
+        assert_eq!(status, StatusCode::NOT_FOUND);
+        assert_eq!(body, err("NotFound", "machine \"ghost\" not found"));
+    }
+    let (status, _, body) = s.call(Method::HEAD, "/machines/ghost", "").await;
+    assert_eq!((status, body.as_str()), (StatusCode::NOT_FOUND, ""));
+    let unavailable = err(
+        "MachineStoreUnavailable",
+        "failed to read machine data source",
+    );
+    // Bad JSON in the ConfigMap.
+    s.store.insert("broken.json", "{not json");
+    let (status, _, body) = s.call(Method::GET, "/machines/broken", "").await;
+    assert_eq!(
+        (status, body.clone()),
+        (StatusCode::SERVICE_UNAVAILABLE, unavailable.clone())
+    );
+    // The API server failing.
+    s.store.fail_with(Some("connection refused"));
+    let (status, _, body) = s.call(Method::GET, "/machines/node1", "").await;
+    assert_eq!(
+        (status, body),
+        (StatusCode::SERVICE_UNAVAILABLE, unavailable.clone())
+    );
+    s.store.fail_with(None);
+    // The ConfigMap missing.
+    s.store.delete_config_map();
+    let (status, _, body) = s.call(Method::GET, "/machines/node1", "").await;
+    assert_eq!(
+        (status, body),
+        (StatusCode::SERVICE_UNAVAILABLE, unavailable)
+    );
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn status_patch_is_accepted_without_existence_check() {
+    let s = start().await;
+    let patch = r#"{"properties":{"status":{"provisioningState":"Succeeded","observedSettingsVersion":"etag-1"}}}"#;
+    let (status, _, body) = s.call(Method::PATCH, "/machines/ghost/status", patch).await;
+    assert_eq!((status, body.as_str()), (StatusCode::NO_CONTENT, ""));
+    assert_eq!(
+        s.store.statuses(),
+        vec![(
+            "ghost".to_string(),
+            serde_json::from_str::<Value>(patch).unwrap()
+        )]
+    );
+    for m in [Method::GET, Method::PUT, Method::POST, Method::DELETE] {
+        let (status, _, body) = s.call(m.clone(), "/machines/node1/status", "").await;
+        assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED, "{m}");
+        assert_eq!(
+            body,
+            err(
+                "MethodNotAllowed",
+                "only PATCH is supported for machine status"
+            )
+        );
+    }
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn invalid_names_and_unknown_paths() {
+    let s = start().await;
+    let invalid = err(
+        "InvalidMachineName",
+        "machine name must be a single path segment",
+    );
+    for path in [
+        "/machines/",
+        "/machines/a/b",
+        "/machines/a/b/c",
+        "/machines/a/status/x",
+    ] {
+        for m in [Method::GET, Method::PATCH] {
+            let (status, ct, body) = s.call(m.clone(), path, "").await;
+            assert_eq!(status, StatusCode::BAD_REQUEST, "{m} {path}");
+            assert_eq!(ct, "application/json");
+            assert_eq!(body, invalid, "{m} {path}");
+        }
+    }
+    let (status, _, body) = s.call(Method::GET, "/nothing", "").await;
+    assert_eq!(
+        (status, body.as_str()),
+        (StatusCode::NOT_FOUND, "404 page not found\n")
+    );
+    let r = s
+        .http
+        .get(format!("{}/machines", s.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::MOVED_PERMANENTLY);
+    assert_eq!(r.headers()["location"], "/machines/");
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn shutdown_is_graceful_and_bounded() {
+    let s = start().await;
+    // A kept-alive idle connection does not hold shutdown up.
+    let (status, _, _) = s.call(Method::GET, "/healthz", "").await;
+    assert_eq!(status, StatusCode::OK);
+    let base = s.base.clone();
+    let started = std::time::Instant::now();
+    s.stop().await;
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    // The port is closed afterwards.
+    let e = reqwest::get(format!("{base}/healthz")).await;
+    assert!(e.is_err());
+}
+
+#[tokio::test]
+async fn the_approver_without_a_client_is_an_error_that_stops_the_server() {
+    let store = Arc::new(MemoryStore::new());
+    let server = Server::bind("127.0.0.1:0").await.unwrap();
+    let args =
+        Args::try_parse_from(["x", "--enable-csr-approver", "--shutdown-timeout=1s"]).unwrap();
+    let e = tokio::time::timeout(
+        Duration::from_secs(5),
+        aks_flex_controller::run_with(&args, server, store, None, CancellationToken::new()),
+    )
+    .await
+    .expect("the server stops when the approver ends")
+    .unwrap_err();
+    assert_eq!(e.to_string(), "the CSR approver needs a Kubernetes client");
+}

@@ -1,0 +1,171 @@
+//! `deploy/controller/` agrees with the binary and the agent: every kustomization resource
+//! parses, the Deployment's args are valid flags listening on the container port, the Service
+//! is the one the agent's default endpoint names, the ConfigMap is the default store, and the
+//! RBAC grants what the controller and the nodes use.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure
+
+use std::path::PathBuf;
+
+use aks_flex_controller::Args;
+use aks_flex_node::machineclient::incluster::DEFAULT_ENDPOINT_PATH;
+use clap::Parser;
+use serde_json::Value;
+
+fn dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy/controller")
+}
+
+fn objects() -> Vec<Value> {
+    let k: Value =
+        serde_saphyr::from_str(&std::fs::read_to_string(dir().join("kustomization.yaml")).unwrap())
+            .unwrap();
+    let mut out = Vec::new();
+    for r in k["resources"].as_array().unwrap() {
+        let text = std::fs::read_to_string(dir().join(r.as_str().unwrap())).unwrap();
+        let docs: Vec<Value> = serde_saphyr::from_multiple(&text).unwrap();
+        assert!(!docs.is_empty(), "{r}");
+        out.extend(docs);
+    }
+    out
+}
+
+fn find<'a>(objs: &'a [Value], kind: &str, name: &str) -> &'a Value {
+    objs.iter()
+        .find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("no {kind} {name}"))
+}
+
+#[test]
+fn every_object_is_named_and_placed() {
+    let objs = objects();
+    assert_eq!(objs.len(), 12);
+    for o in &objs {
+        let kind = o["kind"].as_str().unwrap();
+        assert!(o["apiVersion"].is_string(), "{o}");
+        assert_eq!(
+            o["metadata"]["labels"]["app.kubernetes.io/name"], "aks-flex-controller",
+            "{kind}"
+        );
+        if kind.starts_with("Cluster") {
+            assert!(
+                o["metadata"]["namespace"].is_null(),
+                "{kind} is cluster-scoped"
+            );
+        } else {
+            assert_eq!(o["metadata"]["namespace"], "kube-system", "{kind}");
+        }
+    }
+}
+
+#[test]
+fn the_deployment_runs_valid_flags_on_its_port() {
+    let objs = objects();
+    let d = find(&objs, "Deployment", "aks-flex-controller");
+    let pod = &d["spec"]["template"]["spec"];
+    assert_eq!(pod["serviceAccountName"], "aks-flex-controller");
+    find(&objs, "ServiceAccount", "aks-flex-controller");
+    assert_eq!(
+        d["spec"]["selector"]["matchLabels"],
+        d["spec"]["template"]["metadata"]["labels"]
+    );
+    let c = &pod["containers"][0];
+    let mut argv = vec!["aks-flex-controller".to_string()];
+    argv.extend(
+        c["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_str().unwrap().to_string()),
+    );
+    let args = Args::try_parse_from(&argv).unwrap();
+    let port = c["ports"][0]["containerPort"].as_u64().unwrap();
+    assert_eq!(args.listen_address, format!(":{port}"));
+    assert_eq!(c["ports"][0]["name"], "http");
+    assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/readyz");
+    assert_eq!(c["livenessProbe"]["httpGet"]["path"], "/healthz");
+    assert_eq!(pod["securityContext"]["runAsUser"], 65532);
+    // The ConfigMap the args name exists and starts empty.
+    let cm = find(&objs, "ConfigMap", &args.machine_configmap_name);
+    assert_eq!(
+        cm["metadata"]["namespace"],
+        args.machine_configmap_namespace.as_str()
+    );
+    assert_eq!(cm["data"], serde_json::json!({}));
+    assert!(!args.enable_csr_approver);
+}
+
+#[test]
+fn the_service_is_the_agents_default_endpoint() {
+    let objs = objects();
+    let s = find(&objs, "Service", "aks-flex-controller");
+    let p = &s["spec"]["ports"][0];
+    assert_eq!(p["targetPort"], "http");
+    let proxy = format!(
+        "/api/v1/namespaces/{}/services/{}:{}:{}/proxy",
+        s["metadata"]["namespace"].as_str().unwrap(),
+        p["name"].as_str().unwrap(),
+        s["metadata"]["name"].as_str().unwrap(),
+        p["port"]
+    );
+    assert_eq!(proxy, DEFAULT_ENDPOINT_PATH);
+}
+
+#[test]
+fn rbac_grants_what_is_used() {
+    let objs = objects();
+    let defaults = Args::try_parse_from(["x"]).unwrap();
+    let csr = find(&objs, "ClusterRole", "aks-flex-controller-csr-approver");
+    let rules = csr["rules"].as_array().unwrap();
+    assert!(rules.iter().any(|r| r["resources"][0] == "signers"
+        && r["resourceNames"][0] == aks_flex_controller::csr::SIGNER
+        && r["verbs"][0] == "approve"));
+    assert!(rules.iter().any(
+        |r| r["resources"][0] == "certificatesigningrequests/approval"
+            && r["verbs"] == serde_json::json!(["update"])
+    ));
+    let cm = find(
+        &objs,
+        "Role",
+        "aks-flex-controller-machine-configmap-reader",
+    );
+    assert_eq!(
+        cm["rules"][0]["resourceNames"][0],
+        defaults.machine_configmap_name.as_str()
+    );
+    let proxy = find(&objs, "Role", "aks-flex-controller-service-proxy-reader");
+    assert_eq!(
+        proxy["rules"][0]["resourceNames"][0],
+        "http:aks-flex-controller:80"
+    );
+    assert_eq!(
+        proxy["rules"][0]["verbs"],
+        serde_json::json!(["get", "update", "patch"])
+    );
+    let binding = find(
+        &objs,
+        "RoleBinding",
+        "aks-flex-controller-service-proxy-bootstrap",
+    );
+    let groups: Vec<&str> = binding["subjects"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        groups,
+        [
+            defaults.bootstrap_group.as_str(),
+            defaults.daemon_group.as_str()
+        ]
+    );
+    // Every binding names an existing role and the service account or the node groups.
+    for b in objs
+        .iter()
+        .filter(|o| o["kind"].as_str().unwrap().ends_with("Binding"))
+    {
+        let role_kind = b["roleRef"]["kind"].as_str().unwrap();
+        find(&objs, role_kind, b["roleRef"]["name"].as_str().unwrap());
+    }
+}
