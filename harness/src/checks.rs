@@ -115,6 +115,10 @@ pub fn checks_of(group: &str) -> Vec<(&'static str, CheckFn)> {
                 "it keeps its leader while the agent's container restarts",
                 leader_survives_restart
             ),
+            check!(
+                "operation run NodeReboot restarts it from the agent's container",
+                node_reboot_operation
+            ),
             check!("it is back after a VM reboot", back_after_reboot),
         ],
         "mounts" => vec![
