@@ -203,6 +203,15 @@ pub async fn down(work: &Path) -> anyhow::Result<()> {
             registry::stop(reg).await?;
         }
     }
+    // A registry started by an `up` that failed before it saved its state has a PID file only.
+    let reg_dir = work.join("registry");
+    if reg_dir.join("registry.pid").exists() {
+        registry::stop(&Registry {
+            port: 0,
+            dir: reg_dir,
+        })
+        .await?;
+    }
     // A QEMU from a crashed `up` may have written its PID file only.
     if let Ok(pid) = std::fs::read_to_string(work.join("qemu.pid"))
         && let Ok(pid) = pid.trim().parse::<u32>()
@@ -443,6 +452,21 @@ mod tests {
         std::fs::write(&p, "a\nb\nc\n").unwrap();
         assert_eq!(tail(&p, 2), "b\nc");
         assert_eq!(tail(&d.path().join("missing"), 2), "");
+    }
+
+    /// A real registry started by an `up` that failed before saving its state is stopped by
+    /// `down` through its PID file.
+    #[tokio::test]
+    async fn down_stops_a_registry_without_state() {
+        let d = tempfile::tempdir().unwrap();
+        let reg = registry::start(&d.path().join("registry")).await.unwrap();
+        let addr = reg.host_addr();
+        assert!(tokio::net::TcpStream::connect(&addr).await.is_ok());
+        down(d.path()).await.unwrap();
+        assert!(
+            tokio::net::TcpStream::connect(&addr).await.is_err(),
+            "registry still runs"
+        );
     }
 
     #[tokio::test]
