@@ -86,6 +86,11 @@ pub enum Command {
     /// MachineOperations run on this node, without a cluster
     #[command(subcommand)]
     Operation(OperationCommand),
+    /// Recover the agent after its unit failed (run by aks-flex-node-recovery.service)
+    #[command(
+        long_about = "Recover the agent after its unit failed: roll back an AgentUpgrade whose new agent did not start (to the last good binary or image), finish the upgrade as Failed/DaemonFailed, reset the unit's failed state and start limit, and restart it. systemd runs this from aks-flex-node-recovery.service (the agent unit's OnFailure=)."
+    )]
+    Recover,
     /// Diagnostics for the agent's image (name resolution, TLS); not for people
     #[command(hide = true, subcommand)]
     Debug(DebugCommand),
@@ -115,14 +120,29 @@ pub enum OperationCommand {
         #[arg(long, value_name = "PATH", default_value = config::DEFAULT_CONFIG_PATH)]
         config: PathBuf,
     },
+    /// Print the last AgentUpgrade's record (it finishes after the agent's restart)
+    Status,
 }
 
 async fn run_operation(cmd: OperationCommand) -> anyhow::Result<()> {
-    let OperationCommand::Run {
-        kind,
-        params,
-        config: config_path,
-    } = cmd;
+    let (kind, params, config_path) = match cmd {
+        OperationCommand::Run {
+            kind,
+            params,
+            config,
+        } => (kind, params, config),
+        OperationCommand::Status => {
+            let host = Host::real().await?;
+            let Some(r) = crate::upgrade::Upgrader::new(host).record() else {
+                anyhow::bail!(
+                    "no AgentUpgrade recorded in {}",
+                    crate::upgrade::RECORD_PATH
+                );
+            };
+            print!("{}", crate::upgrade::flow::render_record(&r));
+            return Ok(());
+        }
+    };
     require_root("operation run")?;
     let params = crate::operations::parse_params(&params).map_err(|e| anyhow::anyhow!(e))?;
     let host = Host::real().await?;
@@ -137,13 +157,15 @@ async fn run_operation(cmd: OperationCommand) -> anyhow::Result<()> {
         host.clone(),
         loaded.config.clone(),
     )?);
-    let handlers = crate::operations::HostHandlers::new(host.clone(), node);
-    let r = crate::operations::run_local(&kind, &params, &handlers, host.containerized()).await;
-    print!("{}", crate::operations::render_result(&r));
-    if !r.succeeded() {
-        anyhow::bail!("{}: {}", r.reason, r.message);
+    let handlers = crate::operations::HostHandlers::new(host.clone(), node)
+        .with_upgrader(crate::upgrade::Upgrader::for_host(host.clone()).await);
+    let executed =
+        crate::operations::run_local(&kind, &params, &handlers, host.containerized()).await;
+    print!("{}", crate::operations::render_executed(&executed));
+    match executed.result() {
+        Some(r) if !r.succeeded() => anyhow::bail!("{}: {}", r.reason, r.message),
+        _ => Ok(()),
     }
-    Ok(())
 }
 
 /// Hidden diagnostics, used by the image tests to prove the binary works inside its image.
@@ -339,6 +361,17 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Debug(d) => run_debug(d).await,
         Command::Operation(o) => run_operation(o).await,
+        Command::Recover => {
+            require_root("recover")?;
+            crate::logging::init("info", None);
+            let host = Host::real().await?;
+            let action = crate::upgrade::Upgrader::for_host(host)
+                .await
+                .recover()
+                .await?;
+            tracing::info!(?action, "recovery done");
+            Ok(())
+        }
         Command::BootstrapNode { env_file } => {
             let host = Host::real().await?;
             let cfg_for_probe = config::Config::default();

@@ -33,7 +33,8 @@ pub struct FsError {
 }
 
 impl FsError {
-    fn new(op: &'static str, path: &Path, source: std::io::Error) -> Self {
+    /// An error of `op` on `path`.
+    pub fn new(op: &'static str, path: &Path, source: std::io::Error) -> Self {
         Self {
             op,
             path: path.to_path_buf(),

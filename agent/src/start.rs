@@ -6,13 +6,16 @@
 //! the layers that implement them plug in without changing it.
 
 use std::collections::BTreeMap;
+use std::path::Path;
 
 use async_trait::async_trait;
 
 use crate::config::Config;
 use crate::context::Host;
 use crate::state::{DaemonState, KUBE1, StateStore};
-use crate::systemd::{install_service, render_agent_unit_for};
+use crate::systemd::{
+    RECOVERY_UNIT_PATH, install_service, render_agent_unit_for, render_recovery_unit_for,
+};
 use crate::task::step;
 
 /// The node's goal, from the machine resource or, at bootstrap, from the config.
@@ -192,14 +195,26 @@ pub async fn run_start(
         step("setup-host", crate::host::setup_host(host, config)).await?;
         step("start-node", node.start_node(host, config, KUBE1)).await?;
         step("save-daemon-state", async { store.save(&state) }).await?;
-        step(
-            "install-service",
+        step("install-service", async {
+            // On a host: the blue/green binary layout the unit runs through, and the units.
+            let running = crate::lifecycle::current_exe().ok();
+            crate::upgrade::Upgrader::new(host.clone())
+                .converge_host(running.as_deref())
+                .await?;
+            // Both variants: the recovery unit the agent's unit names in OnFailure=.
+            host.fs.write_atomic(
+                Path::new(RECOVERY_UNIT_PATH),
+                render_recovery_unit_for(host.containerized()).as_bytes(),
+                0o644,
+            )?;
             install_service(
                 &host.fs,
                 host.systemd.as_ref(),
                 &render_agent_unit_for(host.containerized()),
-            ),
-        )
+            )
+            .await?;
+            Ok::<(), anyhow::Error>(())
+        })
         .await?;
         Ok::<(), crate::task::StepError>(())
     };

@@ -131,6 +131,7 @@ struct FakeSystemdState {
     calls: Vec<String>,
     fail: BTreeSet<String>,
     active: BTreeSet<String>,
+    states: std::collections::BTreeMap<String, crate::systemd::UnitState>,
 }
 
 impl FakeSystemd {
@@ -148,6 +149,12 @@ impl FakeSystemd {
     /// Marks `unit` active for [`SystemdManager::is_active`].
     pub fn set_active(&self, unit: &str) -> &Self {
         lock(&self.inner).active.insert(unit.to_string());
+        self
+    }
+
+    /// Makes [`SystemdManager::unit_state`] answer `state` for `unit`.
+    pub fn set_unit_state(&self, unit: &str, state: crate::systemd::UnitState) -> &Self {
+        lock(&self.inner).states.insert(unit.to_string(), state);
         self
     }
 
@@ -211,6 +218,20 @@ impl SystemdManager for FakeSystemd {
             timer.accuracy.as_millis(),
             timer.command.join(" ")
         ))
+    }
+    async fn unit_state(&self, unit: &str) -> Result<crate::systemd::UnitState, SystemdError> {
+        self.record(format!("show {unit}"))?;
+        let st = lock(&self.inner);
+        if let Some(u) = st.states.get(unit) {
+            return Ok(u.clone());
+        }
+        let active = st.active.contains(unit);
+        Ok(crate::systemd::UnitState {
+            active_state: if active { "active" } else { "inactive" }.into(),
+            sub_state: if active { "running" } else { "dead" }.into(),
+            result: "success".into(),
+            ..Default::default()
+        })
     }
 }
 

@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use crate::groups::{Group, Needs};
-use crate::report::{CheckReport, GroupReport, Outcome};
+use crate::report::{CheckReport, Checked, GroupReport, Outcome};
 use crate::ssh::Ssh;
 use crate::vm::{self, State};
 
@@ -90,11 +90,16 @@ fn ensure(cond: bool, msg: impl FnOnce() -> String) -> anyhow::Result<()> {
     }
 }
 
-type CheckFn = for<'a> fn(&'a Ctx<'a>) -> futures::future::BoxFuture<'a, anyhow::Result<Outcome>>;
+/// A check: runs against the context, says how it ended (and, optionally, a detail).
+pub type CheckFn =
+    for<'a> fn(&'a Ctx<'a>) -> futures::future::BoxFuture<'a, anyhow::Result<Checked>>;
 
 macro_rules! check {
     ($name:literal, $f:ident) => {
-        ($name, (|c| Box::pin($f(c))) as CheckFn)
+        (
+            $name,
+            (|c| Box::pin(async move { $f(c).await.map(Checked::from) })) as CheckFn,
+        )
     };
 }
 
@@ -160,6 +165,7 @@ pub fn checks_of(group: &str) -> Vec<(&'static str, CheckFn)> {
             ),
             check!("the host bootstraps again", bootstraps_again),
         ],
+        "upgrade" => crate::upgrade::checks(),
         _ => Vec::new(),
     }
 }
@@ -527,6 +533,7 @@ pub async fn run_group(ctx: &Ctx<'_>, group: &Group, restore: bool) -> GroupRepo
                     "no cluster (this run has no Kubernetes control plane)".into(),
                 ),
                 duration: Duration::ZERO,
+                detail: None,
             });
         }
         return GroupReport {
@@ -540,6 +547,7 @@ pub async fn run_group(ctx: &Ctx<'_>, group: &Group, restore: bool) -> GroupRepo
             name: "restore the bootstrapped snapshot".into(),
             outcome: Outcome::Failed(format!("{e:#}")),
             duration: start.elapsed(),
+            detail: None,
         });
         return GroupReport {
             name: group.name.into(),
@@ -554,27 +562,33 @@ pub async fn run_group(ctx: &Ctx<'_>, group: &Group, restore: bool) -> GroupRepo
                 name: name.into(),
                 outcome: Outcome::Skipped("an earlier check of this group failed".into()),
                 duration: Duration::ZERO,
+                detail: None,
             });
             continue;
         }
         let t = Instant::now();
-        let outcome = match f(ctx).await {
-            Ok(o) => o,
+        let Checked { outcome, detail } = match f(ctx).await {
+            Ok(c) => c,
             Err(e) => {
                 failed = true;
-                Outcome::Failed(format!("{e:#}"))
+                Outcome::Failed(format!("{e:#}")).into()
             }
         };
         eprintln!(
-            "  {} / {name}: {:?} ({:.1}s)",
+            "  {} / {name}: {:?}{} ({:.1}s)",
             group.name,
             outcome,
+            detail
+                .as_deref()
+                .map(|d| format!(" {d}"))
+                .unwrap_or_default(),
             t.elapsed().as_secs_f64()
         );
         checks.push(CheckReport {
             name: name.into(),
             outcome,
             duration: t.elapsed(),
+            detail,
         });
     }
     GroupReport {

@@ -23,11 +23,17 @@ pub struct Group {
 }
 
 /// Every group, in run order. `machines` runs first: it reboots the VM, which also resets the
-/// agent unit's start limit for the groups after it.
+/// agent unit's start limit for the groups after it. `upgrade` follows it, with that limit to
+/// itself (it restarts the agent four times; see `docs/upgrade-checks.md`).
 pub const GROUPS: &[Group] = &[
     Group {
         name: "machines",
         description: "the active machine runs in machine.slice, is reachable from the agent's container, keeps running across a container restart and comes back after a reboot",
+        needs: Needs::Host,
+    },
+    Group {
+        name: "upgrade",
+        description: "AgentUpgrade through operation run: an image named by tag alone is rejected, a good candidate is switched to, a broken one rolls back and is removed, a reboot mid-upgrade settles, and the agent ends on the install's image",
         needs: Needs::Host,
     },
     Group {
@@ -133,18 +139,26 @@ mod tests {
             vec!["machines", "reset"]
         );
         assert_eq!(
+            names(select(Some("mounts,upgrade,machines")).unwrap()),
+            vec!["machines", "upgrade", "mounts"]
+        );
+        assert_eq!(
             names(select(Some("container,,")).unwrap()),
             vec!["container"]
         );
         let e = select(Some("machines,upgrades")).unwrap_err();
         assert!(
             e.to_string()
-                .starts_with("unknown check group \"upgrades\"; groups: machines, mounts"),
+                .starts_with("unknown check group \"upgrades\"; groups: machines, upgrade, mounts"),
             "{e}"
         );
         assert_eq!(
             GROUPS[0].name, "machines",
             "machines must run first (it reboots)"
+        );
+        assert_eq!(
+            GROUPS[1].name, "upgrade",
+            "upgrade runs right after machines"
         );
     }
 

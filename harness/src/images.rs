@@ -1,6 +1,7 @@
 //! Getting images into the local registry: an OCI layout pushed as it is (the agent's image),
-//! a directory tree packed into a one-layer image (the machine rootfs), and a directory packed
-//! as an artifact (the offline component bundle).
+//! a directory tree packed into a one-layer image (the machine rootfs), a directory packed
+//! as an artifact (the offline component bundle), and an image already there with one layer
+//! appended (the upgrade group's candidates, [`push_appended`]).
 
 use std::path::Path;
 
@@ -109,6 +110,77 @@ pub async fn push_tree_image(
         )
         .await?;
     Ok(desc.digest.to_string())
+}
+
+/// Pushes, into the repository of `base` (`registry/repo@sha256:…`, already in the registry),
+/// the image `base` with `layer` appended ([`flex_image::derive::append_layer`]), tagged `tag`.
+/// Only the new layer, the new config and the manifest are uploaded: the base's layers are in
+/// the same repository already. Returns the new manifest's digest.
+pub async fn push_appended(
+    client: &RegistryClient,
+    base: &str,
+    tag: &str,
+    layer: &flex_image::LayerBlob,
+    created_by: &str,
+    work: &Path,
+) -> anyhow::Result<String> {
+    use aks_flex_node::oci::manifest::Manifest;
+    let image = ImageRef::parse(base)?;
+    let digest = image
+        .digest
+        .clone()
+        .ok_or_else(|| anyhow::anyhow!("{base} is not pinned by digest"))?;
+    let fetched = client.fetch_manifest(&image, digest.as_str(), None).await?;
+    let Manifest::Image(manifest) = &fetched.manifest else {
+        anyhow::bail!("{base} is an index, not an image manifest");
+    };
+    let config_path = work.join("base-config.json");
+    client
+        .pull_blob(&image, &manifest.config, &config_path, "config")
+        .await?;
+    let config = std::fs::read(&config_path)?;
+    let derived = flex_image::derive::append_layer(&fetched.bytes, &config, layer, created_by)?;
+    client
+        .push_blob(&image, &layer.media_type, Bytes::from(layer.data.clone()))
+        .await?;
+    client
+        .push_blob(
+            &image,
+            &derived.config_media_type,
+            Bytes::from(derived.config.clone()),
+        )
+        .await?;
+    let pushed = client
+        .push_manifest(
+            &image,
+            tag,
+            &derived.manifest_media_type,
+            Bytes::from(derived.manifest.clone()),
+        )
+        .await?;
+    if pushed.as_str() != derived.manifest_digest {
+        anyhow::bail!(
+            "pushed manifest {pushed}, expected {}",
+            derived.manifest_digest
+        );
+    }
+    Ok(derived.manifest_digest)
+}
+
+/// Whether the registry still has the manifest `reference` names (`registry/repo@sha256:…`):
+/// `false` when it answers 404, an error when it cannot be asked.
+pub async fn manifest_present(client: &RegistryClient, reference: &str) -> anyhow::Result<bool> {
+    use aks_flex_node::oci::OciError;
+    let image = ImageRef::parse(reference)?;
+    let digest = image
+        .digest
+        .clone()
+        .ok_or_else(|| anyhow::anyhow!("{reference} is not pinned by digest"))?;
+    match client.fetch_manifest(&image, digest.as_str(), None).await {
+        Ok(_) => Ok(true),
+        Err(OciError::Status { status: 404, .. }) => Ok(false),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// `repository@digest` for a pushed image.

@@ -6,7 +6,8 @@
 //!
 //! Modules: [`qemu`] (QEMU's argv), [`qmp`] (the control socket), [`kvm`] (accelerator
 //! choice), [`groups`] (check groups and selection), [`report`] (timing table, JUnit),
-//! [`registry`] (the local registry), [`ssh`] (commands in the guest).
+//! [`registry`] (the local registry), [`ssh`] (commands in the guest), [`upgrade`] (the
+//! AgentUpgrade group, its candidate images and the start-limit wait).
 
 pub mod checks;
 pub mod devhost;
@@ -21,4 +22,5 @@ pub mod registry;
 pub mod report;
 pub mod run;
 pub mod ssh;
+pub mod upgrade;
 pub mod vm;

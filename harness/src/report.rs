@@ -15,6 +15,35 @@ pub enum Outcome {
     Skipped(String),
 }
 
+/// What a check returns: its outcome and, optionally, a detail for the report (a measurement
+/// such as how long an upgrade took, or what was reused).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Checked {
+    /// Outcome.
+    pub outcome: Outcome,
+    /// Shown after the result in the table and as `system-out` in JUnit.
+    pub detail: Option<String>,
+}
+
+impl Checked {
+    /// Passed, with a detail.
+    pub fn passed_with(detail: impl Into<String>) -> Self {
+        Self {
+            outcome: Outcome::Passed,
+            detail: Some(detail.into()),
+        }
+    }
+}
+
+impl From<Outcome> for Checked {
+    fn from(outcome: Outcome) -> Self {
+        Self {
+            outcome,
+            detail: None,
+        }
+    }
+}
+
 /// One check's result.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CheckReport {
@@ -24,6 +53,8 @@ pub struct CheckReport {
     pub outcome: Outcome,
     /// How long it took.
     pub duration: Duration,
+    /// What the check reported beside its outcome, if anything.
+    pub detail: Option<String>,
 }
 
 /// One group's results.
@@ -85,11 +116,14 @@ pub fn render_table(r: &RunReport) -> String {
     for g in &r.groups {
         let _ = writeln!(s, "{:<width$}  {:>8}", g.name, secs(g.duration));
         for c in &g.checks {
-            let result = match &c.outcome {
+            let mut result = match &c.outcome {
                 Outcome::Passed => "ok".to_string(),
                 Outcome::Failed(e) => format!("FAILED: {}", e.lines().next().unwrap_or_default()),
                 Outcome::Skipped(why) => format!("skipped: {why}"),
             };
+            if let Some(d) = &c.detail {
+                let _ = write!(result, " ({})", d.lines().next().unwrap_or_default());
+            }
             let _ = writeln!(
                 s,
                 "  {:<w$}  {:>8}  {result}",
@@ -148,14 +182,22 @@ pub fn render_junit(r: &RunReport) -> String {
                 xml_escape(&c.name),
                 c.duration.as_secs_f64()
             );
+            let out = c
+                .detail
+                .as_deref()
+                .map(|d| format!("\n      <system-out>{}</system-out>", xml_escape(d)))
+                .unwrap_or_default();
             match &c.outcome {
-                Outcome::Passed => {
+                Outcome::Passed if out.is_empty() => {
                     let _ = writeln!(s, "{open}/>");
+                }
+                Outcome::Passed => {
+                    let _ = writeln!(s, "{open}>{out}\n    </testcase>");
                 }
                 Outcome::Failed(e) => {
                     let _ = writeln!(
                         s,
-                        "{open}>\n      <failure message=\"{}\">{}</failure>\n    </testcase>",
+                        "{open}>\n      <failure message=\"{}\">{}</failure>{out}\n    </testcase>",
                         xml_escape(e.lines().next().unwrap_or_default()),
                         xml_escape(e)
                     );
@@ -163,7 +205,7 @@ pub fn render_junit(r: &RunReport) -> String {
                 Outcome::Skipped(why) => {
                     let _ = writeln!(
                         s,
-                        "{open}>\n      <skipped message=\"{}\"/>\n    </testcase>",
+                        "{open}>\n      <skipped message=\"{}\"/>{out}\n    </testcase>",
                         xml_escape(why)
                     );
                 }
@@ -191,11 +233,13 @@ mod tests {
                             name: "machine in machine.slice".into(),
                             outcome: Outcome::Passed,
                             duration: ms(1_500),
+                            detail: None,
                         },
                         CheckReport {
                             name: "back after reboot".into(),
                             outcome: Outcome::Failed("kube1 not running\njournal: ...".into()),
                             duration: ms(45_000),
+                            detail: None,
                         },
                     ],
                 },
@@ -206,6 +250,7 @@ mod tests {
                         name: "node Ready".into(),
                         outcome: Outcome::Skipped("no cluster".into()),
                         duration: ms(0),
+                        detail: None,
                     }],
                 },
             ],
@@ -223,5 +268,55 @@ mod tests {
     #[test]
     fn junit() {
         insta::assert_snapshot!(render_junit(&sample()));
+    }
+
+    #[test]
+    fn details_follow_the_result() {
+        let r = RunReport {
+            groups: vec![GroupReport {
+                name: "upgrade".into(),
+                duration: Duration::from_secs(30),
+                checks: vec![
+                    CheckReport {
+                        name: "upgrade to a good candidate".into(),
+                        outcome: Outcome::Passed,
+                        duration: Duration::from_secs(20),
+                        detail: Some("new agent running 12.3s after the operation started".into()),
+                    },
+                    CheckReport {
+                        name: "back".into(),
+                        outcome: Outcome::Skipped("already there".into()),
+                        duration: Duration::ZERO,
+                        detail: Some("a <b> & c".into()),
+                    },
+                ],
+            }],
+        };
+        let table = render_table(&r);
+        assert!(
+            table.contains("ok (new agent running 12.3s after the operation started)"),
+            "{table}"
+        );
+        assert!(
+            table.contains("skipped: already there (a <b> & c)"),
+            "{table}"
+        );
+        let junit = render_junit(&r);
+        assert!(
+            junit.contains("<system-out>new agent running 12.3s after the operation started</system-out>\n    </testcase>"),
+            "{junit}"
+        );
+        assert!(
+            junit.contains("<skipped message=\"already there\"/>\n      <system-out>a &lt;b&gt; &amp; c</system-out>"),
+            "{junit}"
+        );
+        assert_eq!(
+            Checked::from(Outcome::Passed),
+            Checked {
+                outcome: Outcome::Passed,
+                detail: None
+            }
+        );
+        assert_eq!(Checked::passed_with("x").detail.as_deref(), Some("x"));
     }
 }

@@ -13,6 +13,7 @@
 //! image with podman or docker; a unit test keeps the two in sync.
 
 pub mod agent;
+pub mod derive;
 pub mod layer;
 pub mod oci;
 

@@ -35,6 +35,7 @@ mod versions;
 #[cfg(test)]
 mod tests;
 
+pub(crate) use download::download_to_file;
 pub use download::{MAX_DOWNLOAD_BYTES, RetryPolicy};
 pub use error::{ComponentError, ComponentsError, Failure, Step};
 pub use install::{

@@ -1,9 +1,11 @@
 //! `daemon` (alias `agent`): the long-running agent under systemd (upstream's `daemon.Run`).
 //!
-//! At start it builds its Kubernetes client ([`crate::kubeclient::daemon_clients`]: the daemon's
+//! At start it builds its Kubernetes clients ([`crate::kubeclient::daemon_clients`]: the daemon's
 //! own client certificate with a bootstrap token, the exec credential otherwise; retried with
 //! backoff while the cluster cannot be reached, a wrong config fails at once) and the machine
-//! client over it, resumes an interrupted repave ([`crate::repave::resume_pending`]), queues a
+//! client over them, decides whether to run MachineOperations ([`operations::enabled`]:
+//! `agent.machineOperationMode` and API discovery, retried like the client while the cluster
+//! cannot be reached), resumes an interrupted repave ([`crate::repave::resume_pending`]), queues a
 //! seed reconcile and tells systemd it is ready (`sd_notify READY=1`, a no-op outside a
 //! `Type=notify` unit). Then one loop takes work from one [`WorkQueue`]: all host work runs one
 //! item at a time. Work comes from
@@ -13,7 +15,7 @@
 //!   `agent.machineReconcileInterval` plus a jitter uniform in `[0, interval/10]`;
 //! - the Node watch ([`watch`]): this node's `Node` only, every change → `node-change`;
 //! - MachineOperations, through the [`Operations`] hook (its watch feeds the queue through a
-//!   [`QueueSender`]; its `reconcile` runs on the queue).
+//!   [`QueueSender`]; its `reconcile` runs on the queue); [`ClusterOperations`] is the real one.
 //!
 //! A repave item runs the decision table ([`repave::decide`]) and its action (the private
 //! `reconcile` module): report `Succeeded`, apply the goal (blue/green through the machine layer),
@@ -23,11 +25,13 @@
 //! it depends on succeeded. On SIGTERM/SIGINT the loop finishes the current item, stops the
 //! watches and returns.
 
+pub mod operations;
 pub mod queue;
 mod reconcile;
 pub mod repave;
 pub mod watch;
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -36,6 +40,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+pub use operations::{ClusterOperations, Discovery, Guard};
 pub use queue::{Backoff, Item, QueueSender, RepaveSource, WorkQueue, jitter, secure_unit};
 pub use reconcile::{FAILED, RECONCILING, SUCCEEDED};
 pub use repave::{Action, Decision, MachineSnapshot, decide};
@@ -281,22 +286,103 @@ impl Daemon {
     }
 }
 
-/// Runs the daemon for `config` on the real host until `shutdown`: [`run_with`] without a
-/// MachineOperation reconciler.
+/// Runs the daemon for `config` on the real host until `shutdown`: [`run_with`] with the
+/// cluster's MachineOperations ([`ClusterOperations`] with the host's handlers over the same
+/// machine layer), when the API discovery guard enables them.
 pub async fn run(config: &Config, shutdown: CancellationToken) -> anyhow::Result<()> {
     let host = Host::real().await?;
-    run_with(host, config, |_| Ok(None), shutdown).await
+    let upgrader = crate::upgrade::Upgrader::for_host(host.clone()).await;
+    upgrade_at_start(&upgrader).await;
+    run_with(
+        host,
+        config,
+        |kube, host, node| {
+            let ops = ClusterOperations::for_host(kube.clone(), config, host, node, upgrader)?;
+            Ok(Some(Arc::new(ops) as Arc<dyn Operations>))
+        },
+        shutdown,
+    )
+    .await
+}
+
+/// First thing at every start, before the cluster is reached: on a host, converge the
+/// blue/green binary layout and the agent's and recovery units (installs that predate them get
+/// them; skipped in the container); then prove the candidate this daemon is, or finish an
+/// upgrade a restart cut short ([`crate::upgrade`]). Failures are logged: the daemon runs on.
+pub async fn upgrade_at_start(upgrader: &crate::upgrade::Upgrader) {
+    let exe = crate::lifecycle::current_exe().ok();
+    if let Err(e) = upgrader.converge_host(exe.as_deref()).await {
+        tracing::error!(error = %format!("{e:#}"), "could not converge the agent's binary layout and units");
+    }
+    let running = upgrader.running();
+    if let Some(r) = upgrader.on_daemon_start(running.as_deref()) {
+        tracing::info!(phase = %r.phase, reason = %r.reason, message = %r.message, "AgentUpgrade finished");
+    }
+}
+
+/// The first delay between start attempts that could not reach the cluster.
+pub const START_RETRY_BASE: Duration = Duration::from_secs(5);
+/// The largest delay between start attempts.
+pub const START_RETRY_MAX: Duration = Duration::from_secs(300);
+
+/// One attempt of a start step that needs the cluster.
+pub(crate) enum Attempt<T> {
+    /// It is done.
+    Done(T),
+    /// The cluster cannot be reached yet: try again after a backoff.
+    Retry(anyhow::Error),
+    /// It failed for good (a wrong config does not get better by waiting).
+    Fail(anyhow::Error),
+}
+
+/// Runs `attempt` until it is done or fails for good, waiting [`START_RETRY_BASE`] doubling up to
+/// [`START_RETRY_MAX`] after each [`Attempt::Retry`] (logged with its cause). `Ok(None)`:
+/// `shutdown` came first.
+pub(crate) async fn until_reachable<T, F, Fut>(
+    shutdown: &CancellationToken,
+    mut attempt: F,
+) -> anyhow::Result<Option<T>>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Attempt<T>>,
+{
+    let mut delay = START_RETRY_BASE;
+    loop {
+        let result = tokio::select! {
+            r = attempt() => r,
+            _ = shutdown.cancelled() => return Ok(None),
+        };
+        match result {
+            Attempt::Done(v) => return Ok(Some(v)),
+            Attempt::Fail(e) => return Err(e),
+            Attempt::Retry(e) => {
+                tracing::warn!(error = %format!("{e:#}"), retry_in_s = delay.as_secs(), "cannot reach the cluster yet; retrying");
+                tokio::select! {
+                    _ = tokio::time::sleep(delay) => {}
+                    _ = shutdown.cancelled() => return Ok(None),
+                }
+                delay = (delay * 2).min(START_RETRY_MAX);
+            }
+        }
+    }
 }
 
 /// Runs the daemon for `config` on `host` until `shutdown`: its Kubernetes clients
 /// ([`crate::kubeclient::daemon_clients`]), the machine client over them
 /// ([`crate::machineclient::client_for_daemon`]), the machine layer
-/// ([`crate::node::NodeMachines`]) and the MachineOperation reconciler `operations` builds from
-/// the Kubernetes clients (`None`: none).
+/// ([`crate::node::NodeMachines`]), and, when the API discovery guard enables it
+/// ([`operations::enabled`]: `agent.machineOperationMode` and whether the API server serves
+/// MachineOperations), the MachineOperation reconciler `operations` builds from the Kubernetes
+/// clients, the host and the machine layer (`None`: none). Building the clients and discovery
+/// are retried with backoff while the cluster cannot be reached.
 pub async fn run_with(
     host: Host,
     config: &Config,
-    operations: impl FnOnce(&KubeClients) -> anyhow::Result<Option<Arc<dyn Operations>>>,
+    operations: impl FnOnce(
+        &KubeClients,
+        &Host,
+        Arc<dyn NodeOps>,
+    ) -> anyhow::Result<Option<Arc<dyn Operations>>>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     tracing::info!(node = %config.agent.node_name, "daemon starting");
@@ -304,44 +390,45 @@ pub async fn run_with(
     // server that cannot be reached (a disconnected site, a cluster not there yet) is retried
     // with backoff while the daemon stays up, rather than crash-looping the unit into its start
     // limit; SIGTERM ends the wait.
-    let mut delay = std::time::Duration::from_secs(5);
-    let kube = loop {
-        let attempt = tokio::select! {
-            k = crate::kubeclient::daemon_clients(&host.fs, config, shutdown.clone()) => k,
-            _ = shutdown.cancelled() => {
-                tracing::info!("daemon shutting down before it was ready");
-                return Ok(());
-            }
-        };
-        match attempt {
-            Ok(k) => break k,
-            // A wrong config (server, CA, credential) does not get better by waiting.
-            Err(e) if e.is_permanent() => {
-                return Err(anyhow::Error::new(e).context("daemon kubernetes client"));
-            }
-            Err(e) => {
-                let e = anyhow::Error::new(e).context("daemon kubernetes client");
-                tracing::warn!(error = %format!("{e:#}"), retry_in_s = delay.as_secs(), "cannot reach the cluster yet; retrying");
-                tokio::select! {
-                    _ = tokio::time::sleep(delay) => {}
-                    _ = shutdown.cancelled() => {
-                        tracing::info!("daemon shutting down before it was ready");
-                        return Ok(());
-                    }
+    let fs = &host.fs;
+    let clients = until_reachable(&shutdown, || {
+        let token = shutdown.clone();
+        async move {
+            match crate::kubeclient::daemon_clients(fs, config, token).await {
+                Ok(k) => Attempt::Done(k),
+                // A wrong config (server, CA, credential) does not get better by waiting.
+                Err(e) if e.is_permanent() => {
+                    Attempt::Fail(anyhow::Error::new(e).context("daemon kubernetes client"))
                 }
-                delay = (delay * 2).min(std::time::Duration::from_secs(300));
+                Err(e) => Attempt::Retry(anyhow::Error::new(e).context("daemon kubernetes client")),
             }
         }
+    })
+    .await?;
+    let Some(kube) = clients else {
+        tracing::info!("daemon shutting down before it was ready");
+        return Ok(());
     };
-    let machines = crate::machineclient::client_for_daemon(config, kube.current())
+    let machines = crate::machineclient::client_for_daemon(config, kube.clone())
         .await
         .map_err(|e| anyhow::anyhow!("machine client: {e}"))?;
     let ops: Arc<dyn NodeOps> = Arc::new(crate::node::NodeMachines::new(
         host.clone(),
         config.clone(),
     )?);
-    let mut daemon = Daemon::new(host, config, kube.clone(), machines, ops);
-    if let Some(o) = operations(&kube)? {
+    let Some(enabled) =
+        operations::enabled(&config.agent.machine_operation_mode, &kube, &shutdown).await?
+    else {
+        tracing::info!("daemon shutting down before it was ready");
+        return Ok(());
+    };
+    let operations = if enabled {
+        operations(&kube, &host, ops.clone())?
+    } else {
+        None
+    };
+    let mut daemon = Daemon::new(host, config, kube, machines, ops);
+    if let Some(o) = operations {
         daemon = daemon.with_operations(o);
     }
     daemon.run(shutdown).await

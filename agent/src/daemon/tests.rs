@@ -3,7 +3,7 @@
 //! API server answering 500, a restart in the middle of a repave, node deletion, MachineOperation
 //! items, serialization and shutdown.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -17,8 +17,9 @@ use super::repave::DELETION_TAINT_KEY;
 use super::*;
 use crate::config::GoDuration;
 use crate::context::FakeHost;
-use crate::kubeclient::mock::{Log, Reply, seen, serve};
+use crate::kubeclient::mock::{Log, Reply, Seen, seen, serve};
 use crate::machineclient::{Machine, MachineError, MachineStatus};
+use crate::operations::{ReconcilerConfig, RecordStore, RecordingHandlers};
 use crate::repave::{JOURNAL_PATH, Journal, Phase};
 use crate::runner::Output;
 use crate::start::GoalState;
@@ -51,12 +52,102 @@ struct Sim {
     get_failures: usize,
     watch: Option<oneshot::Receiver<Vec<u8>>>,
     seq: Seq,
+    /// MachineOperations by name.
+    ops: BTreeMap<String, Value>,
+    /// The first MachineOperation watch's events, once the test sends them.
+    ops_watch: Option<oneshot::Receiver<Vec<u8>>>,
+    /// GETs of a MachineOperation that answer 500 first.
+    op_get_failures: usize,
+}
+
+const OPS_PATH: &str = "/apis/unbounded-cloud.io/v1alpha3/machineoperations";
+
+/// A MachineOperation `name` of `kind` for this node, Pending.
+fn machine_op(name: &str, kind: &str) -> Value {
+    json!({
+        "apiVersion": "unbounded-cloud.io/v1alpha3", "kind": "MachineOperation",
+        "metadata": {"name": name, "uid": format!("uid-{name}"), "resourceVersion": "1", "generation": 1},
+        "spec": {"machineRef": NODE, "operationKind": kind}
+    })
+}
+
+/// RFC 7386 merge patch.
+fn merge(target: &mut Value, patch: &Value) {
+    match (target, patch) {
+        (Value::Object(t), Value::Object(p)) => {
+            for (k, v) in p {
+                if v.is_null() {
+                    t.remove(k);
+                } else {
+                    merge(t.entry(k.clone()).or_insert(Value::Null), v);
+                }
+            }
+        }
+        (t, p) => *t = p.clone(),
+    }
+}
+
+/// The MachineOperation routes: list, watch, get, status merge patch (a new resourceVersion).
+fn route_ops(sim: &mut Sim, s: &Seen) -> Reply {
+    if s.method == "GET" && s.path() == OPS_PATH {
+        if s.is_watch() {
+            return match sim.ops_watch.take() {
+                Some(rx) => Reply::Deferred(rx),
+                None => Reply::Hold,
+            };
+        }
+        let items: Vec<Value> = sim.ops.values().cloned().collect();
+        return Reply::Json(
+            200,
+            json!({"apiVersion": "unbounded-cloud.io/v1alpha3", "kind": "MachineOperationList",
+                   "metadata": {"resourceVersion": "10"}, "items": items}),
+        );
+    }
+    let rest = s.path().strip_prefix(OPS_PATH).unwrap_or_default();
+    let (name, sub) = match rest.trim_start_matches('/').split_once('/') {
+        Some((n, sub)) => (n.to_string(), sub.to_string()),
+        None => (rest.trim_start_matches('/').to_string(), String::new()),
+    };
+    let not_found = Reply::status(
+        404,
+        "NotFound",
+        &format!("machineoperations {name:?} not found"),
+    );
+    match (s.method.as_str(), sub.as_str()) {
+        ("GET", "") => {
+            if sim.op_get_failures > 0 {
+                sim.op_get_failures -= 1;
+                return Reply::status(500, "InternalError", "etcdserver: request timed out");
+            }
+            sim.ops
+                .get(&name)
+                .map_or(not_found, |o| Reply::Json(200, o.clone()))
+        }
+        ("PATCH", "status") => {
+            let Some(op) = sim.ops.get_mut(&name) else {
+                return not_found;
+            };
+            let body: Value = serde_json::from_slice(&s.body).unwrap();
+            merge(&mut op["status"], &body["status"]);
+            let rv: u64 = op["metadata"]["resourceVersion"]
+                .as_str()
+                .unwrap()
+                .parse()
+                .unwrap();
+            op["metadata"]["resourceVersion"] = json!((rv + 1).to_string());
+            Reply::Json(200, op.clone())
+        }
+        _ => Reply::status(404, "NotFound", "no such route"),
+    }
 }
 
 fn api(sim: Arc<Mutex<Sim>>) -> (kube::Client, Log, JoinHandle<()>) {
     serve(move |s| {
         let mut sim = sim.lock().unwrap();
         push(&sim.seq, format!("api {} {}", s.method, s.path()));
+        if s.path().starts_with(OPS_PATH) {
+            return route_ops(&mut sim, s);
+        }
         if s.method == "GET" && s.path() == format!("/api/v1/nodes/{NODE}") {
             if sim.get_failures > 0 {
                 sim.get_failures -= 1;
@@ -210,6 +301,13 @@ struct Setup {
     hold_watch: bool,
     files: Vec<(&'static str, Vec<u8>)>,
     conc: Concurrency,
+    /// Real MachineOperations ([`ClusterOperations`] over the fake API server) with these
+    /// handlers.
+    handlers: Option<RecordingHandlers>,
+    /// The MachineOperations the fake API server holds at start.
+    machine_ops: Vec<Value>,
+    /// Hold the first MachineOperation watch until the test releases it.
+    hold_ops_watch: bool,
 }
 
 impl Default for Setup {
@@ -226,6 +324,9 @@ impl Default for Setup {
             hold_watch: false,
             files: Vec::new(),
             conc: Concurrency::default(),
+            handlers: None,
+            machine_ops: Vec::new(),
+            hold_ops_watch: false,
         }
     }
 }
@@ -242,6 +343,7 @@ struct Harness {
     shutdown: CancellationToken,
     run: JoinHandle<anyhow::Result<()>>,
     release_watch: Option<oneshot::Sender<Vec<u8>>>,
+    release_ops_watch: Option<oneshot::Sender<Vec<u8>>>,
 }
 
 fn start(setup: Setup) -> Harness {
@@ -266,11 +368,24 @@ fn start(setup: Setup) -> Harness {
     }
     let seq: Seq = Arc::default();
     let (release_tx, release_rx) = oneshot::channel();
+    let (ops_release_tx, ops_release_rx) = oneshot::channel();
     let sim = Arc::new(Mutex::new(Sim {
         node: setup.node,
         get_failures: setup.get_failures,
         watch: setup.hold_watch.then_some(release_rx),
         seq: seq.clone(),
+        ops: setup
+            .machine_ops
+            .iter()
+            .map(|o| {
+                (
+                    o["metadata"]["name"].as_str().unwrap().to_string(),
+                    o.clone(),
+                )
+            })
+            .collect(),
+        ops_watch: setup.hold_ops_watch.then_some(ops_release_rx),
+        op_get_failures: 0,
     }));
     let (client, log, _server) = api(sim.clone());
     let machines = Arc::new(Mutex::new(MachinesState {
@@ -292,7 +407,7 @@ fn start(setup: Setup) -> Harness {
     let mut daemon = Daemon::new(
         fake.host.clone(),
         &cfg,
-        KubeClients::fixed(client),
+        KubeClients::fixed(client.clone()),
         Arc::new(FakeMachines {
             st: machines.clone(),
             seq: seq.clone(),
@@ -309,6 +424,13 @@ fn start(setup: Setup) -> Harness {
     if let Some(o) = setup.operations {
         daemon = daemon.with_operations(o);
     }
+    if let Some(handlers) = setup.handlers {
+        daemon = daemon.with_operations(Arc::new(cluster_operations(
+            client.clone(),
+            &fake,
+            handlers,
+        )));
+    }
     let shutdown = CancellationToken::new();
     let run = tokio::spawn(daemon.run(shutdown.clone()));
     Harness {
@@ -323,7 +445,27 @@ fn start(setup: Setup) -> Harness {
         shutdown,
         run,
         release_watch: setup.hold_watch.then_some(release_tx),
+        release_ops_watch: setup.hold_ops_watch.then_some(ops_release_tx),
     }
+}
+
+/// The real MachineOperation hook over `client`, for this node, with its records on `fake`'s
+/// root and `handlers`.
+fn cluster_operations(
+    client: kube::Client,
+    fake: &FakeHost,
+    handlers: RecordingHandlers,
+) -> ClusterOperations {
+    ClusterOperations::new(
+        KubeClients::fixed(client),
+        ReconcilerConfig {
+            machine_name: NODE.into(),
+            node_name: NODE.into(),
+            records: RecordStore::new(fake.host.fs.clone()),
+            containerized: false,
+        },
+        Arc::new(handlers),
+    )
 }
 
 impl Harness {
@@ -670,20 +812,21 @@ async fn deletion_taint_and_machine_gone_reset_the_node_and_uninstall_the_servic
         .unwrap();
     let systemd = h.fake.systemd.calls();
     let unit = crate::systemd::AGENT_UNIT;
-    let stop_self = systemd
+    let uninstall = systemd
         .iter()
-        .position(|c| *c == format!("stop {unit}"))
+        .position(|c| *c == format!("disable {unit}"))
         .unwrap();
+    // The stop comes last: it may end the daemon itself.
     assert_eq!(
-        systemd[stop_self..].to_vec(),
+        systemd[uninstall..].to_vec(),
         vec![
-            format!("stop {unit}"),
             format!("disable {unit}"),
-            "daemon-reload".to_string()
+            "daemon-reload".to_string(),
+            format!("stop {unit}"),
         ]
     );
     // Reset ran first: machines, runtime directories.
-    assert!(systemd[..stop_self].contains(&"daemon-reload".to_string()));
+    assert!(systemd[..uninstall].contains(&"daemon-reload".to_string()));
     assert!(!h.fake.runner.calls().is_empty());
     assert!(!fs.exists(Path::new("/etc/aks-flex-node")));
     assert!(!fs.exists(Path::new(crate::systemd::AGENT_UNIT_PATH)));
@@ -857,9 +1000,9 @@ async fn an_operation_that_stops_the_daemon_uninstalls_the_service() {
     assert_eq!(
         h.fake.systemd.calls(),
         vec![
-            format!("stop {unit}"),
             format!("disable {unit}"),
-            "daemon-reload".to_string()
+            "daemon-reload".to_string(),
+            format!("stop {unit}"),
         ]
     );
 }
@@ -938,4 +1081,129 @@ async fn an_expired_watch_410_is_logged_and_relisted_with_nothing_done_to_the_ho
     );
     h.assert_host_untouched();
     h.stop().await;
+}
+
+fn op_item(name: &str) -> Item {
+    Item::Operation { name: name.into() }
+}
+
+/// Real: the daemon loop and queue, the MachineOperation watch and reconciler
+/// ([`ClusterOperations`]), the decision table, the records on a temporary root. Faked: the API
+/// server, the machine client, the machine layer and the operation handlers.
+#[tokio::test]
+async fn a_watched_machine_operation_is_reconciled_through_the_queue() {
+    let handlers = RecordingHandlers::new();
+    let mut h = start(Setup {
+        handlers: Some(handlers.clone()),
+        hold_ops_watch: true,
+        ..Default::default()
+    });
+    h.until(is(Action::ReportSucceeded)).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while !seen(&h.log)
+        .iter()
+        .any(|r| r.path() == OPS_PATH && !r.is_watch())
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no MachineOperation list"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(handlers.calls().is_empty());
+    // An operation for this node appears after the list: the watch says so.
+    let op = machine_op("reboot-1", "NodeReboot");
+    h.sim
+        .lock()
+        .unwrap()
+        .ops
+        .insert("reboot-1".into(), op.clone());
+    let bytes = match Reply::events(&[("ADDED", op)]) {
+        Reply::Raw(b) => b,
+        _ => unreachable!(),
+    };
+    h.release_ops_watch.take().unwrap().send(bytes).unwrap();
+    let reports = h.until(|r| r.item == op_item("reboot-1")).await;
+    assert_eq!(reports.last().unwrap().error, None);
+    assert_eq!(handlers.calls(), vec!["node_reboot"]);
+    let stored = h.sim.lock().unwrap().ops["reboot-1"].clone();
+    assert_eq!(stored["status"]["phase"], "Complete", "{stored:#}");
+    assert_eq!(stored["status"]["reason"], "Succeeded");
+    assert_eq!(stored["status"]["message"], "NodeReboot completed");
+    // Claimed (InProgress), then finished: two status patches.
+    let patches: Vec<String> = seen(&h.log)
+        .iter()
+        .filter(|r| r.method == "PATCH")
+        .map(|r| r.path().to_string())
+        .collect();
+    assert_eq!(patches, vec![format!("{OPS_PATH}/reboot-1/status"); 2]);
+    // Nothing else ran on the host; the machine goal is untouched.
+    h.assert_host_untouched();
+    h.stop().await;
+}
+
+/// Real: the daemon loop, [`ClusterOperations`] and the reconciler's AgentReset outcome, the
+/// service uninstall. Faked: the API server, the handlers (the reset itself), systemd.
+#[tokio::test]
+async fn a_completed_agent_reset_stops_the_daemon_and_uninstalls_its_service() {
+    let handlers = RecordingHandlers::new();
+    let mut h = start(Setup {
+        handlers: Some(handlers.clone()),
+        machine_ops: vec![machine_op("reset-1", "AgentReset")],
+        ..Default::default()
+    });
+    let reports = h.until(|r| r.item == op_item("reset-1")).await;
+    assert_eq!(reports.last().unwrap().error, None);
+    let run = std::mem::replace(&mut h.run, tokio::spawn(async { Ok(()) }));
+    tokio::time::timeout(Duration::from_secs(10), run)
+        .await
+        .expect("the daemon stops after the AgentReset")
+        .unwrap()
+        .unwrap();
+    assert_eq!(handlers.calls(), vec!["agent_reset"]);
+    let stored = h.sim.lock().unwrap().ops["reset-1"].clone();
+    assert_eq!(stored["status"]["phase"], "Complete", "{stored:#}");
+    let unit = crate::systemd::AGENT_UNIT;
+    assert_eq!(
+        h.fake.systemd.calls(),
+        vec![
+            format!("disable {unit}"),
+            "daemon-reload".to_string(),
+            format!("stop {unit}"),
+        ]
+    );
+}
+
+/// Real: [`ClusterOperations::reconcile`] and the reconciler. Faked: the API server and the
+/// handlers.
+#[tokio::test]
+async fn reconcile_maps_a_ttl_to_a_requeue_and_names_api_errors() {
+    let fake = FakeHost::new().unwrap();
+    let mut op = machine_op("ttl-1", "NodeReboot");
+    op["spec"]["ttlSecondsAfterFinished"] = json!(60);
+    let sim = Arc::new(Mutex::new(Sim {
+        node: Some(node_json(false)),
+        get_failures: 0,
+        watch: None,
+        seq: Seq::default(),
+        ops: BTreeMap::from([("ttl-1".to_string(), op)]),
+        ops_watch: None,
+        op_get_failures: 0,
+    }));
+    let (client, _log, _server) = api(sim.clone());
+    let handlers = RecordingHandlers::new();
+    let ops = cluster_operations(client, &fake, handlers.clone());
+    assert_eq!(
+        ops.reconcile("ttl-1").await.unwrap(),
+        OperationOutcome::RequeueAfter(Duration::from_secs(60))
+    );
+    assert_eq!(handlers.calls(), vec!["node_reboot"]);
+    // A gone operation: nothing more.
+    assert_eq!(ops.reconcile("gone").await.unwrap(), OperationOutcome::Done);
+    // An API error goes back to the queue, naming the operation and the answer.
+    sim.lock().unwrap().op_get_failures = 1;
+    assert_eq!(
+        ops.reconcile("ttl-1").await.unwrap_err().to_string(),
+        "get MachineOperation ttl-1: API server answered 500 InternalError: etcdserver: request timed out"
+    );
 }

@@ -6,7 +6,9 @@
 //! token, client certificate or exec plugin), and [`kube::Client::send`] reaches any API path,
 //! the service proxy included, returning every status code as it is. `start` builds one from the
 //! bootstrap credentials (`crate::kubeclient::bootstrap_config`, see [`super::select`]); the
-//! daemon passes its own. A client built with kube's defaults also retries 429/503/504 itself
+//! daemon passes its own [`KubeClients`] ([`InClusterClient::over_clients`]), and every request
+//! takes the current client, so a rotated client certificate is used from the next request on.
+//! A client built with kube's defaults also retries 429/503/504 itself
 //! (kube's `default_retry`); [`InClusterClient::from_kube_config`] turns that off so
 //! [`RetryPolicy`] alone decides.
 //!
@@ -34,6 +36,7 @@ use http_body_util::BodyExt;
 use super::armmodel::{parse_arm_machine, put_body, status_patch_body};
 use super::retry::{RetryPolicy, parse_retry_after, retryable_status};
 use super::{Machine, MachineClient, MachineError, MachineStatus};
+use crate::kubeclient::KubeClients;
 use crate::start::GoalState;
 
 /// The default endpoint: the controller's service through the API server's service proxy.
@@ -191,7 +194,7 @@ pub fn is_kubernetes_not_found_status(body: &[u8]) -> bool {
 /// The in-cluster (service-proxy) machine client for one node.
 #[derive(Clone)]
 pub struct InClusterClient {
-    client: kube::Client,
+    clients: KubeClients,
     endpoint: Endpoint,
     node_name: String,
     server: String,
@@ -218,6 +221,17 @@ impl InClusterClient {
         endpoint_url: &str,
         node_name: &str,
     ) -> Result<Self, MachineError> {
+        Self::over_clients(KubeClients::fixed(client), endpoint_url, node_name)
+    }
+
+    /// A client for `node_name` over the daemon's `clients`, at `endpoint_url` (empty: the
+    /// default path): each request takes [`KubeClients::current`], so a rotated credential is
+    /// used from the next request on.
+    pub fn over_clients(
+        clients: KubeClients,
+        endpoint_url: &str,
+        node_name: &str,
+    ) -> Result<Self, MachineError> {
         let endpoint = Endpoint::parse(endpoint_url).map_err(|e| other(anyhow::anyhow!(e)))?;
         let node_name = node_name.trim();
         if node_name.is_empty() {
@@ -226,7 +240,7 @@ impl InClusterClient {
             )));
         }
         Ok(Self {
-            client,
+            clients,
             endpoint,
             node_name: node_name.to_string(),
             server: String::new(),
@@ -301,9 +315,9 @@ impl InClusterClient {
         let req = req
             .body(kube::client::Body::from(body.unwrap_or_default().to_vec()))
             .map_err(|e| anyhow::anyhow!("build request: {e}"))?;
+        let client = self.clients.current();
         let exchange = async {
-            let resp = self
-                .client
+            let resp = client
                 .send(req)
                 .await
                 .map_err(|e| anyhow::anyhow!(crate::kubeclient::describe(&e)))?;
@@ -520,6 +534,48 @@ mod tests {
         for bad in ["https://x/api", "//x/api", "api/v1", "/api#x"] {
             assert!(Endpoint::parse(bad).is_err(), "{bad}");
         }
+    }
+
+    fn machine_json(etag: &str) -> serde_json::Value {
+        serde_json::json!({
+            "id": "/machines/n1",
+            "name": "n1",
+            "properties": {"eTag": etag, "kubernetes": {"orchestratorVersion": "1.35.0"}}
+        })
+    }
+
+    /// Real: the client, its request paths and parsing. Faked: two API servers (kube's
+    /// `tower_test` mock), and the rotation (a new client published as `KubeClients` does).
+    #[tokio::test]
+    async fn a_request_after_a_certificate_rotation_uses_the_new_client() {
+        use crate::kubeclient::mock::{Reply, seen, serve};
+        let (old, old_log, _old_server) = serve(|_| Reply::Json(200, machine_json("etag-old")));
+        let (new, new_log, _new_server) = serve(|_| Reply::Json(200, machine_json("etag-new")));
+        let (tx, rx) = tokio::sync::watch::channel(old);
+        let c = InClusterClient::over_clients(KubeClients::from_receiver(rx), "", "n1").unwrap();
+        assert_eq!(c.get().await.unwrap().goal.settings_version, "etag-old");
+        // The daemon's credentials rotate: the next request goes through the new client.
+        tx.send(new).unwrap();
+        assert_eq!(c.get().await.unwrap().goal.settings_version, "etag-new");
+        c.patch_status(&MachineStatus::default()).await.unwrap();
+        let path = c.machine_path();
+        assert_eq!(
+            seen(&old_log)
+                .iter()
+                .map(|r| (r.method.clone(), r.uri.clone()))
+                .collect::<Vec<_>>(),
+            vec![("GET".to_string(), path.clone())]
+        );
+        assert_eq!(
+            seen(&new_log)
+                .iter()
+                .map(|r| (r.method.clone(), r.uri.clone()))
+                .collect::<Vec<_>>(),
+            vec![
+                ("GET".to_string(), path),
+                ("PATCH".to_string(), c.status_path())
+            ]
+        );
     }
 
     #[test]

@@ -2,7 +2,8 @@
 //! `start` registers the machine ([`MachineClientRegistry`], a [`MachineRegistry`]).
 //!
 //! Selection, in upstream's order:
-//! 1. `in-cluster` with a Kubernetes client (the daemon's) → [`InClusterClient`] over it;
+//! 1. `in-cluster` with Kubernetes clients (the daemon's) → [`InClusterClient`] over them (the
+//!    current client per request, so a certificate rotation is picked up);
 //! 2. `in-cluster` without one (`start`) → [`InClusterClient`] over the bootstrap credentials
 //!    (`crate::kubeclient::bootstrap_config`: API server from `node.kubelet.clusterFQDN`, CA from
 //!    `node.kubelet.caCertData`, bearer token from `azure.bootstrapToken`, else the exec
@@ -22,13 +23,14 @@ use super::arm::{ArmMachineClient, NoAzureCredential};
 use super::incluster::InClusterClient;
 use super::{Machine, MachineClient, MachineError};
 use crate::config::Config;
+use crate::kubeclient::KubeClients;
 use crate::start::{GoalState, MachineRegistry, RemoteMachine};
 
-/// The machine client for `config`; `kube` is the daemon's Kubernetes client (`None` in
+/// The machine client for `config`; `kube` is the daemon's Kubernetes clients (`None` in
 /// `start`, which uses the bootstrap credentials).
 pub async fn machine_client(
     config: &Config,
-    kube: Option<kube::Client>,
+    kube: Option<KubeClients>,
 ) -> Result<Arc<dyn MachineClient>, MachineError> {
     let mc = &config.agent.machine_client;
     let node = config.agent.node_name.as_str();
@@ -40,7 +42,7 @@ pub async fn machine_client(
                         endpoint = %mc.endpoint_url,
                         "using Kubernetes service-proxy machine endpoint"
                     );
-                    InClusterClient::new(k, &mc.endpoint_url, node)?
+                    InClusterClient::over_clients(k, &mc.endpoint_url, node)?
                         .with_server(&config.api_server_url())
                 }
                 None => {
@@ -86,10 +88,11 @@ pub async fn client_for_start(config: &Config) -> Result<Arc<dyn MachineClient>,
     machine_client(config, None).await
 }
 
-/// The client the daemon uses, over its own Kubernetes client (daemon credentials).
+/// The client the daemon uses, over its own Kubernetes clients (daemon credentials; the current
+/// client per request, so a rotated certificate is used).
 pub async fn client_for_daemon(
     config: &Config,
-    kube: kube::Client,
+    kube: KubeClients,
 ) -> Result<Arc<dyn MachineClient>, MachineError> {
     machine_client(config, Some(kube)).await
 }

@@ -233,22 +233,12 @@ pub fn validate_image(image: &str) -> Result<String, String> {
     Ok(image.to_string())
 }
 
-/// Whether this agent can carry out a valid `action` (AgentUpgrade's execution is the
-/// AgentUpgrade issue's; until then it fails here, before anything runs).
+/// Whether this agent can carry out a valid `action`: every kind it validates (kept as the
+/// place where a kind this agent knows but cannot run would be refused with
+/// `UnsupportedOperation`).
 pub fn supported(action: &Action) -> Result<(), Failure> {
     match action {
-        Action::AgentUpgrade(req) => Err(Failure {
-            reason: UNSUPPORTED_OPERATION,
-            message: format!(
-                "operation kind {AGENT_UPGRADE} is not supported by AKS FlexNode daemon yet: \
-                 the request is valid ({}), but this agent cannot upgrade itself",
-                match req {
-                    UpgradeRequest::Image(i) => format!("image {i}"),
-                    UpgradeRequest::Download { url, .. } => format!("downloadURL {url}"),
-                }
-            ),
-        }),
-        Action::NodeReboot | Action::AgentReset => Ok(()),
+        Action::AgentUpgrade(_) | Action::NodeReboot | Action::AgentReset => Ok(()),
     }
 }
 

@@ -2,7 +2,8 @@
 //!
 //! [`Handlers`] is the seam between operations and the host: [`HostHandlers`] restarts the
 //! active machine ([`crate::repave::restart_node`]), resets the node
-//! ([`crate::reset::reset_node`]) and stops the daemon ([`crate::systemd::uninstall_service`]);
+//! ([`crate::reset::reset_node`]), upgrades the agent ([`crate::upgrade::Upgrader`]) and stops
+//! the daemon ([`crate::systemd::uninstall_service`]);
 //! [`RecordingHandlers`] records calls for tests. [`execute`] maps an [`Action`] to handler
 //! calls and a result; the reconciler and [`run_local`] (`aks-flex-node operation run`) both use
 //! it, so a handler never depends on where an operation came from.
@@ -12,14 +13,16 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use async_trait::async_trait;
 
-use super::decide::{Action, admit};
+use super::decide::{Action, UpgradeRequest, admit};
 use super::record::Record;
-use super::{EXECUTION_FAILED, OperationResult, UNSUPPORTED_OPERATION};
+use super::{EXECUTION_FAILED, OperationResult};
 use crate::context::Host;
+use crate::machina::OperationPhase;
 use crate::machina::yaml_scalar;
 use crate::machine::Timings;
 use crate::repave::{NodeOps, restart_node};
 use crate::state::{STATE_PATH, StateStore};
+use crate::upgrade::{OperationRef, Resumed, Started, Upgrader};
 
 /// What operations do to the node.
 #[async_trait]
@@ -32,32 +35,80 @@ pub trait Handlers: Send + Sync {
     /// good (it may not return). [`run_local`] calls it; in the daemon the reconcile's
     /// [`super::Outcome::stop_daemon`] asks the daemon to do the same.
     async fn stop_daemon(&self) -> anyhow::Result<()>;
-    /// The result of an operation whose run a daemon restart cut short (`record` is at
-    /// [`super::Stage::Executing`]), when something on the node knows it (the hook for
-    /// AgentUpgrade's signal file); `None` finishes it as `Interrupted`.
-    fn resume_interrupted(&self, _record: &Record) -> Option<OperationResult> {
-        None
+    /// AgentUpgrade: fetch, check and switch to the candidate and schedule the restart onto it
+    /// ([`crate::upgrade::Upgrader::start`]). `op` is the MachineOperation it runs for (`None`
+    /// node-locally).
+    async fn agent_upgrade(
+        &self,
+        request: &UpgradeRequest,
+        op: Option<OperationRef>,
+    ) -> anyhow::Result<Started>;
+    /// How an operation whose run a daemon restart cut short ended (`record` is at
+    /// [`super::Stage::Executing`]), when something on the node knows it (AgentUpgrade's
+    /// upgrade record); [`Resumed::Unknown`] finishes it as `Interrupted`, [`Resumed::Pending`]
+    /// leaves it `InProgress` (the handoff to the restarted agent is under way).
+    fn resume_interrupted(&self, _record: &Record) -> Resumed {
+        Resumed::Unknown
     }
 }
 
-/// Runs `action` through `handlers`; the result is what the status records. Stopping the daemon
-/// after an AgentReset is the caller's (after it has reported the result).
-pub async fn execute(action: &Action, handlers: &dyn Handlers) -> OperationResult {
+/// How [`execute`] ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Executed {
+    /// The operation is over: the status records this.
+    Finished(OperationResult),
+    /// An AgentUpgrade handed over to the agent it restarts on (the message is for people);
+    /// the operation stays `InProgress` until that agent finishes it.
+    HandedOff(String),
+}
+
+impl Executed {
+    /// The result, when finished.
+    pub fn result(&self) -> Option<&OperationResult> {
+        match self {
+            Executed::Finished(r) => Some(r),
+            Executed::HandedOff(_) => None,
+        }
+    }
+}
+
+/// Runs `action` (for the MachineOperation `op`, `None` node-locally) through `handlers`; a
+/// finished result is what the status records. Stopping the daemon after an AgentReset is the
+/// caller's (after it has reported the result).
+pub async fn execute(
+    action: &Action,
+    handlers: &dyn Handlers,
+    op: Option<OperationRef>,
+) -> Executed {
     let kind = action.kind();
     let outcome = match action {
         Action::NodeReboot => handlers.node_reboot().await,
         Action::AgentReset => handlers.agent_reset().await,
-        Action::AgentUpgrade(_) => {
-            return OperationResult::failed(
-                UNSUPPORTED_OPERATION,
-                format!("operation kind {kind} is not supported by AKS FlexNode daemon yet"),
-            );
+        Action::AgentUpgrade(req) => {
+            return match handlers.agent_upgrade(req, op).await {
+                Ok(Started::HandedOff(m)) => Executed::HandedOff(m),
+                Ok(Started::AlreadyCurrent(m)) => {
+                    Executed::Finished(OperationResult::complete(format!("{kind} completed: {m}")))
+                }
+                Err(e) => {
+                    Executed::Finished(OperationResult::failed(EXECUTION_FAILED, format!("{e:#}")))
+                }
+            };
         }
     };
-    match outcome {
+    Executed::Finished(match outcome {
         Ok(()) => OperationResult::complete(format!("{kind} completed")),
         Err(e) => OperationResult::failed(EXECUTION_FAILED, format!("{e:#}")),
-    }
+    })
+}
+
+/// What a handoff looks like as a status would record it while it runs (`operation run`).
+pub fn handoff_result(message: &str) -> (OperationPhase, &'static str, String) {
+    (
+        OperationPhase::InProgress,
+        crate::upgrade::RESTART_SCHEDULED,
+        message.to_string(),
+    )
 }
 
 /// Whether a finished `kind` with `result` stops the daemon next (a completed AgentReset).
@@ -68,18 +119,19 @@ pub fn stops_daemon(kind: &str, result: &OperationResult) -> bool {
 /// Runs one operation node-locally, without a cluster, through the same validation and
 /// handlers as the daemon: `aks-flex-node operation run <kind> [--param k=v]...`. A completed
 /// AgentReset stops the daemon afterwards, as in the daemon (a failure to stop it is logged; the
-/// reset itself completed). Nothing runs for invalid input.
+/// reset itself completed). An AgentUpgrade hands over to the restarted agent, which finishes it
+/// in the upgrade record (`aks-flex-node operation status`). Nothing runs for invalid input.
 pub async fn run_local(
     kind: &str,
     params: &BTreeMap<String, String>,
     handlers: &dyn Handlers,
     containerized: bool,
-) -> OperationResult {
+) -> Executed {
     let action = match admit(kind, params, containerized) {
         Ok(a) => a,
         Err(f) => {
             tracing::warn!(kind, reason = f.reason, message = %f.message, "operation not run");
-            return f.into_result();
+            return Executed::Finished(f.into_result());
         }
     };
     tracing::info!(
@@ -87,18 +139,41 @@ pub async fn run_local(
         message = action.in_progress_message(),
         "running operation"
     );
-    let result = execute(&action, handlers).await;
+    let executed = execute(&action, handlers, None).await;
+    let result = match &executed {
+        Executed::HandedOff(m) => {
+            tracing::info!(kind, message = %m, "operation handed over to the restarted agent");
+            return executed;
+        }
+        Executed::Finished(r) => r,
+    };
     if result.succeeded() {
         tracing::info!(kind, reason = %result.reason, message = %result.message, "operation completed");
     } else {
         tracing::error!(kind, reason = %result.reason, message = %result.message, "operation failed");
     }
-    if stops_daemon(kind, &result)
+    if stops_daemon(kind, result)
         && let Err(e) = handlers.stop_daemon().await
     {
         tracing::error!(error = %format!("{e:#}"), "stop daemon after AgentReset");
     }
-    result
+    executed
+}
+
+/// An [`Executed`] as the status would record it: `phase`, `reason` and `message` lines (YAML;
+/// a handoff is `InProgress`/`RestartScheduled`).
+pub fn render_executed(executed: &Executed) -> String {
+    match executed {
+        Executed::Finished(r) => render_result(r),
+        Executed::HandedOff(m) => {
+            let (phase, reason, message) = handoff_result(m);
+            format!(
+                "phase: {phase}\nreason: {}\nmessage: {}\n",
+                yaml_scalar(reason),
+                yaml_scalar(&message)
+            )
+        }
+    }
 }
 
 /// The result as the status would record it: `phase`, `reason` and `message` lines (YAML).
@@ -131,17 +206,26 @@ pub struct HostHandlers {
     host: Host,
     node: Arc<dyn NodeOps>,
     timings: Timings,
+    upgrader: Upgrader,
 }
 
 impl HostHandlers {
     /// Handlers on `host`, with `node` (`crate::node::NodeMachines` on a real host) for
-    /// restarts, and default machine timings.
+    /// restarts, default machine timings, and an upgrader without an image store (give one
+    /// with [`Self::with_upgrader`] in the container).
     pub fn new(host: Host, node: Arc<dyn NodeOps>) -> Self {
         Self {
+            upgrader: Upgrader::new(host.clone()),
             host,
             node,
             timings: Timings::default(),
         }
+    }
+
+    /// The same with another upgrader.
+    pub fn with_upgrader(mut self, upgrader: Upgrader) -> Self {
+        self.upgrader = upgrader;
+        self
     }
 
     /// The same, with other machine timings (tests).
@@ -171,6 +255,18 @@ impl Handlers for HostHandlers {
         crate::systemd::uninstall_service(&self.host.fs, self.host.systemd.as_ref()).await?;
         Ok(())
     }
+
+    async fn agent_upgrade(
+        &self,
+        request: &UpgradeRequest,
+        op: Option<OperationRef>,
+    ) -> anyhow::Result<Started> {
+        Ok(self.upgrader.start(request, op).await?)
+    }
+
+    fn resume_interrupted(&self, record: &Record) -> Resumed {
+        self.upgrader.resume(&record.uid)
+    }
 }
 
 /// Handlers that record their calls (`node_reboot`, `agent_reset`, `stop_daemon`) and fail the
@@ -184,7 +280,8 @@ pub struct RecordingHandlers {
 struct Recorded {
     calls: Vec<String>,
     fail: BTreeMap<String, String>,
-    resume: Option<OperationResult>,
+    resume: Option<Resumed>,
+    upgrade: Option<Started>,
 }
 
 impl RecordingHandlers {
@@ -205,7 +302,19 @@ impl RecordingHandlers {
 
     /// Makes [`Handlers::resume_interrupted`] answer `result`.
     pub fn resume_with(&self, result: OperationResult) -> &Self {
-        self.lock().resume = Some(result);
+        self.lock().resume = Some(Resumed::Finished(result));
+        self
+    }
+
+    /// Makes [`Handlers::resume_interrupted`] answer [`Resumed::Pending`].
+    pub fn resume_pending(&self) -> &Self {
+        self.lock().resume = Some(Resumed::Pending);
+        self
+    }
+
+    /// Makes [`Handlers::agent_upgrade`] answer `started` (default: a handoff).
+    pub fn upgrade_with(&self, started: Started) -> &Self {
+        self.lock().upgrade = Some(started);
         self
     }
 
@@ -217,7 +326,8 @@ impl RecordingHandlers {
     fn call(&self, name: &str) -> anyhow::Result<()> {
         let mut st = self.lock();
         st.calls.push(name.into());
-        match st.fail.get(name) {
+        let first = name.split(' ').next().unwrap_or(name);
+        match st.fail.get(name).or_else(|| st.fail.get(first)) {
             Some(m) => Err(anyhow::anyhow!("{m}")),
             None => Ok(()),
         }
@@ -235,7 +345,24 @@ impl Handlers for RecordingHandlers {
     async fn stop_daemon(&self) -> anyhow::Result<()> {
         self.call("stop_daemon")
     }
-    fn resume_interrupted(&self, _record: &Record) -> Option<OperationResult> {
-        self.lock().resume.clone()
+    async fn agent_upgrade(
+        &self,
+        request: &UpgradeRequest,
+        op: Option<OperationRef>,
+    ) -> anyhow::Result<Started> {
+        let what = match request {
+            UpgradeRequest::Image(i) => format!("image={i}"),
+            UpgradeRequest::Download { url, .. } => format!("downloadURL={url}"),
+        };
+        let op = op.map(|o| o.name).unwrap_or_else(|| "-".into());
+        self.call(&format!("agent_upgrade {what} op={op}"))?;
+        Ok(self
+            .lock()
+            .upgrade
+            .clone()
+            .unwrap_or_else(|| Started::HandedOff("restart scheduled".into())))
+    }
+    fn resume_interrupted(&self, _record: &Record) -> Resumed {
+        self.lock().resume.clone().unwrap_or(Resumed::Unknown)
     }
 }

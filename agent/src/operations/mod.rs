@@ -27,7 +27,7 @@
 //! | `Complete`/`Failed`, no TTL | any | ignore |
 //! | `Pending`/empty, being deleted | none | ignore |
 //! | `Pending`/empty | none, or `claiming` | parameters valid and kind supported: claim; else finish `Failed` without running (`UnknownKind`, `InvalidParameters`, `UnsupportedOperation`) |
-//! | `Pending`/empty or `InProgress` | `executing` | resume: finish `Failed`/`Interrupted` (or what [`Handlers::resume_interrupted`] says) |
+//! | `Pending`/empty or `InProgress` | `executing` | resume: finish `Failed`/`Interrupted`, or what [`Handlers::resume_interrupted`] says (an AgentUpgrade's result from the upgrade record; while its handoff is pending, leave it `InProgress`) |
 //! | `Pending`/empty or `InProgress` | `finished` | resume: finish with the recorded result |
 //! | `InProgress` | `claiming` with this `startedAt` | resume: run it (the handler never started) |
 //! | `InProgress` | `claiming` with another `startedAt` | forget the record (another agent claimed it) |
@@ -54,7 +54,8 @@ use serde::{Deserialize, Serialize};
 
 pub use decide::{Action, Decision, Facts, Failure, Resume, UpgradeRequest};
 pub use handlers::{
-    Handlers, HostHandlers, RecordingHandlers, execute, parse_params, render_result, run_local,
+    Executed, Handlers, HostHandlers, RecordingHandlers, execute, parse_params, render_executed,
+    render_result, run_local,
 };
 pub use reconcile::{Outcome, ReconcileError, Reconciler, ReconcilerConfig, Taken, watch_stream};
 pub use record::{RECORDS_DIR, Record, RecordStore, Stage};

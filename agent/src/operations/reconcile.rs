@@ -29,11 +29,12 @@ use super::decide::{
     Action, Decision, Facts, Resume, decide, format_time, interrupted, may_concern, may_target,
     needs_labels,
 };
-use super::handlers::{Handlers, execute, stops_daemon};
+use super::handlers::{Executed, Handlers, execute, stops_daemon};
 use super::record::{Record, RecordStore, Stage};
 use super::{IN_PROGRESS, OperationResult};
 use crate::machina::{CONDITION_COMPLETED, Machine, MachineOperation, OperationPhase};
 use crate::state::StateError;
+use crate::upgrade::{OperationRef, Resumed};
 
 /// Conflicting writes in a row after which a reconcile gives up (the queue retries later).
 pub const MAX_CONFLICTS: usize = 5;
@@ -67,7 +68,13 @@ pub enum Taken {
     Finished(OperationResult),
     /// It was deleted after its TTL.
     Deleted,
+    /// An AgentUpgrade switched and handed over to the agent it restarts on, which finishes it.
+    HandedOff(String),
 }
+
+/// How often a pending AgentUpgrade handoff is looked at again (the restart normally ends this
+/// daemon within seconds).
+pub const HANDOFF_RECHECK: Duration = Duration::from_secs(30);
 
 /// The result of a reconcile: what was done, and what the caller does next.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -306,10 +313,19 @@ impl Reconciler {
                 }
                 Decision::Resume(Resume::Interrupted) => {
                     let mut rec = record.unwrap_or_else(|| new_record(&op, Stage::Executing, ""));
-                    let result = self
-                        .handlers
-                        .resume_interrupted(&rec)
-                        .unwrap_or_else(|| interrupted(&kind));
+                    let result = match self.handlers.resume_interrupted(&rec) {
+                        Resumed::Finished(r) => r,
+                        Resumed::Unknown => interrupted(&kind),
+                        Resumed::Pending => {
+                            return Ok(Outcome {
+                                requeue_after: Some(HANDOFF_RECHECK),
+                                taken: Taken::Ignored(
+                                    "the AgentUpgrade hands over to the restarted agent".into(),
+                                ),
+                                stop_daemon: false,
+                            });
+                        }
+                    };
                     tracing::warn!(operation = name, kind = %kind, reason = %result.reason, "MachineOperation was cut short by a restart; not running it again");
                     rec.stage = Stage::Finished;
                     rec.result = Some(result);
@@ -318,7 +334,9 @@ impl Reconciler {
                 }
                 Decision::Resume(Resume::Execute(action)) => {
                     let rec = record.unwrap_or_else(|| new_record(&op, Stage::Claiming, ""));
-                    self.run(&rec, &action).await?;
+                    if let Some(m) = self.run(&rec, &action).await? {
+                        return Ok(Outcome::done(Taken::HandedOff(m)));
+                    }
                     current = Some(op);
                 }
                 Decision::Claim(action) => {
@@ -335,7 +353,9 @@ impl Reconciler {
                         in_progress_patch(&op, action.in_progress_message(), started, self.now());
                     match patch_status(&apis, &op, &body).await {
                         Ok(patched) => {
-                            self.run(&rec, &action).await?;
+                            if let Some(m) = self.run(&rec, &action).await? {
+                                return Ok(Outcome::done(Taken::HandedOff(m)));
+                            }
                             current = Some(patched);
                         }
                         Err(WriteError::Conflict) => {
@@ -366,12 +386,24 @@ impl Reconciler {
 
     /// Records `executing`, runs the handler, records the result (in memory only when the
     /// handler removed the record, as AgentReset does).
-    async fn run(&self, claim: &Record, action: &Action) -> Result<(), ReconcileError> {
+    /// Returns the handoff message when an AgentUpgrade handed over to the agent it restarts
+    /// on (the record stays `executing`; that agent finishes it).
+    async fn run(&self, claim: &Record, action: &Action) -> Result<Option<String>, ReconcileError> {
         let mut rec = claim.clone();
         rec.stage = Stage::Executing;
         self.save_record(&rec, true)?;
         tracing::info!(operation = %rec.name, kind = action.kind(), message = action.in_progress_message(), "running MachineOperation");
-        let result = execute(action, self.handlers.as_ref()).await;
+        let op = OperationRef {
+            uid: rec.uid.clone(),
+            name: rec.name.clone(),
+        };
+        let result = match execute(action, self.handlers.as_ref(), Some(op)).await {
+            Executed::Finished(r) => r,
+            Executed::HandedOff(m) => {
+                tracing::info!(operation = %rec.name, message = %m, "MachineOperation handed over to the restarted agent");
+                return Ok(Some(m));
+            }
+        };
         let keep_file = self.cfg.records.exists(&rec.uid);
         if !keep_file {
             tracing::info!(operation = %rec.name, "the operation removed its record; keeping its result in memory");
@@ -382,7 +414,7 @@ impl Reconciler {
             // The result is in memory; the next pass reports it.
             tracing::warn!(error = %e, "could not record the result of a MachineOperation");
         }
-        Ok(())
+        Ok(None)
     }
 
     /// Finishes `op` with `result`: `Some(outcome)` when written (or the operation is gone),

@@ -60,6 +60,11 @@ impl MachineRegistry for FakeRegistry {
 #[tokio::test]
 async fn start_runs_in_order_and_saves_state_after_the_node() {
     let f = FakeHost::new().unwrap();
+    // What bootstrap.sh installed: start moves it into the blue/green layout.
+    f.host
+        .fs
+        .write_atomic(Path::new("/usr/local/bin/aks-flex-node"), b"\x7fELF", 0o755)
+        .unwrap();
     let calls = Arc::new(Mutex::new(Vec::new()));
     let node = RecordingNode {
         calls: calls.clone(),
@@ -76,6 +81,15 @@ async fn start_runs_in_order_and_saves_state_after_the_node() {
     assert_eq!(st, seeded_state(&goal_from_config(&config()).unwrap()));
     assert_eq!(st.active_machine, "kube1");
     assert_eq!(st.applied_settings_version, "1.35.0");
+    assert_eq!(
+        std::fs::read_link(f.host.fs.path(Path::new("/usr/local/bin/aks-flex-node"))).unwrap(),
+        Path::new(crate::upgrade::layout::CURRENT_EXEC)
+    );
+    assert!(
+        f.host
+            .fs
+            .exists(Path::new(crate::systemd::RECOVERY_UNIT_PATH))
+    );
     let sd = f.systemd.calls();
     assert_eq!(
         &sd[sd.len() - 3..],

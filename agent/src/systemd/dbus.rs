@@ -24,7 +24,7 @@ use tokio::sync::OnceCell;
 use zbus::proxy::CacheProperties;
 use zbus::{Connection, OwnedObjectPath, Variant};
 
-use super::{SystemdError, SystemdManager, TransientTimer};
+use super::{SystemdError, SystemdManager, TransientTimer, UnitState};
 
 /// How long a job may take before [`DbusManager`] gives up waiting for it, by default.
 const DEFAULT_JOB_TIMEOUT: Duration = Duration::from_secs(5 * 60);
@@ -115,6 +115,26 @@ trait Unit {
     /// `ActiveState` (`active`, `inactive`, `failed`, …).
     #[zbus(property)]
     fn active_state(&self) -> zbus::Result<String>;
+    /// `SubState` (`running`, `auto-restart`, `dead`, …).
+    #[zbus(property)]
+    fn sub_state(&self) -> zbus::Result<String>;
+}
+
+/// The part of `org.freedesktop.systemd1.Service` the agent uses.
+#[zbus::proxy(
+    interface = "org.freedesktop.systemd1.Service",
+    default_service = "org.freedesktop.systemd1"
+)]
+trait Service {
+    /// `Result` (`success`, `exit-code`, `start-limit-hit`, …).
+    #[zbus(property)]
+    fn result(&self) -> zbus::Result<String>;
+    /// `NRestarts`.
+    #[zbus(property, name = "NRestarts")]
+    fn n_restarts(&self) -> zbus::Result<u32>;
+    /// `ExecMainStatus`.
+    #[zbus(property)]
+    fn exec_main_status(&self) -> zbus::Result<i32>;
 }
 
 /// A job a unit verb enqueues.
@@ -357,6 +377,44 @@ impl SystemdManager for DbusManager {
             state.as_str(),
             "active" | "reloading" | "refreshing"
         ))
+    }
+
+    async fn unit_state(&self, unit: &str) -> Result<UnitState, SystemdError> {
+        let call = format!("show {unit}");
+        let manager = self.manager().await.map_err(|e| call_error(&call, e))?;
+        let path = match manager.get_unit(unit).await {
+            Ok(path) => path,
+            Err(e) if error_name(&e) == Some(NO_SUCH_UNIT) => {
+                return Ok(UnitState {
+                    active_state: "inactive".into(),
+                    sub_state: "dead".into(),
+                    ..UnitState::default()
+                });
+            }
+            Err(e) => return Err(call_error(&call, e)),
+        };
+        let u = UnitProxy::builder(&self.conn)
+            .path(path.clone())
+            .cache_properties(CacheProperties::No)
+            .build()
+            .await
+            .map_err(|e| call_error(&call, e))?;
+        let svc = ServiceProxy::builder(&self.conn)
+            .path(path)
+            .cache_properties(CacheProperties::No)
+            .build()
+            .await
+            .map_err(|e| call_error(&call, e))?;
+        Ok(UnitState {
+            active_state: u.active_state().await.map_err(|e| call_error(&call, e))?,
+            sub_state: u.sub_state().await.map_err(|e| call_error(&call, e))?,
+            result: svc.result().await.map_err(|e| call_error(&call, e))?,
+            n_restarts: svc.n_restarts().await.map_err(|e| call_error(&call, e))?,
+            exec_main_status: svc
+                .exec_main_status()
+                .await
+                .map_err(|e| call_error(&call, e))?,
+        })
     }
 
     async fn start_transient_timer(&self, timer: &TransientTimer) -> Result<(), SystemdError> {

@@ -21,8 +21,9 @@ use crate::runner::{Cmd, Runner};
 pub use dbus::DbusManager;
 pub use units::{
     AGENT_IMAGE_ENV, AGENT_UNIT, AGENT_UNIT_PATH, BOOTSTRAP_UNIT, CONTAINER_SETTINGS,
-    CTR_NAMESPACE, ContainerUnit, RESET_UNIT, render_agent_unit, render_agent_unit_for,
-    render_container_unit,
+    CTR_NAMESPACE, ContainerUnit, RECOVERY_UNIT, RECOVERY_UNIT_PATH, RESET_UNIT, render_agent_unit,
+    render_agent_unit_for, render_container_recovery_unit, render_container_unit,
+    render_recovery_unit, render_recovery_unit_for,
 };
 
 /// A systemd call that failed.
@@ -80,6 +81,49 @@ pub trait SystemdManager: Send + Sync {
     async fn is_active(&self, unit: &str) -> Result<bool, SystemdError>;
     /// Starts a transient timer and its service.
     async fn start_transient_timer(&self, timer: &TransientTimer) -> Result<(), SystemdError>;
+    /// The unit's state (`systemctl show`): active and sub state, result, automatic restarts,
+    /// main exit status. A unit systemd does not know is `inactive`/`dead`.
+    async fn unit_state(&self, unit: &str) -> Result<UnitState, SystemdError>;
+}
+
+/// A unit's state, as `systemctl show -p ActiveState,SubState,Result,NRestarts,ExecMainStatus`
+/// gives it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct UnitState {
+    /// `ActiveState`: `active`, `activating`, `failed`, `inactive`, …
+    pub active_state: String,
+    /// `SubState`: `running`, `auto-restart`, `failed`, `dead`, …
+    pub sub_state: String,
+    /// `Result`: `success`, `exit-code`, `signal`, `core-dump`, `timeout`, `start-limit-hit`, …
+    pub result: String,
+    /// `NRestarts`: automatic restarts since the last manual start.
+    pub n_restarts: u32,
+    /// `ExecMainStatus`: the main process's exit status or signal number.
+    pub exec_main_status: i32,
+}
+
+/// The properties [`UnitState`] reads, for `systemctl show -p`.
+pub const UNIT_STATE_PROPERTIES: &str = "ActiveState,SubState,Result,NRestarts,ExecMainStatus";
+
+impl UnitState {
+    /// Parses `systemctl show` output (`Key=value` lines; unknown keys ignored).
+    pub fn parse_show(text: &str) -> Self {
+        let mut u = UnitState::default();
+        for line in text.lines() {
+            let Some((k, v)) = line.split_once('=') else {
+                continue;
+            };
+            match k.trim() {
+                "ActiveState" => u.active_state = v.trim().into(),
+                "SubState" => u.sub_state = v.trim().into(),
+                "Result" => u.result = v.trim().into(),
+                "NRestarts" => u.n_restarts = v.trim().parse().unwrap_or(0),
+                "ExecMainStatus" => u.exec_main_status = v.trim().parse().unwrap_or(0),
+                _ => {}
+            }
+        }
+        u
+    }
 }
 
 /// Formats a duration for a systemd time span (`100ms`, `1s`).
@@ -155,6 +199,18 @@ impl SystemdManager for SystemctlManager {
             })?;
         Ok(out.success())
     }
+    async fn unit_state(&self, unit: &str) -> Result<UnitState, SystemdError> {
+        let cmd = Cmd::new("systemctl").args(["show", "-p", UNIT_STATE_PROPERTIES, unit]);
+        let out = self
+            .runner
+            .run(&cmd)
+            .await
+            .map_err(|e| SystemdError::Call {
+                call: format!("show {unit}"),
+                message: e.to_string(),
+            })?;
+        Ok(UnitState::parse_show(&out.stdout))
+    }
     async fn start_transient_timer(&self, t: &TransientTimer) -> Result<(), SystemdError> {
         let cmd = Cmd::new("systemd-run")
             .arg(format!("--unit={}", t.name))
@@ -191,22 +247,31 @@ pub async fn install_service(
     Ok(())
 }
 
-/// `UninstallService`: stop and disable (failures are warnings), remove the unit file (missing is
-/// fine), reload (failure is fatal).
+/// `UninstallService`: disable (a failure is a warning), remove the unit file (missing is fine),
+/// reload, and stop the service last (a failure is a warning). The daemon uninstalls its own
+/// service (node deletion, AgentReset): stopping comes last because it may end the caller, and
+/// by then nothing is left to do. A failed reload is returned after the stop.
 pub async fn uninstall_service(
     fs: &HostFs,
     systemd: &dyn SystemdManager,
 ) -> Result<(), SystemdError> {
-    if let Err(e) = systemd.stop(AGENT_UNIT).await {
-        tracing::warn!(unit = AGENT_UNIT, error = %e, "failed to stop service");
-    }
     if let Err(e) = systemd.disable(AGENT_UNIT).await {
         tracing::warn!(unit = AGENT_UNIT, error = %e, "failed to disable service");
     }
     fs.remove_file(Path::new(AGENT_UNIT_PATH))?;
-    systemd.daemon_reload().await?;
-    tracing::info!(unit = AGENT_UNIT, "systemd service uninstalled");
-    Ok(())
+    // Its recovery unit goes with it (nothing of the agent runs after an uninstall).
+    fs.remove_file(Path::new(RECOVERY_UNIT_PATH))?;
+    let reloaded = systemd.daemon_reload().await;
+    if reloaded.is_ok() {
+        tracing::info!(
+            unit = AGENT_UNIT,
+            "systemd service uninstalled; stopping it"
+        );
+    }
+    if let Err(e) = systemd.stop(AGENT_UNIT).await {
+        tracing::warn!(unit = AGENT_UNIT, error = %e, "failed to stop service");
+    }
+    reloaded
 }
 
 #[cfg(test)]
@@ -288,25 +353,31 @@ mod tests {
         assert!(!fs.exists(Path::new(AGENT_UNIT_PATH)));
         // Idempotent: a second uninstall succeeds.
         uninstall_service(&fs, &sd).await.unwrap();
+        // The stop comes last: when the daemon uninstalls itself, the stop may end it, and by
+        // then the unit is disabled, removed and reloaded.
         insta::assert_snapshot!(sd.calls().join("\n"), @r"
         daemon-reload
         enable aks-flex-node-agent.service
         start aks-flex-node-agent.service
-        stop aks-flex-node-agent.service
         disable aks-flex-node-agent.service
         daemon-reload
         stop aks-flex-node-agent.service
         disable aks-flex-node-agent.service
         daemon-reload
+        stop aks-flex-node-agent.service
         ");
     }
 
     #[tokio::test]
-    async fn uninstall_fails_when_reload_fails() {
+    async fn uninstall_fails_when_reload_fails_but_still_stops_the_service() {
         let d = tempfile::tempdir().unwrap();
         let fs = HostFs::new(d.path());
         let sd = FakeSystemd::new();
         sd.fail_on("daemon-reload");
         assert!(uninstall_service(&fs, &sd).await.is_err());
+        assert_eq!(
+            sd.calls().last().map(String::as_str),
+            Some("stop aks-flex-node-agent.service")
+        );
     }
 }

@@ -5,9 +5,16 @@ pub const AGENT_UNIT: &str = "aks-flex-node-agent.service";
 /// Where the unit is installed.
 pub const AGENT_UNIT_PATH: &str = "/etc/systemd/system/aks-flex-node-agent.service";
 
-/// The host variant of the agent's unit: runs the installed binary as the daemon. It may start 5
-/// times in 5 minutes (`StartLimitIntervalSec=300`, `StartLimitBurst=5`); `Restart=on-failure`
-/// every 30 s.
+/// The recovery unit: started by systemd when the agent's unit fails (`OnFailure=`); runs
+/// `aks-flex-node recover` from the last good agent ([`crate::upgrade`]).
+pub const RECOVERY_UNIT: &str = "aks-flex-node-recovery.service";
+/// Where the recovery unit is installed.
+pub const RECOVERY_UNIT_PATH: &str = "/etc/systemd/system/aks-flex-node-recovery.service";
+
+/// The host variant of the agent's unit: runs the `current` slot of the blue/green layout
+/// ([`crate::upgrade::layout`]) as the daemon, and the recovery unit when it fails. It may start
+/// 5 times in 5 minutes (`StartLimitIntervalSec=300`, `StartLimitBurst=5`);
+/// `Restart=on-failure` every 30 s.
 pub fn render_agent_unit() -> String {
     "\
 [Unit]
@@ -16,11 +23,12 @@ After=network-online.target
 Wants=network-online.target
 StartLimitIntervalSec=300
 StartLimitBurst=5
+OnFailure=aks-flex-node-recovery.service
 
 [Service]
 Type=simple
 RemainAfterExit=no
-ExecStart=/usr/local/bin/aks-flex-node agent --config /etc/aks-flex-node/config.json
+ExecStart=/usr/local/lib/aks-flex-node/current/aks-flex-node agent --config /etc/aks-flex-node/config.json
 TimeoutStartSec=300
 TimeoutStopSec=60
 Restart=on-failure
@@ -34,10 +42,37 @@ WantedBy=multi-user.target
     .to_string()
 }
 
+/// The host variant of the recovery unit: runs `recover` from the `last-good` slot.
+pub fn render_recovery_unit() -> String {
+    "\
+[Unit]
+Description=AKS Flex Node Agent recovery
+After=network-online.target
+
+[Service]
+Type=oneshot
+ExecStart=/usr/local/lib/aks-flex-node/last-good/aks-flex-node recover
+TimeoutStartSec=600
+StandardOutput=journal
+StandardError=journal
+"
+    .to_string()
+}
+
+/// The recovery unit for this host (the container variant runs the last good image).
+pub fn render_recovery_unit_for(containerized: bool) -> String {
+    if containerized {
+        render_container_recovery_unit()
+    } else {
+        render_recovery_unit()
+    }
+}
+
 /// The host's settings file naming the agent's image (`AKS_FLEX_NODE_IMAGE=`), written by the
 /// host's provisioning. It lives outside `/etc/aks-flex-node`, which reset removes.
 pub const CONTAINER_SETTINGS: &str = "/etc/sysconfig/aks-flex-node-container";
-/// The image an AgentUpgrade selected (`AKS_FLEX_NODE_IMAGE=`), overriding the settings file.
+/// The image an AgentUpgrade selected (`AKS_FLEX_NODE_IMAGE=`), overriding the settings file,
+/// and the last image that proved itself (`AKS_FLEX_NODE_LAST_GOOD_IMAGE=`), which recovery runs.
 pub const AGENT_IMAGE_ENV: &str = "/etc/aks-flex-node/agent-image.env";
 /// containerd namespace of the agent's containers.
 pub const CTR_NAMESPACE: &str = "aks-flex";
@@ -77,10 +112,40 @@ impl ContainerUnit {
     }
 }
 
-/// The `ctr run` argv of a container unit (before the image and command).
+/// The `ctr run` argv of a container unit (before the image and command). The container learns
+/// which image it runs from `AKS_FLEX_NODE_IMAGE` (how an upgraded agent knows it is the
+/// candidate); `image` is how the unit spells that image (a systemd `${VAR}`, or a shell
+/// variable in the recovery unit's script).
 pub fn ctr_run_args(name: &str) -> String {
+    ctr_run_args_with(
+        name,
+        "${AKS_FLEX_NODE_IMAGE}",
+        "$AKS_FLEX_NODE_CTR_RUN_ARGS",
+    )
+}
+
+fn ctr_run_args_with(name: &str, image: &str, extra: &str) -> String {
     format!(
-        "/usr/bin/ctr -n {CTR_NAMESPACE} run --rm --privileged --net-host \\\n    --with-ns pid:/proc/1/ns/pid \\\n    --mount type=bind,src=/,dst=/host,options=rbind:rshared \\\n    --runc-systemd-cgroup --cgroup system-aksflex.slice:aks-flex:{name} \\\n    $AKS_FLEX_NODE_CTR_RUN_ARGS"
+        "/usr/bin/ctr -n {CTR_NAMESPACE} run --rm --privileged --net-host \\\n    --with-ns pid:/proc/1/ns/pid \\\n    --mount type=bind,src=/,dst=/host,options=rbind:rshared \\\n    --runc-systemd-cgroup --cgroup system-aksflex.slice:aks-flex:{name} \\\n    --env AKS_FLEX_NODE_IMAGE={image} \\\n    {extra}"
+    )
+}
+
+/// The container variant of the recovery unit (`aks-flex-recovery` in scope
+/// `aks-flex-recovery.scope`): runs `aks-flex-node recover` in a container of the last image
+/// that proved itself (`AKS_FLEX_NODE_LAST_GOOD_IMAGE` from `agent-image.env`; the settings
+/// file's image when no upgrade ever ran), never the candidate that may have failed. Its script
+/// is shell because the image variable has a fallback (`$$` is a literal `$` to systemd).
+pub fn render_container_recovery_unit() -> String {
+    let id = "aks-flex-recovery";
+    let run = ctr_run_args_with("recovery", "\"$$image\"", "$$AKS_FLEX_NODE_CTR_RUN_ARGS");
+    format!(
+        "[Unit]\nDescription=AKS Flex Node Agent recovery (container)\nAfter=containerd.service usr-local-overlay.service\nWants=usr-local-overlay.service\nRequires=containerd.service\n\n[Service]\nType=oneshot\n\
+Environment=AKS_FLEX_NODE_IMAGE= AKS_FLEX_NODE_LAST_GOOD_IMAGE= AKS_FLEX_NODE_PULL_ARGS= AKS_FLEX_NODE_CTR_RUN_ARGS=\n\
+EnvironmentFile=-{CONTAINER_SETTINGS}\nEnvironmentFile=-{AGENT_IMAGE_ENV}\n\
+ExecStartPre=/bin/sh -c 'until /usr/bin/ctr version >/dev/null 2>&1; do sleep 1; done'\n\
+ExecStartPre=-/bin/sh -c '/usr/bin/ctr -n {CTR_NAMESPACE} tasks delete -f {id} >/dev/null 2>&1; /usr/bin/ctr -n {CTR_NAMESPACE} containers delete {id} >/dev/null 2>&1; true'\n\
+ExecStart=/bin/sh -c 'image=\"$${{AKS_FLEX_NODE_LAST_GOOD_IMAGE:-$$AKS_FLEX_NODE_IMAGE}}\"; \\\n    test -n \"$$image\" || {{ echo \"no agent image in {CONTAINER_SETTINGS} or {AGENT_IMAGE_ENV}\" >&2; exit 1; }}; \\\n    /usr/bin/ctr -n {CTR_NAMESPACE} images ls -q \"name==$$image\" | grep -q . || /usr/bin/ctr -n {CTR_NAMESPACE} images pull $$AKS_FLEX_NODE_PULL_ARGS \"$$image\" || exit 1; \\\n    exec {run} \\\n    \"$$image\" {id} /opt/aks-flex-node/bin/entrypoint aks-flex-node recover'\n\
+TimeoutStartSec=600\n"
     )
 }
 
@@ -106,7 +171,7 @@ pub fn render_container_unit(unit: ContainerUnit) -> String {
     let (description, unit_extra, service_type, command, service_extra, install) = match unit {
         ContainerUnit::Agent => (
             "AKS Flex Node Agent (container)",
-            "StartLimitIntervalSec=300\nStartLimitBurst=5\n",
+            "StartLimitIntervalSec=300\nStartLimitBurst=5\nOnFailure=aks-flex-node-recovery.service\n",
             "simple",
             "/opt/aks-flex-node/bin/entrypoint aks-flex-node agent --config /etc/aks-flex-node/config.json",
             "TimeoutStartSec=300\nTimeoutStopSec=60\nRestart=on-failure\nRestartSec=30\n",
@@ -182,6 +247,52 @@ mod tests {
         ] {
             insta::assert_snapshot!(u.container_name(), render_container_unit(u));
         }
+    }
+
+    #[test]
+    fn recovery_units_snapshot() {
+        insta::assert_snapshot!("recovery_host", render_recovery_unit());
+        insta::assert_snapshot!("recovery_container", render_container_recovery_unit());
+    }
+
+    #[test]
+    fn the_agent_units_start_recovery_on_failure_and_recovery_runs_the_last_good_agent() {
+        for agent in [
+            render_agent_unit(),
+            render_container_unit(ContainerUnit::Agent),
+        ] {
+            assert!(agent.contains("\nOnFailure=aks-flex-node-recovery.service\n"));
+        }
+        assert!(render_recovery_unit().contains("/last-good/aks-flex-node recover"));
+        let c = render_container_recovery_unit();
+        // systemd turns $$ into $, so the shell sees the fallback from last-good to the
+        // install's image; the candidate that may have failed is never what recovery runs.
+        assert!(c.contains("image=\"$${AKS_FLEX_NODE_LAST_GOOD_IMAGE:-$$AKS_FLEX_NODE_IMAGE}\""));
+        assert!(c.contains("--cgroup system-aksflex.slice:aks-flex:recovery"));
+        assert!(
+            c.contains("aks-flex-recovery /opt/aks-flex-node/bin/entrypoint aks-flex-node recover")
+        );
+        assert!(
+            c.lines()
+                .find(|l| l.starts_with("ExecStartPre="))
+                .unwrap()
+                .contains("until /usr/bin/ctr version")
+        );
+        // No systemd ${VAR}/$VAR expansion is left in the script (only $$).
+        let script = c
+            .lines()
+            .skip_while(|l| !l.starts_with("ExecStart="))
+            .collect::<Vec<_>>()
+            .join("\n");
+        assert!(!script.replace("$$", "").contains('$'), "{script}");
+    }
+
+    #[test]
+    fn the_agent_container_learns_its_image() {
+        assert!(
+            render_container_unit(ContainerUnit::Agent)
+                .contains("--env AKS_FLEX_NODE_IMAGE=${AKS_FLEX_NODE_IMAGE}")
+        );
     }
 
     #[test]

@@ -500,16 +500,13 @@ fn agent_upgrade_parameters() {
 }
 
 #[test]
-fn valid_agent_upgrade_is_unsupported_until_its_issue() {
+fn a_valid_agent_upgrade_is_claimed() {
     let image = format!("registry.example.com/aks/agent@{DIGEST}");
     let params = labels(&[("image", &image)]);
-    let f = admit("AgentUpgrade", &params, true).unwrap_err();
-    assert_eq!(f.reason, "UnsupportedOperation");
+    let action = admit("AgentUpgrade", &params, true).unwrap();
     assert_eq!(
-        f.message,
-        format!(
-            "operation kind AgentUpgrade is not supported by AKS FlexNode daemon yet: the request is valid (image {image}), but this agent cannot upgrade itself"
-        )
+        action,
+        Action::AgentUpgrade(crate::operations::UpgradeRequest::Image(image.clone()))
     );
     let o = with_params(op("op", "AgentUpgrade", ME), &[("image", &image)]);
     let facts = Facts {
@@ -518,7 +515,7 @@ fn valid_agent_upgrade_is_unsupported_until_its_issue() {
         containerized: true,
         now: at(NOW),
     };
-    assert_eq!(decide(&o, &facts, None), Decision::Finish(f.into_result()));
+    assert_eq!(decide(&o, &facts, None), Decision::Claim(action));
 }
 
 #[test]

@@ -18,10 +18,18 @@ use crate::operations::decide::Action;
 use crate::repave::NodeOps;
 use crate::state::{DaemonState, StateStore};
 
+/// The finished result (panics on a handoff).
+fn done(e: Executed) -> OperationResult {
+    match e {
+        Executed::Finished(r) => r,
+        Executed::HandedOff(m) => panic!("handed off: {m}"),
+    }
+}
+
 #[tokio::test]
 async fn local_node_reboot_runs_the_handler() {
     let h = RecordingHandlers::new();
-    let r = run_local("NodeReboot", &labels(&[]), &h, false).await;
+    let r = done(run_local("NodeReboot", &labels(&[]), &h, false).await);
     assert_eq!(r, OperationResult::complete("NodeReboot completed"));
     assert_eq!(h.calls(), ["node_reboot"]);
     assert_eq!(
@@ -34,7 +42,7 @@ async fn local_node_reboot_runs_the_handler() {
 async fn local_failure_is_execution_failed() {
     let h = RecordingHandlers::new();
     h.fail_on("node_reboot", "stop kube1: machinectl poweroff failed");
-    let r = run_local("NodeReboot", &labels(&[]), &h, false).await;
+    let r = done(run_local("NodeReboot", &labels(&[]), &h, false).await);
     assert_eq!(
         render_result(&r),
         "phase: Failed\nreason: ExecutionFailed\nmessage: \"stop kube1: machinectl poweroff failed\"\n"
@@ -44,23 +52,19 @@ async fn local_failure_is_execution_failed() {
 #[tokio::test]
 async fn local_agent_reset_stops_the_daemon_after() {
     let h = RecordingHandlers::new();
-    let r = run_local("AgentReset", &labels(&[]), &h, false).await;
+    let r = done(run_local("AgentReset", &labels(&[]), &h, false).await);
     assert!(r.succeeded());
     assert_eq!(h.calls(), ["agent_reset", "stop_daemon"]);
     // A failed reset does not stop the daemon.
     let h = RecordingHandlers::new();
     h.fail_on("agent_reset", "boom");
-    let r = run_local("AgentReset", &labels(&[]), &h, false).await;
+    let r = done(run_local("AgentReset", &labels(&[]), &h, false).await);
     assert_eq!(r.phase, OperationPhase::Failed);
     assert_eq!(h.calls(), ["agent_reset"]);
     // Nor does a failure to stop it change the result.
     let h = RecordingHandlers::new();
     h.fail_on("stop_daemon", "systemctl failed");
-    assert!(
-        run_local("AgentReset", &labels(&[]), &h, false)
-            .await
-            .succeeded()
-    );
+    assert!(done(run_local("AgentReset", &labels(&[]), &h, false).await).succeeded());
 }
 
 #[tokio::test]
@@ -92,22 +96,53 @@ async fn local_bad_input_runs_nothing() {
             "phase: Failed\nreason: InvalidParameters\nmessage: \"parameter \\\"image\\\" must be pinned by digest (registry/repository@sha256:<digest>), and \\\"registry.example.com/aks/agent:v2\\\" names only a tag\"\n",
         ),
     ] {
-        let r = run_local(kind, &params, &h, containerized).await;
+        let r = done(run_local(kind, &params, &h, containerized).await);
         assert_eq!(render_result(&r), want, "{kind}");
     }
     assert!(h.calls().is_empty());
 }
 
 #[tokio::test]
-async fn execute_agent_upgrade_is_unsupported() {
+async fn local_agent_upgrade_hands_over_and_prints_in_progress() {
     let h = RecordingHandlers::new();
-    let r = execute(
-        &Action::AgentUpgrade(crate::operations::UpgradeRequest::Image("x".into())),
-        &h,
-    )
-    .await;
-    assert_eq!(r.reason, "UnsupportedOperation");
-    assert!(h.calls().is_empty());
+    let image = "registry.example.com/aks/agent@sha256:0000000000000000000000000000000000000000000000000000000000000000";
+    let e = run_local("AgentUpgrade", &labels(&[("image", image)]), &h, true).await;
+    assert_eq!(
+        render_executed(&e),
+        "phase: InProgress\nreason: RestartScheduled\nmessage: restart scheduled\n"
+    );
+    assert_eq!(h.calls(), [format!("agent_upgrade image={image} op=-")]);
+    // A failed upgrade is ExecutionFailed; an up-to-date one completes without a restart.
+    let h = RecordingHandlers::new();
+    h.fail_on("agent_upgrade", "pull: not found");
+    let r = done(
+        execute(
+            &Action::AgentUpgrade(crate::operations::UpgradeRequest::Image(image.into())),
+            &h,
+            None,
+        )
+        .await,
+    );
+    assert_eq!(
+        (r.reason.as_str(), r.message.as_str()),
+        ("ExecutionFailed", "pull: not found")
+    );
+    let h = RecordingHandlers::new();
+    h.upgrade_with(crate::upgrade::Started::AlreadyCurrent(
+        "the agent already runs x".into(),
+    ));
+    let r = done(
+        execute(
+            &Action::AgentUpgrade(crate::operations::UpgradeRequest::Image(image.into())),
+            &h,
+            None,
+        )
+        .await,
+    );
+    assert_eq!(
+        r,
+        OperationResult::complete("AgentUpgrade completed: the agent already runs x")
+    );
 }
 
 #[test]
@@ -256,9 +291,9 @@ async fn host_handlers_reset_and_stop_the_daemon() {
     let calls = f.systemd.calls();
     assert!(
         calls.ends_with(&[
-            "stop aks-flex-node-agent.service".to_string(),
             "disable aks-flex-node-agent.service".to_string(),
             "daemon-reload".to_string(),
+            "stop aks-flex-node-agent.service".to_string(),
         ]),
         "{calls:?}"
     );

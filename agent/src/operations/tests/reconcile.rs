@@ -267,7 +267,7 @@ async fn agent_upgrade_with_a_tag_alone_is_invalid() {
 }
 
 #[tokio::test]
-async fn agent_upgrade_valid_is_unsupported() {
+async fn agent_upgrade_hands_over_and_the_restarted_agent_finishes_it() {
     let rig = Rig::new();
     let image = format!("registry.example.com/aks/agent@{DIGEST}");
     rig.api.put_op(&with_params(
@@ -276,8 +276,40 @@ async fn agent_upgrade_valid_is_unsupported() {
     ));
     let r = rig.reconciler_with(Arc::new(rig.handlers.clone()), true);
     let out = rig.reconcile_with(&r, "op").await.unwrap();
-    assert_eq!(finished(&out).reason, "UnsupportedOperation");
+    assert_eq!(
+        out.taken,
+        Taken::HandedOff("restart scheduled".into()),
+        "the status stays InProgress"
+    );
+    assert_eq!(
+        rig.handlers.calls(),
+        [format!("agent_upgrade image={image} op=op")]
+    );
     assert_eq!(rig.api.lines(), [get(), patch()]);
+    assert_eq!(rig.api.patches()[0]["status"]["phase"], "InProgress");
+    assert_eq!(
+        rig.records().load("uid-op").unwrap().unwrap().stage,
+        Stage::Executing
+    );
+    // Seen again before the restart: the handoff is pending, nothing runs twice.
+    rig.handlers.resume_pending();
+    let out = rig.reconcile_with(&r, "op").await.unwrap();
+    assert!(matches!(out.taken, Taken::Ignored(_)), "{out:?}");
+    assert_eq!(
+        out.requeue_after,
+        Some(crate::operations::reconcile::HANDOFF_RECHECK)
+    );
+    assert_eq!(rig.handlers.calls().len(), 1);
+    // The restarted agent proved itself: the upgrade record has the result.
+    rig.handlers.resume_with(OperationResult::complete(
+        "AgentUpgrade completed: the agent runs x",
+    ));
+    let out = rig.reconcile_with(&r, "op").await.unwrap();
+    assert_eq!(
+        finished(&out),
+        &OperationResult::complete("AgentUpgrade completed: the agent runs x")
+    );
+    assert_eq!(rig.handlers.calls().len(), 1);
     // On a host, the image parameter itself is the problem, and the message names it.
     let rig = Rig::new();
     rig.api.put_op(&with_params(
@@ -564,6 +596,13 @@ impl Handlers for ResettingHandlers {
     }
     async fn stop_daemon(&self) -> anyhow::Result<()> {
         self.inner.stop_daemon().await
+    }
+    async fn agent_upgrade(
+        &self,
+        request: &crate::operations::UpgradeRequest,
+        op: Option<crate::upgrade::OperationRef>,
+    ) -> anyhow::Result<crate::upgrade::Started> {
+        self.inner.agent_upgrade(request, op).await
     }
 }
 

@@ -1,0 +1,435 @@
+//! What the upgrade checks read from the host, parsed: the YAML lines of
+//! `aks-flex-node operation run` and `operation status`, the upgrade record's JSON
+//! (`/etc/aks-flex-node/upgrade/pending.json`), `ctr containers info`, `ctr images ls -q`, and
+//! the one-shot [`Probe`] the checks poll with.
+
+use std::collections::BTreeMap;
+
+/// The upgrade record on the host (read over SSH when the agent's container cannot answer).
+pub const PENDING_JSON: &str = "/etc/aks-flex-node/upgrade/pending.json";
+
+/// `key: value` lines (YAML scalars: plain, or double-quoted JSON strings as the agent writes
+/// them); other lines (logs, blank lines) are ignored. A later key wins.
+pub fn yaml_lines(text: &str) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    for line in text.lines() {
+        let Some((k, v)) = line.split_once(':') else {
+            continue;
+        };
+        if k.is_empty() || !k.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
+            continue;
+        }
+        let v = v.trim();
+        let v = if v.starts_with('"') {
+            serde_json::from_str::<String>(v).unwrap_or_else(|_| v.trim_matches('"').to_string())
+        } else if let Some(inner) = v.strip_prefix('\'').and_then(|v| v.strip_suffix('\'')) {
+            inner.replace("''", "'")
+        } else {
+            v.to_string()
+        };
+        out.insert(k.to_string(), v);
+    }
+    out
+}
+
+/// What `operation run` printed: the result's phase, reason and message.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct OpResult {
+    /// `InProgress`, `Complete` or `Failed`.
+    pub phase: String,
+    /// `RestartScheduled`, `InvalidParameters`, …
+    pub reason: String,
+    /// The message.
+    pub message: String,
+}
+
+impl std::fmt::Display for OpResult {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}: {}", self.phase, self.reason, self.message)
+    }
+}
+
+/// Parses `operation run`'s output; `None` without a `phase` line.
+pub fn parse_op_result(stdout: &str) -> Option<OpResult> {
+    let m = yaml_lines(stdout);
+    Some(OpResult {
+        phase: m.get("phase")?.clone(),
+        reason: m.get("reason").cloned().unwrap_or_default(),
+        message: m.get("message").cloned().unwrap_or_default(),
+    })
+}
+
+/// The last AgentUpgrade's record.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct UpgradeRecord {
+    /// `staged`, `switched` or `finished`.
+    pub stage: String,
+    /// `InProgress` until finished, then `Complete` or `Failed`.
+    pub phase: String,
+    /// The reason (`Succeeded`, `DaemonFailed`, …); empty while in progress.
+    pub reason: String,
+    /// The message.
+    pub message: String,
+    /// The image upgraded to.
+    pub candidate: String,
+    /// The image it replaced.
+    pub previous: String,
+    /// When the upgrade started (`startedAt`, RFC 3339), if recorded: tells two upgrades to
+    /// the same image apart.
+    pub started_at: String,
+}
+
+impl UpgradeRecord {
+    /// Whether the upgrade has finished (the phase is final).
+    pub fn finished(&self) -> bool {
+        self.stage == "finished"
+    }
+
+    /// The image the agent should run, as the record says: the candidate after `Complete`, the
+    /// previous image after `Failed`; `None` while unfinished.
+    pub fn expected_image(&self) -> Option<&str> {
+        match (self.finished(), self.phase.as_str()) {
+            (true, "Complete") => Some(&self.candidate),
+            (true, "Failed") => Some(&self.previous),
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for UpgradeRecord {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "stage {}, {}/{} ({}), candidate {}, previous {}",
+            self.stage,
+            self.phase,
+            self.reason,
+            self.message,
+            short(&self.candidate),
+            short(&self.previous)
+        )
+    }
+}
+
+/// Parses `operation status`'s output.
+pub fn parse_status(stdout: &str) -> anyhow::Result<UpgradeRecord> {
+    let m = yaml_lines(stdout);
+    let get = |k: &str| m.get(k).cloned().unwrap_or_default();
+    let r = UpgradeRecord {
+        stage: get("stage"),
+        phase: get("phase"),
+        reason: get("reason"),
+        message: get("message"),
+        candidate: get("candidate"),
+        previous: get("previous"),
+        started_at: get("startedAt"),
+    };
+    if r.stage.is_empty() || r.candidate.is_empty() {
+        anyhow::bail!("operation status printed no stage or candidate: {stdout:?}");
+    }
+    Ok(r)
+}
+
+/// Parses the record's JSON (`stage`, `result {phase, reason, message}` once finished,
+/// `candidate`, `previous`). Without a result the phase is `InProgress`.
+pub fn parse_pending_json(text: &str) -> anyhow::Result<UpgradeRecord> {
+    let v: serde_json::Value = serde_json::from_str(text)
+        .map_err(|e| anyhow::anyhow!("{PENDING_JSON} is not JSON ({e}): {text:?}"))?;
+    let s = |v: &serde_json::Value, k: &str| {
+        v.get(k)
+            .and_then(|x| x.as_str())
+            .unwrap_or_default()
+            .to_string()
+    };
+    let result = v.get("result").filter(|r| r.is_object());
+    let r = UpgradeRecord {
+        stage: s(&v, "stage"),
+        phase: result.map_or_else(|| "InProgress".to_string(), |r| s(r, "phase")),
+        reason: result.map(|r| s(r, "reason")).unwrap_or_default(),
+        message: result.map(|r| s(r, "message")).unwrap_or_default(),
+        candidate: s(&v, "candidate"),
+        previous: s(&v, "previous"),
+        started_at: s(&v, "startedAt"),
+    };
+    if r.stage.is_empty() || r.candidate.is_empty() {
+        anyhow::bail!("{PENDING_JSON} has no stage or candidate: {text:?}");
+    }
+    Ok(r)
+}
+
+/// The image of a container from `ctr containers info` (JSON, field `Image`).
+pub fn parse_container_image(info: &str) -> anyhow::Result<String> {
+    let v: serde_json::Value = serde_json::from_str(info)
+        .map_err(|e| anyhow::anyhow!("ctr containers info is not JSON ({e})"))?;
+    match v.get("Image").and_then(|i| i.as_str()) {
+        Some(i) if !i.is_empty() => Ok(i.to_string()),
+        _ => anyhow::bail!("ctr containers info has no Image"),
+    }
+}
+
+/// Whether `ctr images ls -q` lists an image with the digest of `reference` (or the reference
+/// itself).
+pub fn images_list_has(list: &str, reference: &str) -> bool {
+    let digest = reference.split_once('@').map(|(_, d)| d);
+    list.lines().map(str::trim).any(|l| {
+        l == reference || digest.is_some_and(|d| l.ends_with(&format!("@{d}")) || l.contains(d))
+    })
+}
+
+/// `…@sha256:0123456789ab`: a reference shortened for messages.
+pub fn short(reference: &str) -> String {
+    match reference.split_once("@sha256:") {
+        Some((_, hex)) if hex.len() > 12 => format!("…@sha256:{}", &hex[..12]),
+        _ => reference.to_string(),
+    }
+}
+
+/// The shell script behind [`Probe`]: the agent's unit and task, its container's info, the
+/// record as `operation status` prints it (when the task runs) and as the host's file holds it.
+pub fn probe_script() -> String {
+    format!(
+        "echo \"active=$(systemctl is-active aks-flex-node-agent.service)\"; \
+         echo \"invocation=$(systemctl show -p InvocationID --value aks-flex-node-agent.service)\"; \
+         ctr -n aks-flex tasks ls 2>/dev/null | awk '$1==\"aks-flex-agent\"{{print \"pid=\" $2; print \"task=\" $3}}'; \
+         echo '---info'; ctr -n aks-flex containers info aks-flex-agent 2>/dev/null; \
+         echo '---status'; \
+         if ctr -n aks-flex tasks ls 2>/dev/null | grep -q '^aks-flex-agent .*RUNNING'; then \
+           timeout 30 ctr -n aks-flex tasks exec --exec-id probe-$$-$(date +%s%N) aks-flex-agent aks-flex-node operation status 2>/dev/null; \
+         fi; \
+         echo '---pending'; cat {PENDING_JSON} 2>/dev/null; true"
+    )
+}
+
+/// One look at the agent and its upgrade record.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Probe {
+    /// `systemctl is-active` of the agent's unit.
+    pub active: String,
+    /// The unit's InvocationID (a new one each start).
+    pub invocation: String,
+    /// The agent's task PID, if it has one.
+    pub pid: String,
+    /// The agent's task status (`RUNNING`, …), if it has one.
+    pub task: String,
+    /// The agent's container's image, if the container exists.
+    pub image: Option<String>,
+    /// The record: from `operation status`, else from the host's file; `None` if neither has
+    /// one.
+    pub record: Option<UpgradeRecord>,
+}
+
+impl Probe {
+    /// Whether the agent's unit is active and its container's task runs.
+    pub fn running(&self) -> bool {
+        self.active == "active" && self.task == "RUNNING"
+    }
+
+    /// Whether the agent runs `image`.
+    pub fn runs(&self, image: &str) -> bool {
+        self.running() && self.image.as_deref() == Some(image)
+    }
+}
+
+impl std::fmt::Display for Probe {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "unit {}, task {}, image {}, record: {}",
+            if self.active.is_empty() {
+                "?"
+            } else {
+                &self.active
+            },
+            if self.task.is_empty() {
+                "none"
+            } else {
+                &self.task
+            },
+            self.image.as_deref().map_or("none".into(), short),
+            self.record
+                .as_ref()
+                .map_or("none".to_string(), |r| r.to_string())
+        )
+    }
+}
+
+/// Parses [`probe_script`]'s output.
+pub fn parse_probe(text: &str) -> Probe {
+    let mut sections: BTreeMap<&str, String> = BTreeMap::new();
+    let mut current = "head";
+    for line in text.lines() {
+        match line.trim() {
+            "---info" => current = "info",
+            "---status" => current = "status",
+            "---pending" => current = "pending",
+            _ => {
+                let s = sections.entry(current).or_default();
+                s.push_str(line);
+                s.push('\n');
+            }
+        }
+    }
+    let section = |k: &str| sections.get(k).map(String::as_str).unwrap_or_default();
+    let mut p = Probe::default();
+    for line in section("head").lines() {
+        match line.split_once('=') {
+            Some(("active", v)) => p.active = v.trim().to_string(),
+            Some(("invocation", v)) => p.invocation = v.trim().to_string(),
+            Some(("pid", v)) => p.pid = v.trim().to_string(),
+            Some(("task", v)) => p.task = v.trim().to_string(),
+            _ => {}
+        }
+    }
+    p.image = parse_container_image(section("info")).ok();
+    p.record = parse_status(section("status"))
+        .or_else(|_| parse_pending_json(section("pending")))
+        .ok();
+    p
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = "10.0.2.2:5000/aks-flex/agent@sha256:1111111111111111111111111111111111111111111111111111111111111111";
+    const PREV: &str = "10.0.2.2:5000/aks-flex/agent@sha256:2222222222222222222222222222222222222222222222222222222222222222";
+
+    #[test]
+    fn operation_run_output() {
+        let out = "phase: InProgress\nreason: RestartScheduled\nmessage: \"switched to 10.0.2.2:5000/a@sha256:11; restarting in 1s\"\n";
+        assert_eq!(
+            parse_op_result(out),
+            Some(OpResult {
+                phase: "InProgress".into(),
+                reason: "RestartScheduled".into(),
+                message: "switched to 10.0.2.2:5000/a@sha256:11; restarting in 1s".into(),
+            })
+        );
+        let failed = "2024-01-01T00:00:00Z INFO something: x\nphase: Failed\nreason: InvalidParameters\nmessage: image must be pinned by digest\n";
+        let r = parse_op_result(failed).unwrap();
+        assert_eq!(
+            (r.phase.as_str(), r.reason.as_str()),
+            ("Failed", "InvalidParameters")
+        );
+        assert_eq!(r.message, "image must be pinned by digest");
+        assert_eq!(parse_op_result("Command execution failed: boom\n"), None);
+        assert_eq!(
+            yaml_lines("message: 'it''s'\n")["message"],
+            "it's",
+            "single-quoted YAML"
+        );
+    }
+
+    #[test]
+    fn operation_status_output() {
+        let out = format!(
+            "stage: finished\nphase: Failed\nreason: DaemonFailed\nmessage: \"the candidate's daemon failed: exit 1\"\ncandidate: \"{GOOD}\"\nprevious: {PREV}\nstartedAt: \"2026-01-02T03:04:05Z\"\n"
+        );
+        let r = parse_status(&out).unwrap();
+        assert_eq!(
+            r,
+            UpgradeRecord {
+                stage: "finished".into(),
+                phase: "Failed".into(),
+                reason: "DaemonFailed".into(),
+                message: "the candidate's daemon failed: exit 1".into(),
+                candidate: GOOD.into(),
+                previous: PREV.into(),
+                started_at: "2026-01-02T03:04:05Z".into(),
+            }
+        );
+        assert!(r.finished());
+        assert_eq!(r.expected_image(), Some(PREV));
+        let complete = UpgradeRecord {
+            phase: "Complete".into(),
+            ..r.clone()
+        };
+        assert_eq!(complete.expected_image(), Some(GOOD));
+        let switched = UpgradeRecord {
+            stage: "switched".into(),
+            phase: "InProgress".into(),
+            ..r
+        };
+        assert!(!switched.finished());
+        assert_eq!(switched.expected_image(), None);
+        assert!(parse_status("").is_err());
+        assert!(parse_status("no upgrade recorded\n").is_err());
+    }
+
+    #[test]
+    fn pending_json() {
+        let unfinished =
+            format!(r#"{{"stage":"switched","candidate":"{GOOD}","previous":"{PREV}"}}"#);
+        let r = parse_pending_json(&unfinished).unwrap();
+        assert_eq!(r.stage, "switched");
+        assert_eq!(r.phase, "InProgress");
+        assert_eq!(r.reason, "");
+        let finished = format!(
+            r#"{{"version":1,"mode":"image","stage":"finished","result":{{"phase":"Complete","reason":"Succeeded","message":"running"}},"candidate":"{GOOD}","previous":"{PREV}","startedAt":"2026-01-02T03:04:05Z","extra":1}}"#
+        );
+        let r = parse_pending_json(&finished).unwrap();
+        assert_eq!(
+            (r.phase.as_str(), r.reason.as_str(), r.message.as_str()),
+            ("Complete", "Succeeded", "running")
+        );
+        assert_eq!(r.expected_image(), Some(GOOD));
+        assert_eq!(r.started_at, "2026-01-02T03:04:05Z");
+        assert!(parse_pending_json("").is_err());
+        assert!(parse_pending_json("{}").is_err());
+    }
+
+    #[test]
+    fn container_info_and_images() {
+        let info = format!(
+            r#"{{
+    "ID": "aks-flex-agent",
+    "Labels": {{"io.containerd.image.config.stop-signal": "SIGTERM"}},
+    "Image": "{GOOD}",
+    "Runtime": {{"Name": "io.containerd.runc.v2"}},
+    "Spec": {{"ociVersion": "1.1.0"}}
+}}"#
+        );
+        assert_eq!(parse_container_image(&info).unwrap(), GOOD);
+        assert!(parse_container_image("{}").is_err());
+        assert!(parse_container_image("ctr: container \"x\" not found").is_err());
+
+        let list = format!("{PREV}\n10.0.2.2:5000/aks-flex/agent:dev\n");
+        assert!(images_list_has(&list, PREV));
+        assert!(!images_list_has(&list, GOOD));
+        assert!(images_list_has(
+            &format!("other/name@{}\n", GOOD.split_once('@').unwrap().1),
+            GOOD
+        ));
+        assert_eq!(short(GOOD), "…@sha256:111111111111");
+        assert_eq!(short("a:tag"), "a:tag");
+    }
+
+    #[test]
+    fn probe_output() {
+        let text = format!(
+            "active=active\ninvocation=abc123\npid=4242\ntask=RUNNING\n---info\n{{\"ID\":\"aks-flex-agent\",\"Image\":\"{GOOD}\"}}\n---status\nstage: switched\nphase: InProgress\nreason: \"\"\nmessage: restarting\ncandidate: {GOOD}\nprevious: {PREV}\n---pending\n{{\"stage\":\"staged\",\"candidate\":\"{GOOD}\",\"previous\":\"{PREV}\"}}\n"
+        );
+        let p = parse_probe(&text);
+        assert!(p.running());
+        assert!(p.runs(GOOD));
+        assert!(!p.runs(PREV));
+        assert_eq!(p.invocation, "abc123");
+        assert_eq!(p.pid, "4242");
+        let r = p.record.clone().unwrap();
+        assert_eq!(r.stage, "switched", "operation status wins over the file");
+
+        // The container restarting: no task, no status; the file stands in.
+        let text = format!(
+            "active=activating\ninvocation=def\n---info\n---status\n---pending\n{{\"stage\":\"switched\",\"candidate\":\"{GOOD}\",\"previous\":\"{PREV}\"}}\n"
+        );
+        let p = parse_probe(&text);
+        assert!(!p.running());
+        assert_eq!(p.image, None);
+        assert_eq!(p.record.as_ref().unwrap().stage, "switched");
+        assert!(p.to_string().contains("task none"), "{p}");
+
+        let p = parse_probe("active=inactive\n---info\n---status\n---pending\n");
+        assert_eq!(p.record, None);
+        assert!(probe_script().contains(PENDING_JSON));
+    }
+}
