@@ -89,11 +89,15 @@ pub fn checks() -> Vec<(&'static str, CheckFn)> {
             "the broken candidate's image is removed from the host",
             broken_image_removed
         ),
+        check!("upgrade back to the install's image", back_to_install),
         check!(
             "a reboot during an upgrade ends with the agent on the image its record names",
             reboot_mid_upgrade
         ),
-        check!("upgrade back to the install's image", back_to_install),
+        check!(
+            "the group leaves the agent on the install's image",
+            back_to_install
+        ),
     ]
 }
 
@@ -512,12 +516,12 @@ async fn wait_new_boot(c: &Ctx<'_>, old: &str) -> anyhow::Result<()> {
 }
 
 async fn reboot_mid_upgrade(c: &Ctx<'_>) -> anyhow::Result<Checked> {
-    let target = c.state.agent_image.clone();
+    let target = record(c)?.reference(Kind::Good).to_string();
     let waited = wait_start_limit(c, STARTS_REBOOT, "the upgrade interrupted by a reboot").await?;
     let before = running_agent(c).await?;
     ensure(before.image.as_deref() != Some(target.as_str()), || {
         format!(
-            "the agent already runs the install's image {}: nothing to interrupt",
+            "the agent already runs the good candidate {}: nothing to interrupt",
             short(&target)
         )
     })?;
@@ -544,7 +548,7 @@ async fn reboot_mid_upgrade(c: &Ctx<'_>) -> anyhow::Result<Checked> {
     }
     let s = wait_settled(c, &target, before.record.clone(), t0).await?;
     let on = if s.record.phase == "Complete" {
-        "the install's image"
+        "the good candidate"
     } else {
         "the previous image"
     };
@@ -729,7 +733,7 @@ mod tests {
     #[test]
     fn the_group_is_registered_with_its_checks() {
         let names: Vec<&str> = checks().iter().map(|(n, _)| *n).collect();
-        assert_eq!(names.len(), 7);
+        assert_eq!(names.len(), 8);
         assert_eq!(crate::checks::checks_of("upgrade").len(), names.len());
         assert!(names.iter().any(|n| n.contains("tag alone")));
         assert!(names.iter().any(|n| n.contains("reboot")));

@@ -609,13 +609,13 @@ impl Upgrader {
         match (&action, rec.as_mut()) {
             (RecoveryAction::Nothing, _) => {}
             (RecoveryAction::Restart, _) => {
-                self.host.systemd.reset_failed(AGENT_UNIT).await?;
+                self.reset_agent_unit().await?;
                 self.schedule_restart(RECOVERY_RESTART_DELAY).await?;
             }
             (RecoveryAction::RetryCandidate, Some(r)) => {
                 r.recovery_restarts += 1;
                 self.save(r)?;
-                self.host.systemd.reset_failed(AGENT_UNIT).await?;
+                self.reset_agent_unit().await?;
                 self.schedule_restart(RESTART_DELAY).await?;
             }
             (RecoveryAction::RollBack { message }, Some(r)) => {
@@ -649,12 +649,20 @@ impl Upgrader {
                         Err(e) => tracing::warn!(error = %e, "could not remove the broken image"),
                     }
                 }
-                self.host.systemd.reset_failed(AGENT_UNIT).await?;
+                self.reset_agent_unit().await?;
                 self.schedule_restart(RESTART_DELAY).await?;
             }
             (RecoveryAction::RetryCandidate | RecoveryAction::RollBack { .. }, None) => {}
         }
         Ok(action)
+    }
+
+    /// `systemctl reset-failed` of the agent's unit (which also resets its start limit), logged
+    /// with [`super::START_LIMIT_RESET_LOG`].
+    async fn reset_agent_unit(&self) -> Result<(), crate::systemd::SystemdError> {
+        self.host.systemd.reset_failed(AGENT_UNIT).await?;
+        tracing::info!(unit = AGENT_UNIT, "{}", super::START_LIMIT_RESET_LOG);
+        Ok(())
     }
 
     /// The agent unit's last log lines (best effort, for the operation's message).

@@ -12,10 +12,12 @@
 //! the wall clock, a snapshot restore does not move: the guest's "now" is `/proc/uptime` (the
 //! boot-time clock, equal to the monotonic one on a VM that never suspends).
 //!
-//! systemd's limiter is a fixed window that `systemctl reset-failed` also resets, which the
-//! journal does not record. The wait here is the sliding-window bound instead: no more than
-//! `burst` starts in any `interval`, counting the new ones as happening now. That bound holds
-//! whatever windows and resets systemd had, so it is never too short; it may be longer than
+//! systemd's limiter is a fixed window that `systemctl reset-failed` also resets. systemd does
+//! not log a reset, but the agent's recovery does, right after it resets the unit
+//! ([`aks_flex_node::upgrade::START_LIMIT_RESET_LOG`] in the recovery unit's journal): starts
+//! before the last such line no longer count. The wait is otherwise the sliding-window bound:
+//! no more than `burst` starts in any `interval`, counting the new ones as happening now. That
+//! bound holds whatever windows systemd had, so it is never too short; it may be longer than
 //! strictly needed.
 
 use std::time::Duration;
@@ -206,13 +208,47 @@ pub fn parse_uptime(text: &str) -> anyhow::Result<Duration> {
     Ok(Duration::from_secs_f64(secs))
 }
 
+/// The unit whose journal records the agent's start-limit resets.
+pub const RECOVERY_UNIT: &str = "aks-flex-node-recovery.service";
+
+/// The times (monotonic, since boot) of the recovery's start-limit resets in
+/// `journalctl -o json` lines: entries whose `MESSAGE` contains
+/// [`aks_flex_node::upgrade::START_LIMIT_RESET_LOG`].
+pub fn parse_resets(journal_json: &str) -> Vec<Duration> {
+    journal_json
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| {
+            v.get("MESSAGE")
+                .and_then(|m| m.as_str())
+                .is_some_and(|m| m.contains(aks_flex_node::upgrade::START_LIMIT_RESET_LOG))
+        })
+        .filter_map(|v| {
+            v.get("__MONOTONIC_TIMESTAMP")
+                .and_then(|t| t.as_str())
+                .and_then(|t| t.parse::<u64>().ok())
+                .map(Duration::from_micros)
+        })
+        .collect()
+}
+
+/// The starts that still count: those after the last reset.
+pub fn counted_starts(starts: &[Duration], resets: &[Duration]) -> Vec<Duration> {
+    match resets.iter().max() {
+        Some(last) => starts.iter().copied().filter(|s| s > last).collect(),
+        None => starts.to_vec(),
+    }
+}
+
 /// One SSH command for everything [`wait_needed`] needs about `unit`, in sections
-/// (`---show`, `---journal`, `---uptime`); [`parse_snapshot`] reads it.
+/// (`---show`, `---journal`, `---resets`, `---uptime`); [`parse_snapshot`] reads it.
 pub fn snapshot_script(unit: &str) -> String {
     format!(
         "echo ---show; systemctl show -p StartLimitIntervalUSec -p StartLimitBurst {unit}; \
          echo ---journal; journalctl -b -o json --no-pager --output-fields=MESSAGE_ID,UNIT \
            MESSAGE_ID={MESSAGE_ID_STARTING} UNIT={unit} _PID=1; \
+         echo ---resets; journalctl -b -o json --no-pager --output-fields=MESSAGE \
+           -u {RECOVERY_UNIT}; \
          echo ---uptime; cat /proc/uptime"
     )
 }
@@ -230,7 +266,10 @@ pub fn parse_snapshot(
     };
     Ok((
         parse_limit(section("show"))?,
-        parse_starts(section("journal"), unit),
+        counted_starts(
+            &parse_starts(section("journal"), unit),
+            &parse_resets(section("resets")),
+        ),
         parse_uptime(section("uptime"))?,
     ))
 }
@@ -247,6 +286,20 @@ mod tests {
         interval: Some(Duration::from_secs(300)),
         burst: 5,
     };
+
+    #[test]
+    fn starts_before_the_last_recovery_reset_do_not_count() {
+        let resets = parse_resets(&format!(
+            "{{\"MESSAGE\":\"2026-12-02T18:00:00Z INFO {}\",\"__MONOTONIC_TIMESTAMP\":\"50000000\"}}\n{{\"MESSAGE\":\"other\",\"__MONOTONIC_TIMESTAMP\":\"90000000\"}}\n",
+            aks_flex_node::upgrade::START_LIMIT_RESET_LOG
+        ));
+        assert_eq!(resets, [s(50)]);
+        assert_eq!(
+            counted_starts(&[s(10), s(40), s(51), s(60)], &resets),
+            [s(51), s(60)]
+        );
+        assert_eq!(counted_starts(&[s(10)], &[]), [s(10)]);
+    }
 
     #[test]
     fn wait_table() {
