@@ -463,6 +463,27 @@ async fn an_image_that_fails_its_check_is_not_selected() {
 }
 
 #[tokio::test]
+async fn an_image_that_does_not_exist_fails_the_upgrade_and_selects_nothing() {
+    let (f, images) = container_fake();
+    images.fail_pull(CAND, "manifest unknown");
+    let u = Upgrader::new(f.host.clone()).with_images(Arc::new(images.clone()));
+    let e = u
+        .start(&UpgradeRequest::Image(CAND.into()), op())
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.starts_with("pull:") && e.contains("manifest unknown"),
+        "{e}"
+    );
+    assert!(!f.host.fs.exists(Path::new(AGENT_IMAGE_ENV)));
+    assert!(timers(&f).is_empty());
+    let r = u.record().unwrap();
+    assert_eq!(r.stage, Stage::Finished);
+    assert_eq!(u.resume("uid-1"), Resumed::Finished(r.result.unwrap()));
+}
+
+#[tokio::test]
 async fn upgrading_to_the_selected_image_does_nothing() {
     let (f, images) = container_fake();
     let u = Upgrader::new(f.host.clone()).with_images(Arc::new(images.clone()));
