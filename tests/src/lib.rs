@@ -1,4 +1,7 @@
-//! Cross-crate tests live in `tests/tests/`; this library only locates the workspace root.
+//! Cross-crate tests live in `tests/tests/`; this library locates the workspace root and holds
+//! what several of them share ([`daemon`]: long-running children such as containerd).
+
+pub mod daemon;
 
 use std::path::PathBuf;
 

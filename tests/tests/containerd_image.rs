@@ -39,68 +39,10 @@ use aks_flex_node::hostinfo::{HostInfo, RealHostInfo};
 use aks_flex_node::runner::{Cmd, Output, ProcessRunner, Runner, run_inherited, which_on};
 use flex_image::{AgentImageOptions, ImageInfo, build_agent_image};
 
+use flex_tests::daemon::{Daemon, spawn_daemon, wait_for};
+
 const PACKAGES: &str = "containerd runc dbus busybox-static";
 const NAMESPACE: &str = "flex";
-
-/// A long-running child (containerd, dbus-daemon, the stand-in init); killed and reaped on drop.
-struct Daemon {
-    child: std::process::Child,
-    log: PathBuf,
-}
-
-impl Daemon {
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// Starts `program args…` with its output in `log`.
-// The runner waits for every child it starts; these daemons must outlive any one call and are
-// killed in `Daemon::drop`, so they are started here, the test's only direct spawn.
-#[allow(clippy::disallowed_methods)]
-fn spawn_daemon(program: &str, args: &[&str], log: &Path) -> Daemon {
-    let out = std::fs::File::create(log).unwrap();
-    let child = std::process::Command::new(program)
-        .args(args)
-        .stdin(std::process::Stdio::null())
-        .stdout(out.try_clone().unwrap())
-        .stderr(out)
-        .spawn()
-        .unwrap_or_else(|e| panic!("start {program}: {e}"));
-    Daemon {
-        child,
-        log: log.to_path_buf(),
-    }
-}
-
-/// Polls `ready` until it holds; on timeout fails with `daemon`'s log.
-async fn wait_for(
-    what: &str,
-    daemon: &Daemon,
-    timeout: Duration,
-    mut ready: impl AsyncFnMut() -> bool,
-) {
-    let start = Instant::now();
-    while !ready().await {
-        assert!(
-            start.elapsed() < timeout,
-            "{what} not ready after {timeout:?}; its log:\n{}",
-            daemon.log()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
 
 /// Fails (never passes silently) when a component is missing.
 async fn require_packages() {

@@ -29,7 +29,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -45,47 +45,11 @@ use aks_flex_node::runner::{Cmd, Output, ProcessRunner, Runner, which_on};
 use aks_flex_node::testing::FakeRunner;
 use bytes::Bytes;
 
+use flex_tests::daemon::{Daemon, spawn_daemon};
+
 const PACKAGES: &str = "containerd runc docker-registry busybox-static";
 const REGISTRY_BIN: &str = "/usr/bin/docker-registry";
 const LAYER2_FILE: &str = "hello from layer 2\n";
-
-/// A long-running child (containerd, the registry); killed and reaped on drop.
-struct Daemon {
-    child: std::process::Child,
-    log: PathBuf,
-}
-
-impl Daemon {
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// Starts `program args…` with its output in `log`.
-// The runner waits for every child it starts; these daemons must outlive any one call and are
-// killed in `Daemon::drop`, so they are started here, the test's only direct spawn.
-#[allow(clippy::disallowed_methods)]
-fn spawn_daemon(program: &str, args: &[&str], log: &Path) -> Daemon {
-    let out = std::fs::File::create(log).unwrap();
-    let child = std::process::Command::new(program)
-        .args(args)
-        .stdin(std::process::Stdio::null())
-        .stdout(out.try_clone().unwrap())
-        .stderr(out)
-        .spawn()
-        .unwrap_or_else(|e| panic!("start {program}: {e}"));
-    Daemon {
-        child,
-        log: log.to_path_buf(),
-    }
-}
 
 /// Fails (never passes silently) when a component is missing.
 fn require_packages() {

@@ -279,10 +279,7 @@ impl Upgrader {
         let msg = format!(
             "switched to slot {}{}; the agent restarts on it in {}s",
             candidate.name(),
-            rec.candidate_version
-                .as_deref()
-                .map(|v| format!(" (version {v})"))
-                .unwrap_or_default(),
+            version_note(&rec.candidate_version),
             RESTART_DELAY.as_secs()
         );
         tracing::info!(
@@ -489,10 +486,7 @@ impl Upgrader {
         tracing::info!(candidate = image, previous = %selected, "AgentUpgrade switched; restart scheduled");
         Ok(Started::HandedOff(format!(
             "switched to {image}{}; the agent restarts on it in {}s",
-            rec.candidate_version
-                .as_deref()
-                .map(|v| format!(" (version {v})"))
-                .unwrap_or_default(),
+            version_note(&rec.candidate_version),
             RESTART_DELAY.as_secs()
         )))
     }
@@ -578,10 +572,7 @@ impl Upgrader {
                 let result = OperationResult::complete(format!(
                     "AgentUpgrade completed: the agent runs {}{}",
                     rec.candidate,
-                    rec.candidate_version
-                        .as_deref()
-                        .map(|v| format!(" (version {v})"))
-                        .unwrap_or_default()
+                    version_note(&rec.candidate_version)
                 ));
                 tracing::info!(candidate = %rec.candidate, "the upgraded agent started: AgentUpgrade complete");
                 self.finish(&mut rec, result.clone());
@@ -737,6 +728,14 @@ pub fn render_record(r: &UpgradeRecord) -> String {
         s.push_str(&format!("operation: {}\n", yaml_scalar(&op.name)));
     }
     s
+}
+
+/// ` (version X)` when the candidate's version is known, else nothing.
+fn version_note(version: &Option<String>) -> String {
+    version
+        .as_deref()
+        .map(|v| format!(" (version {v})"))
+        .unwrap_or_default()
 }
 
 /// The `Version:` line of `aks-flex-node version` output (upstream's format), else its first
