@@ -1,6 +1,7 @@
 //! The check groups, in their usual order, and `--only` selection. Each group starts from a
 //! bootstrapped host and leaves one, so any can run alone; groups that need a Kubernetes
-//! cluster are listed and, without one, reported as skipped with the reason.
+//! cluster (`up --cluster`, [`crate::cluster`]) are, without one, reported as skipped with the
+//! reason `up` recorded.
 
 /// What a group needs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -58,17 +59,17 @@ pub const GROUPS: &[Group] = &[
     },
     Group {
         name: "node-join",
-        description: "the node joins the cluster and is Ready; a pod runs on it and kubectl logs reaches it",
+        description: "the node joins the cluster and is Ready, the daemon's CSR is approved, the active machine runs, a pod runs on it and kubectl logs reaches it",
         needs: Needs::Cluster,
     },
     Group {
         name: "repave",
-        description: "a new settings version and a deleted Node move the node to the other machine",
+        description: "a new settings version (eTag) and a deleted Node move the node to the other machine: a new Ready Node, the old machine and its bpffs mount removed, a pod runs",
         needs: Needs::Cluster,
     },
     Group {
         name: "machine-operations",
-        description: "NodeReboot and AgentReset MachineOperations through the API",
+        description: "NodeReboot and AgentReset MachineOperations through the API finish Complete; the node is Ready after the reboot, and joins again after the reset and a fresh bootstrap",
         needs: Needs::Cluster,
     },
 ];

@@ -4,12 +4,15 @@
 //! `cache=unsafe` overlay (KVM when a probe boot shows it is usable, else TCG), and runs timed
 //! check groups. `xtask` is a thin CLI over this library.
 //!
-//! Modules: [`qemu`] (QEMU's argv), [`qmp`] (the control socket), [`kvm`] (accelerator
-//! choice), [`groups`] (check groups and selection), [`report`] (timing table, JUnit),
-//! [`registry`] (the local registry), [`ssh`] (commands in the guest), [`upgrade`] (the
-//! AgentUpgrade group, its candidate images and the start-limit wait).
+//! Modules: [`acl`] (ACL from the compute gallery, and how it boots), [`qemu`] (QEMU's argv),
+//! [`qmp`] (the control socket), [`kvm`] (accelerator choice), [`groups`] (check groups and
+//! selection), [`report`] (timing table, JUnit), [`registry`] (the local registry), [`ssh`]
+//! (commands in the guest), [`upgrade`] (the AgentUpgrade group, its candidate images and the
+//! start-limit wait), [`cluster`] (the kind cluster of `up --cluster` and the cluster groups).
 
+pub mod acl;
 pub mod checks;
+pub mod cluster;
 pub mod devhost;
 pub mod fixtures;
 pub mod groups;

@@ -1,7 +1,8 @@
 //! The VM's Ignition config: `image/agent-container.bu` (with the agent image filled in) plus
 //! the harness's additions — a harness user with the generated SSH key, the hostname, the
 //! bootstrap inputs, and `image/label-containerd.bu` when asked — merged by the `ignition`
-//! crate, which reports a conflict rather than overwriting.
+//! crate, which reports a conflict rather than overwriting. With `up --cluster`, the bootstrap
+//! inputs join the kind cluster ([`cluster_bootstrap_env`]).
 
 use std::path::Path;
 
@@ -51,6 +52,47 @@ pub fn fill_agent_container(template: &str, agent_image: &str, pull_args: &str) 
     template
         .replace("@AKS_FLEX_NODE_IMAGE@", agent_image)
         .replace("@AKS_FLEX_NODE_PULL_ARGS@", pull_args)
+}
+
+/// The bootstrap inputs that join the harness's kind cluster: its API server as the guest
+/// reaches it, its CA and the bootstrap token, the cluster's Kubernetes version (downloaded by
+/// the agent: the offline bundle's kubelet is a stand-in), the node's address on QEMU's user
+/// network, kind's DNS service, the machine registered with the in-cluster controller (the
+/// registration is required), and `location` as a literal (the bootstrap group checks it is
+/// not evaluated). The text holds the token: it goes into the Ignition config and the VM's
+/// state, never into a log.
+pub fn cluster_bootstrap_env(
+    join: &crate::cluster::Join,
+    machine_image: &str,
+    location: &str,
+) -> String {
+    let loc = location.replace('\'', "");
+    [
+        "# Written by cargo xtask up --cluster: joins the harness's kind cluster.".to_string(),
+        format!(
+            "AKS_FLEX_NODE_CLUSTER_RESOURCE_ID=/subscriptions/00000000-0000-0000-0000-000000000000/resourceGroups/harness/providers/Microsoft.ContainerService/managedClusters/{}",
+            crate::cluster::CLUSTER_NAME
+        ),
+        format!("AKS_FLEX_NODE_LOCATION='{loc}'"),
+        format!("AKS_FLEX_NODE_KUBERNETES_VERSION={}", join.kubernetes_version),
+        format!("AKS_FLEX_NODE_API_SERVER={}", join.api_server),
+        format!("AKS_FLEX_NODE_CA_CERT_DATA={}", join.ca_cert_data),
+        format!("AKS_FLEX_NODE_BOOTSTRAP_TOKEN={}", join.token.token().expose()),
+        format!("AKS_FLEX_NODE_NODE_NAME={}", join.node_name),
+        format!("AKS_FLEX_NODE_NODE_IP={}", join.node_ip),
+        format!("AKS_FLEX_NODE_DNS_SERVICE_IP={}", join.dns_service_ip),
+        "AKS_FLEX_NODE_MACHINE_CLIENT_MODE=in-cluster".into(),
+        format!(
+            "AKS_FLEX_NODE_MACHINE_CLIENT_ENDPOINT_URL={}",
+            aks_flex_node::machineclient::incluster::DEFAULT_ENDPOINT_PATH
+        ),
+        "AKS_FLEX_NODE_REQUIRE_MACHINE_REGISTRATION=true".into(),
+        format!("AKS_FLEX_NODE_OCI_IMAGE={machine_image}"),
+        "AKS_FLEX_NODE_LOG_LEVEL=debug".into(),
+        "AKS_FLEX_NODE_PREFLIGHT_IGNORE=disk-space".into(),
+        String::new(),
+    ]
+    .join("\n")
 }
 
 /// Renders the Ignition JSON for the VM.
@@ -117,6 +159,56 @@ mod tests {
         }
         assert!(!json.contains("@AKS_FLEX_NODE_IMAGE@"));
         assert_eq!(v["passwd"]["users"][0]["name"], USER);
+    }
+
+    /// A self-signed CA (base64 PEM) for rendering tests.
+    const TEST_CA: &str = "LS0tLS1CRUdJTiBDRVJUSUZJQ0FURS0tLS0tCk1JSUJ4ekNDQVcyZ0F3SUJBZ0lVVXhTQmRqeG8zUm9aQnB2ajkyd0FPdXZSQktFd0NnWUlLb1pJemowRUF3SXcKT0RFMk1EUUdBMVVFQXd3dFlXdHpMV1pzWlhndGJtOWtaU0J2Wm1ac2FXNWxJR2hoY201bGMzTWdRMEVnS0c1dgpJR05zZFhOMFpYSXBNQ0FYRFRJMk1USXdNakUyTWpFd04xb1lEekl4TWpZeE1UQTRNVFl5TVRBM1dqQTRNVFl3Ck5BWURWUVFEREMxaGEzTXRabXhsZUMxdWIyUmxJRzltWm14cGJtVWdhR0Z5Ym1WemN5QkRRU0FvYm04Z1kyeDEKYzNSbGNpa3dXVEFUQmdjcWhrak9QUUlCQmdncWhrak9QUU1CQndOQ0FBVHhQc2pNZWRkT3hZaFVyQmFHckU0SAphL0pNZG5PYzhGb042SUpKTll2UUNxbWNpaU9mZkV6YklmWHAwYjliUnFYUml6Njk4TWttQ2Q2QzdSc0FhbjJjCm8xTXdVVEFkQmdOVkhRNEVGZ1FVSGhLNVM3QlJBcGZHUmVRN1JjU1NqenlZY1RNd0h3WURWUjBqQkJnd0ZvQVUKSGhLNVM3QlJBcGZHUmVRN1JjU1NqenlZY1RNd0R3WURWUjBUQVFIL0JBVXdBd0VCL3pBS0JnZ3Foa2pPUFFRRApBZ05JQURCRkFpRUE2YnZsVm5xODJhYlU5N01mQVJScFJyZHlpa0hNUDVaVFhXWjYvUTFwTVVJQ0lBOU1ic2FXCkg1aGFTYVdzcU5KN05WQzQya21JL0dZYk01RDJwdGYvcnA3cgotLS0tLUVORCBDRVJUSUZJQ0FURS0tLS0tCg==";
+
+    fn join() -> crate::cluster::Join {
+        crate::cluster::Join {
+            api_server: "https://10.0.2.2:36443".into(),
+            ca_cert_data: TEST_CA.into(),
+            token: crate::cluster::token::BootstrapToken::from_parts("abcdef", "0123456789abcdef")
+                .unwrap(),
+            kubernetes_version: "1.34.0".into(),
+            node_name: "flex-dev-node".into(),
+            node_ip: "10.0.2.15".into(),
+            dns_service_ip: "10.96.0.10".into(),
+        }
+    }
+
+    /// The cluster inputs are valid bootstrap inputs: the agent's own parser and renderer
+    /// accept them, and the config joins the cluster with the token through the in-cluster
+    /// machine client.
+    #[test]
+    fn cluster_env_renders_a_joining_config() {
+        use aks_flex_node::bootstrap::{env, inputs::Inputs, render};
+        let text = cluster_bootstrap_env(
+            &join(),
+            "10.0.2.2:5000/aks-flex/machine@sha256:00",
+            &crate::checks::hostile_location(),
+        );
+        let entries = env::parse(&text).unwrap();
+        let inputs = Inputs::from_sources(None, &entries, Vec::new()).unwrap();
+        let rendered = render::render(&inputs, &|| Ok("flex-dev-node".to_string())).unwrap();
+        let c = &rendered.config;
+        assert_eq!(
+            c.azure.bootstrap_token.as_ref().unwrap().token.expose(),
+            "abcdef.0123456789abcdef"
+        );
+        assert_eq!(c.agent.node_name, "flex-dev-node");
+        assert_eq!(
+            c.azure.target_cluster.as_ref().unwrap().location,
+            crate::checks::hostile_location()
+        );
+        let json: serde_json::Value = serde_json::from_slice(rendered.bytes()).unwrap();
+        assert_eq!(
+            json["node"]["kubelet"]["clusterFQDN"],
+            "https://10.0.2.2:36443"
+        );
+        assert_eq!(json["agent"]["machineClient"]["mode"], "in-cluster");
+        assert!(text.lines().all(|l| !l.contains("OFFLINE_ARTIFACTS")));
+        insta::assert_snapshot!(text.replace(TEST_CA, "<ca>"));
     }
 
     #[test]

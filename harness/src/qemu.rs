@@ -26,8 +26,9 @@ pub enum Boot {
     Kernel {
         /// Kernel image.
         kernel: PathBuf,
-        /// Initial ramdisk.
-        initrd: PathBuf,
+        /// Initial ramdisk, if the kernel has one apart (ACL's UKI does; a GRUB-booted image
+        /// may not).
+        initrd: Option<PathBuf>,
         /// Kernel command line.
         append: String,
     },
@@ -100,8 +101,12 @@ pub fn args(spec: &QemuSpec) -> Vec<String> {
             append,
         } => {
             let k = kernel.display().to_string();
-            let i = initrd.display().to_string();
-            push(&["-kernel", &k, "-initrd", &i, "-append", append]);
+            push(&["-kernel", &k]);
+            if let Some(initrd) = initrd {
+                let i = initrd.display().to_string();
+                push(&["-initrd", &i]);
+            }
+            push(&["-append", append]);
         }
         Boot::Uefi { code, vars } => {
             let c = format!(
@@ -166,7 +171,7 @@ mod tests {
             disk: "/w/vm/disk.qcow2".into(),
             boot: Boot::Kernel {
                 kernel: "/c/vmlinuz".into(),
-                initrd: "/c/initrd.img".into(),
+                initrd: Some("/c/initrd.img".into()),
                 append: dev_host_append(&[]),
             },
             fw_cfg: Some((FWCFG_COREOS.into(), "/w/vm/config.ign".into())),
@@ -197,5 +202,31 @@ mod tests {
         insta::assert_snapshot!(a.join("\n"));
         assert!(a.iter().any(|x| x.contains("cache=unsafe")));
         assert!(!a.contains(&"-daemonize".to_string()));
+    }
+
+    /// ACL whose add-ons select Azure: its own kernel and initrd, its command line with the
+    /// qemu platform, no firmware.
+    #[test]
+    fn acl_direct_kernel_argv() {
+        let mut s = spec();
+        s.boot = Boot::Kernel {
+            kernel: "/w/vm/acl-boot/vmlinuz".into(),
+            initrd: Some("/w/vm/acl-boot/initrd".into()),
+            append: crate::acl::boot::qemu_append(
+                &["root=LABEL=ROOT".into(), "flatcar.oem.id=azure".into()],
+                true,
+            ),
+        };
+        s.fw_cfg = Some((FWCFG_FLATCAR.into(), "/w/vm/config.ign".into()));
+        let a = args(&s);
+        insta::assert_snapshot!(a.join("\n"));
+        assert!(!a.iter().any(|x| x.contains("pflash")));
+        s.boot = Boot::Kernel {
+            kernel: "/k".into(),
+            initrd: None,
+            append: "console=ttyS0".into(),
+        };
+        let a = args(&s);
+        assert!(!a.contains(&"-initrd".to_string()), "{a:?}");
     }
 }

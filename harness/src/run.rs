@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 
 use aks_flex_node::runner::{Cmd, ProcessRunner, Runner};
 
+use crate::acl::{self, AclBoot};
 use crate::checks::{self, Ctx};
 use crate::devhost::{self, Suite};
 use crate::fixtures;
@@ -130,7 +131,7 @@ impl Drop for Cleanup {
         if !self.armed {
             return;
         }
-        eprintln!("up failed: stopping the VM and the registry it started");
+        eprintln!("up failed: stopping the VM, the registry and the kind cluster it started");
         let work = self.work.clone();
         // Drop cannot await: run `down` on a fresh single-threaded runtime in its own thread.
         let _ = std::thread::spawn(move || {
@@ -138,7 +139,12 @@ impl Drop for Cleanup {
                 .enable_all()
                 .build()
             {
-                let _ = rt.block_on(vm::down(&work));
+                let _ = rt.block_on(async {
+                    let provider = crate::cluster::provider();
+                    let _ = crate::cluster::down(&ProcessRunner::new(), &work, provider.as_deref())
+                        .await;
+                    vm::down(&work).await
+                });
             }
         })
         .join();
@@ -146,12 +152,15 @@ impl Drop for Cleanup {
 }
 
 /// `up`: boots the VM with the agent bootstrapped in its container. `agent_layout` is the
-/// agent's OCI image layout (`cargo xtask image`).
+/// agent's OCI image layout (`cargo xtask image`). With `cluster` (`up --cluster`), the VM
+/// joins a kind cluster made first ([`crate::cluster`]); where none can be made, it boots
+/// offline and the reason is recorded for `check`.
 pub async fn up(
     repo: &Path,
     work: &Path,
     agent_layout: &Path,
     opts: &UpOptions,
+    cluster: Option<&crate::cluster::Request>,
 ) -> anyhow::Result<State> {
     let p = Progress::new();
     let mut timings: Vec<(String, f64)> = Vec::new();
@@ -164,6 +173,12 @@ pub async fn up(
     if vm::State::load(work)?.is_some() {
         p.say("replacing the VM of an earlier up");
     }
+    let provider = crate::cluster::provider();
+    if let Err(e) = crate::cluster::down(&ProcessRunner::new(), work, provider.as_deref()).await {
+        p.say(&format!(
+            "warning: the kind cluster of an earlier up stays: {e:#}"
+        ));
+    }
     vm::down(work).await?;
     std::fs::create_dir_all(work)?;
     let mut guard = Cleanup {
@@ -172,13 +187,20 @@ pub async fn up(
     };
     let cache = devhost::default_cache_root();
 
+    // A direct kernel boot of ACL runs Ignition on its first boot only; the later boots'
+    // command line (without `flatcar.first_boot`) replaces it once the host is bootstrapped.
+    let mut later_append: Option<String> = None;
     let (base, boot, fw_key, spec, kernel_for_probe) = match &opts.os {
         OsImage::DevHost => {
-            p.say("dev host image (built once per recipe, cached)");
-            let img = devhost::ensure(&cache, Suite::Bookworm, &|m| p.say(m)).await?;
+            let img = p
+                .try_wait(
+                    "dev host image (built once per recipe, cached)",
+                    devhost::ensure(&cache, Suite::Bookworm, &|m| p.say(m)),
+                )
+                .await?;
             let boot = Boot::Kernel {
                 kernel: img.kernel.clone(),
-                initrd: img.initrd.clone(),
+                initrd: Some(img.initrd.clone()),
                 append: crate::qemu::dev_host_append(&[]),
             };
             (
@@ -197,18 +219,53 @@ pub async fn up(
             if !image.is_file() {
                 anyhow::bail!("ACL image {} does not exist", image.display());
             }
-            let vars = work.join("OVMF_VARS.fd");
-            std::fs::copy(ovmf_vars, &vars)?;
-            (
-                image.clone(),
-                Boot::Uefi {
-                    code: ovmf_code.clone(),
-                    vars,
-                },
-                crate::qemu::FWCFG_FLATCAR,
-                flex_ignition::SpecVersion::V3_4_0,
-                None,
-            )
+            let mode = acl::BootMode::from_env()?;
+            let decided = p
+                .try_wait(
+                    "reading the ACL image's boot configuration",
+                    acl::boot::prepare(&ProcessRunner::new(), image, &work.join("acl-boot"), mode),
+                )
+                .await?;
+            match decided {
+                AclBoot::Uefi { why } => {
+                    p.say(&format!("ACL boots with UEFI: {why}"));
+                    let vars = work.join("OVMF_VARS.fd");
+                    std::fs::copy(ovmf_vars, &vars).map_err(|e| {
+                        anyhow::anyhow!("copying the OVMF variables {}: {e}", ovmf_vars.display())
+                    })?;
+                    (
+                        image.clone(),
+                        Boot::Uefi {
+                            code: ovmf_code.clone(),
+                            vars,
+                        },
+                        crate::qemu::FWCFG_FLATCAR,
+                        flex_ignition::SpecVersion::V3_4_0,
+                        None,
+                    )
+                }
+                AclBoot::Kernel {
+                    kernel,
+                    initrd,
+                    first_boot_append,
+                    append,
+                    why,
+                } => {
+                    p.say(&format!("ACL boots its kernel directly: {why}"));
+                    later_append = Some(append);
+                    (
+                        image.clone(),
+                        Boot::Kernel {
+                            kernel: kernel.clone(),
+                            initrd,
+                            append: first_boot_append,
+                        },
+                        crate::qemu::FWCFG_FLATCAR,
+                        flex_ignition::SpecVersion::V3_4_0,
+                        Some(kernel),
+                    )
+                }
+            }
         }
     };
     lap("os image", &mut timings);
@@ -228,8 +285,12 @@ pub async fn up(
     .await?;
     let guest_registry = reg.guest_addr();
     let agent_image = images::pinned(&format!("{guest_registry}/aks-flex/agent"), &agent_digest);
-    p.say("machine rootfs and component bundle (fixtures, cached)");
-    let tree = fixtures::machine_rootfs_with(&cache, &|m| p.say(m)).await?;
+    let tree = p
+        .try_wait(
+            "machine rootfs (fixture, built once and cached)",
+            fixtures::machine_rootfs_with(&cache, &|m| p.say(m)),
+        )
+        .await?;
     let tmp = tempfile::tempdir_in(work)?;
     let machine_digest = images::push_tree_image(
         &client,
@@ -239,7 +300,12 @@ pub async fn up(
         tmp.path(),
     )
     .await?;
-    let (bundle_dir, versions) = fixtures::offline_bundle_with(&cache, &|m| p.say(m)).await?;
+    let (bundle_dir, versions) = p
+        .try_wait(
+            "component bundle (fixture, built once and cached)",
+            fixtures::offline_bundle_with(&cache, &|m| p.say(m)),
+        )
+        .await?;
     let tmp2 = tempfile::tempdir_in(work)?;
     let bundle_digest = images::push_tree_image(
         &client,
@@ -258,7 +324,13 @@ pub async fn up(
 
     let key = work.join("id_ed25519");
     let pubkey = ssh::ensure_key(&key).await?;
-    let env = offline_bootstrap_env(&machine_image, &bundle, &versions.kubernetes);
+    let (availability, cluster_env) =
+        crate::cluster::up_step(&|m| p.say(m), repo, work, cluster, HOSTNAME, &machine_image).await;
+    if cluster.is_some() {
+        lap("kind cluster", &mut timings);
+    }
+    let env = cluster_env
+        .unwrap_or_else(|| offline_bootstrap_env(&machine_image, &bundle, &versions.kubernetes));
     let json = provision::render(
         repo,
         &Additions {
@@ -275,7 +347,10 @@ pub async fn up(
     vm::create_overlay(&base, &work.join("disk.qcow2")).await?;
 
     let (accel, reason) = match &kernel_for_probe {
-        Some(k) => vm::choose_accel(work, k, opts.try_kvm).await,
+        Some(k) => {
+            p.wait("KVM probe boot", vm::choose_accel(work, k, opts.try_kvm))
+                .await
+        }
         None if opts.try_kvm => (Accel::Kvm, "ACL boots with UEFI; KVM asked for".into()),
         None => (Accel::Tcg, "TCG requested".into()),
     };
@@ -283,7 +358,7 @@ pub async fn up(
     lap("kvm probe", &mut timings);
 
     let ssh_port = registry::free_port()?;
-    let qspec = vm::qemu_spec(work, accel, opts, boot, fw_key, ssh_port);
+    let mut qspec = vm::qemu_spec(work, accel, opts, boot, fw_key, ssh_port);
     p.say(&format!(
         "booting ({})",
         if accel == Accel::Kvm { "kvm" } else { "tcg" }
@@ -306,19 +381,27 @@ pub async fn up(
         bootstrap_env: Some(env),
         snapshot: None,
         timings: Vec::new(),
+        cluster: None,
     };
     state.save()?;
-    vm::wait_ssh(&ssh, &state.serial_log(), pid, opts.boot_timeout).await?;
-    p.say("the guest answers SSH");
+    p.try_wait(
+        "first boot: waiting for the guest to answer SSH",
+        vm::wait_ssh(&ssh, &state.serial_log(), pid, opts.boot_timeout),
+    )
+    .await?;
     lap("first boot", &mut timings);
 
-    p.say("waiting for the agent's bootstrap (pull, machine, kubelet stand-in)");
     let ctx = Ctx {
         state: &state,
         ssh: &ssh,
         cluster: false,
     };
-    let waited = wait_bootstrapped(&ctx, opts.bootstrap_timeout).await;
+    let waited = p
+        .try_wait(
+            "waiting for the agent's bootstrap (pull, machine, kubelet stand-in)",
+            wait_bootstrapped(&ctx, opts.bootstrap_timeout),
+        )
+        .await;
     if let Err(e) = waited {
         let journal = ssh
             .output("journalctl -b --no-pager -n 150 -u aks-flex-node-bootstrap.service -u aks-flex-node-agent.service", Duration::from_secs(60))
@@ -328,6 +411,14 @@ pub async fn up(
         anyhow::bail!("{e:#}\njournal:\n{journal}");
     }
     lap("bootstrap", &mut timings);
+    if let Some(append) = later_append {
+        restart_for_later_boots(&p, &mut state, &mut qspec, append, opts).await?;
+        lap("restart (later boots' cmdline)", &mut timings);
+    }
+    if let Some(info) = availability.info() {
+        crate::cluster::joined_step(&|m| p.say(m), &state.ssh, info).await;
+        lap("node joined", &mut timings);
+    }
     if opts.snapshot {
         let secs = vm::save_snapshot(&mut state).await?;
         p.say(&format!(
@@ -338,12 +429,58 @@ pub async fn up(
     }
     state.timings = timings;
     state.save()?;
+    crate::cluster::record(work, &availability)?;
     guard.armed = false;
     p.say("up: the host is bootstrapped and the agent runs in its container");
     for (n, s) in &state.timings {
         eprintln!("  {n:<22} {s:>7.1}s");
     }
     Ok(state)
+}
+
+/// After the first boot of a direct-kernel ACL: powers the guest off and starts QEMU again
+/// with the later boots' command line (no `flatcar.first_boot`), so that a reboot in the guest
+/// (QEMU keeps `-append` across resets) does not run Ignition again; then waits for SSH and
+/// the agent as after the first boot. The first boot's console log is kept beside the new one.
+async fn restart_for_later_boots(
+    p: &Progress,
+    state: &mut State,
+    qspec: &mut crate::qemu::QemuSpec,
+    append: String,
+    opts: &UpOptions,
+) -> anyhow::Result<()> {
+    if let Boot::Kernel { append: a, .. } = &mut qspec.boot {
+        *a = append;
+    }
+    let old = state.qemu_pid.unwrap_or_default();
+    p.try_wait(
+        "restarting QEMU with the later boots' command line (Ignition ran once)",
+        async {
+            let _ = state
+                .ssh
+                .output("systemctl poweroff", Duration::from_secs(20))
+                .await;
+            let deadline = Instant::now() + Duration::from_secs(180);
+            while Path::new(&format!("/proc/{old}")).exists() && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            vm::kill_qemu(old).await;
+            let serial = state.serial_log();
+            let _ = std::fs::rename(&serial, state.work.join("serial-first-boot.log"));
+            let pid = vm::boot(qspec).await?;
+            state.qemu_pid = Some(pid);
+            state.save()?;
+            let state: &State = state;
+            vm::wait_ssh(&state.ssh, &serial, pid, opts.boot_timeout).await?;
+            let ctx = Ctx {
+                state,
+                ssh: &state.ssh,
+                cluster: false,
+            };
+            wait_bootstrapped(&ctx, opts.bootstrap_timeout).await
+        },
+    )
+    .await
 }
 
 async fn wait_bootstrapped(ctx: &Ctx<'_>, timeout: Duration) -> anyhow::Result<()> {
@@ -381,18 +518,25 @@ pub async fn check(
     let selected = groups::select(only)?;
     let state =
         State::load(work)?.ok_or_else(|| anyhow::anyhow!("no VM: run `cargo xtask up` first"))?;
-    let cluster = false;
+    // An unreadable record is no cluster; the groups' skip reason says why.
+    let cluster = crate::cluster::load(work).is_ok_and(|a| a.info().is_some());
     let ctx = Ctx {
         state: &state,
         ssh: &state.ssh,
         cluster,
     };
     let use_snapshot = !no_snapshot && state.snapshot.is_some();
+    let p = Progress::new();
     let mut run = RunReport::default();
     for g in &selected {
-        eprintln!("group {}", g.name);
         let restore = use_snapshot && g.needs == Needs::Host;
-        run.groups.push(checks::run_group(&ctx, g, restore).await);
+        let report = p
+            .wait(
+                &format!("group {}", g.name),
+                checks::run_group(&ctx, g, restore),
+            )
+            .await;
+        run.groups.push(report);
     }
     let table = report::render_table(&run);
     std::fs::write(junit, report::render_junit(&run))?;
@@ -407,9 +551,14 @@ pub async fn check(
     Ok(run.success())
 }
 
-/// `down`.
+/// `down`: deletes the kind cluster of `up --cluster` (and stops its kubelet forward), then
+/// stops the VM and the registry; a cluster that could not be deleted is an error, after the
+/// VM is down.
 pub async fn down(work: &Path) -> anyhow::Result<()> {
-    vm::down(work).await
+    let provider = crate::cluster::provider();
+    let cluster = crate::cluster::down(&ProcessRunner::new(), work, provider.as_deref()).await;
+    vm::down(work).await?;
+    cluster
 }
 
 #[cfg(test)]

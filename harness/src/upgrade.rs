@@ -118,9 +118,9 @@ async fn explain(c: &Ctx<'_>, r: anyhow::Result<Checked>) -> anyhow::Result<Chec
             .await
             .map(|o| o.stdout)
             .unwrap_or_else(|e| format!("(journal unavailable: {e})"));
-        eprintln!(
+        crate::vm::progress_line(&format!(
             "  upgrade: journal of the agent's units:\n{journal}\n  upgrade: {AGENT_UNIT} and {RECOVERY_UNIT} without debug lines:\n{recovery}"
-        );
+        ));
     }
     r
 }
@@ -209,10 +209,10 @@ async fn wait_start_limit(c: &Ctx<'_>, needed: u32, step: &str) -> anyhow::Resul
         let recent = limit.interval.map_or(starts.len(), |i| {
             starts.iter().filter(|s| **s + i >= now).count()
         });
-        eprintln!(
+        crate::vm::progress_line(&format!(
             "  upgrade: waiting {} before {step}: it needs {needed} start(s) of {AGENT_UNIT}, whose start limit is {limit}, and {recent} of this boot's starts are within it",
             secs(wait)
-        );
+        ));
         tokio::time::sleep(wait).await;
     }
     Ok(wait)

@@ -8,11 +8,14 @@
 //! `target/harness/state.json`; if `up` fails or is interrupted it stops what it started, and
 //! `down` stops everything and removes the VM's files.
 
+use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use aks_flex_node::oci::RegistryClient;
 use aks_flex_node::runner::{Cmd, ProcessRunner, Runner};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressState, ProgressStyle};
 use serde::{Deserialize, Serialize};
 
 use crate::kvm::{self, Probe};
@@ -103,6 +106,10 @@ pub struct State {
     pub snapshot: Option<String>,
     /// Seconds per `up` phase.
     pub timings: Vec<(String, f64)>,
+    /// The kind cluster, as [`crate::cluster::record`] writes it (kept as JSON so every save
+    /// of the state keeps it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<serde_json::Value>,
 }
 
 impl State {
@@ -140,28 +147,239 @@ impl State {
     }
 }
 
-/// Progress lines on stderr with the time since `up` started.
+/// What `up` and `check` are doing, on stderr, with the time since the command started.
+///
+/// Every line reads `[  12.3s] step`. A long step ([`Progress::begin`], [`Progress::wait`],
+/// [`Progress::try_wait`]) shows, when stderr is a terminal, as an indicatif spinner with the
+/// time and what is being waited on, ticking steadily; when stderr is not a terminal (CI logs,
+/// pipes) its start is a plain line instead. Either way the finished step is printed as a line
+/// (`…: done in 33.3s`, or `…: failed after 33.3s` when it ends in an error), with the same text.
 pub struct Progress {
-    start: Instant,
+    clock: Clock,
+    out: Out,
+}
+
+type Clock = Arc<dyn Fn() -> Duration + Send + Sync>;
+
+enum Out {
+    /// Plain lines into a writer (stderr, or a test's buffer).
+    Plain(Mutex<Box<dyn Write + Send>>),
+    /// A spinner on the terminal while a step runs; lines above it.
+    Tty,
+}
+
+/// How often a long step's detail may be printed as a plain line.
+const PLAIN_DETAIL_EVERY: Duration = Duration::from_secs(30);
+
+/// The spinner of the step running now, shared by every [`Progress`] of the process (so that
+/// [`progress_line`] prints above it).
+static ACTIVE: Mutex<Option<ProgressBar>> = Mutex::new(None);
+
+fn active() -> std::sync::MutexGuard<'static, Option<ProgressBar>> {
+    ACTIVE.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The process's start, the zero of every [`Progress`] line.
+fn process_start() -> Instant {
+    static START: OnceLock<Instant> = OnceLock::new();
+    *START.get_or_init(Instant::now)
+}
+
+/// `[  12.3s] msg`.
+fn timed(at: Duration, msg: &str) -> String {
+    format!("[{:>6.1}s] {msg}", at.as_secs_f64())
+}
+
+/// Prints `line` on stderr, above the running step's spinner if there is one. For output that
+/// does not go through a [`Progress`] while a step may be running.
+pub fn progress_line(line: &str) {
+    match active().as_ref() {
+        Some(bar) => bar.println(line),
+        None => eprintln!("{line}"),
+    }
 }
 
 impl Progress {
-    /// Starts the clock.
+    /// Progress on stderr: a spinner for long steps when stderr is a terminal (and `TERM` is
+    /// not `dumb`), plain timed lines otherwise.
     pub fn new() -> Self {
-        Self {
-            start: Instant::now(),
+        let start = process_start();
+        let clock: Clock = Arc::new(move || start.elapsed());
+        let tty =
+            std::io::stderr().is_terminal() && std::env::var("TERM").map_or(true, |t| t != "dumb");
+        if tty {
+            Self {
+                clock,
+                out: Out::Tty,
+            }
+        } else {
+            Self::plain(Box::new(std::io::stderr()), clock)
         }
     }
 
-    /// Prints a step.
+    /// Plain timed lines into `sink`, timed by `clock` (what CI sees; tests use a buffer and a
+    /// fake clock).
+    pub fn plain(
+        sink: Box<dyn Write + Send>,
+        clock: Arc<dyn Fn() -> Duration + Send + Sync>,
+    ) -> Self {
+        Self {
+            clock,
+            out: Out::Plain(Mutex::new(sink)),
+        }
+    }
+
+    fn now(&self) -> Duration {
+        (self.clock)()
+    }
+
+    fn line(&self, line: &str) {
+        match &self.out {
+            Out::Plain(sink) => {
+                let mut w = sink.lock().unwrap_or_else(|e| e.into_inner());
+                let _ = writeln!(w, "{line}");
+                let _ = w.flush();
+            }
+            Out::Tty => progress_line(line),
+        }
+    }
+
+    /// Prints a step that is already done (or instant).
     pub fn say(&self, msg: &str) {
-        eprintln!("[{:>6.1}s] {msg}", self.start.elapsed().as_secs_f64());
+        self.line(&timed(self.now(), msg));
+    }
+
+    /// Starts a long step; it ends with [`Step::done`] (or, dropped unfinished, as failed).
+    pub fn begin(&self, msg: &str) -> Step<'_> {
+        let started = self.now();
+        match &self.out {
+            Out::Plain(_) => self.line(&timed(started, &format!("{msg} ..."))),
+            Out::Tty => {
+                let start = process_start();
+                let style = ProgressStyle::with_template("{spinner} [{total}] {msg} ({step})")
+                    .unwrap_or_else(|_| ProgressStyle::default_spinner())
+                    .with_key(
+                        "total",
+                        move |_: &ProgressState, w: &mut dyn std::fmt::Write| {
+                            let _ = write!(w, "{:>6.1}s", start.elapsed().as_secs_f64());
+                        },
+                    )
+                    .with_key("step", |s: &ProgressState, w: &mut dyn std::fmt::Write| {
+                        let _ = write!(w, "{:.0}s", s.elapsed().as_secs_f64());
+                    });
+                let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr())
+                    .with_style(style)
+                    .with_message(msg.to_string());
+                bar.enable_steady_tick(Duration::from_millis(120));
+                if let Some(old) = active().replace(bar) {
+                    old.finish_and_clear();
+                }
+            }
+        }
+        Step {
+            progress: self,
+            msg: msg.to_string(),
+            started,
+            last_line: Mutex::new(started),
+            finished: false,
+        }
+    }
+
+    /// Runs `fut` as a long step named `msg`.
+    pub async fn wait<F: Future>(&self, msg: &str, fut: F) -> F::Output {
+        let step = self.begin(msg);
+        let out = fut.await;
+        step.done();
+        out
+    }
+
+    /// Runs `fut` as a long step named `msg`; an error ends the step as failed.
+    pub async fn try_wait<T, E, F>(&self, msg: &str, fut: F) -> Result<T, E>
+    where
+        F: Future<Output = Result<T, E>>,
+    {
+        let step = self.begin(msg);
+        let out = fut.await;
+        if out.is_ok() {
+            step.done();
+        }
+        out
     }
 }
 
 impl Default for Progress {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+/// A long step that is running (see [`Progress::begin`]).
+pub struct Step<'a> {
+    progress: &'a Progress,
+    msg: String,
+    started: Duration,
+    last_line: Mutex<Duration>,
+    finished: bool,
+}
+
+impl Step<'_> {
+    /// Says how far the step is (`3.1 GiB of 30.0 GiB`): the spinner shows it at once; as plain
+    /// lines, at most one every 30 seconds.
+    pub fn detail(&self, detail: &str) {
+        match &self.progress.out {
+            Out::Tty => {
+                if let Some(bar) = active().as_ref() {
+                    bar.set_message(format!("{}: {detail}", self.msg));
+                }
+            }
+            Out::Plain(_) => {
+                let now = self.progress.now();
+                let mut last = self.last_line.lock().unwrap_or_else(|e| e.into_inner());
+                if now.saturating_sub(*last) >= PLAIN_DETAIL_EVERY {
+                    *last = now;
+                    drop(last);
+                    self.progress
+                        .line(&timed(now, &format!("{}: {detail}", self.msg)));
+                }
+            }
+        }
+    }
+
+    /// Ends the step: `msg: done in 12.3s`.
+    pub fn done(self) {
+        self.finish("done in");
+    }
+
+    fn finish(mut self, how: &str) {
+        self.end(how);
+    }
+
+    fn end(&mut self, how: &str) {
+        if self.finished {
+            return;
+        }
+        self.finished = true;
+        let now = self.progress.now();
+        let line = timed(
+            now,
+            &format!(
+                "{}: {how} {:.1}s",
+                self.msg,
+                now.saturating_sub(self.started).as_secs_f64()
+            ),
+        );
+        if let Out::Tty = self.progress.out
+            && let Some(bar) = active().take()
+        {
+            bar.finish_and_clear();
+        }
+        self.progress.line(&line);
+    }
+}
+
+impl Drop for Step<'_> {
+    fn drop(&mut self) {
+        self.end("failed after");
     }
 }
 
@@ -437,6 +655,7 @@ mod tests {
             bootstrap_env: None,
             snapshot: Some(READY_SNAPSHOT.into()),
             timings: vec![("boot".into(), 12.5)],
+            cluster: None,
         };
         s.save().unwrap();
         let back = State::load(d.path()).unwrap().unwrap();
@@ -466,6 +685,67 @@ mod tests {
         assert!(
             tokio::net::TcpStream::connect(&addr).await.is_err(),
             "registry still runs"
+        );
+    }
+
+    #[derive(Clone, Default)]
+    struct Buf(Arc<Mutex<Vec<u8>>>);
+
+    impl Write for Buf {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// What CI sees: the plain lines, timed by a clock that here advances by hand.
+    #[tokio::test]
+    async fn progress_plain_lines() {
+        let buf = Buf::default();
+        let now = Arc::new(Mutex::new(Duration::ZERO));
+        let clock = now.clone();
+        let p = Progress::plain(
+            Box::new(buf.clone()),
+            Arc::new(move || *clock.lock().unwrap()),
+        );
+        let at = |s: f64| *now.lock().unwrap() = Duration::from_secs_f64(s);
+        p.say("starting the registry");
+        at(1.25);
+        let step = p.begin("first boot: waiting for the guest to answer SSH");
+        at(20.0);
+        step.detail("not yet"); // less than 30 s since the step's line: not printed
+        at(40.0);
+        step.detail("still booting");
+        p.say("a line in between");
+        at(53.5);
+        step.done();
+        let failed: Result<(), &str> = p
+            .try_wait("waiting for the agent's bootstrap", async { Err("boom") })
+            .await;
+        assert!(failed.is_err());
+        let v = p.wait("group machines", async { 7 }).await;
+        assert_eq!(v, 7);
+        {
+            let _dropped = p.begin("savevm");
+            at(60.0);
+        }
+        let text = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
+        assert_eq!(
+            text,
+            "[   0.0s] starting the registry\n\
+             [   1.2s] first boot: waiting for the guest to answer SSH ...\n\
+             [  40.0s] first boot: waiting for the guest to answer SSH: still booting\n\
+             [  40.0s] a line in between\n\
+             [  53.5s] first boot: waiting for the guest to answer SSH: done in 52.2s\n\
+             [  53.5s] waiting for the agent's bootstrap ...\n\
+             [  53.5s] waiting for the agent's bootstrap: failed after 0.0s\n\
+             [  53.5s] group machines ...\n\
+             [  53.5s] group machines: done in 0.0s\n\
+             [  53.5s] savevm ...\n\
+             [  60.0s] savevm: failed after 6.5s\n"
         );
     }
 

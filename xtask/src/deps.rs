@@ -25,6 +25,10 @@ pub const TEST_PACKAGES: &[&str] = &[
     "tar",
     // The protobuf compiler some dependencies' build scripts need.
     "protobuf-compiler",
+    // harness/src/acl tests: a synthetic GPT + FAT boot disk (sgdisk, mkfs.vfat, mcopy).
+    "gdisk",
+    "dosfstools",
+    "mtools",
 ];
 
 /// Installs the missing ones of `packages` (root only; otherwise reports them).

@@ -1,9 +1,12 @@
 //! `cargo xtask up | check | down`: thin wrappers over `flex_harness::run`.
 
+#[cfg(test)]
+use std::path::Path;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use flex_harness::vm::{OsImage, UpOptions};
+use flex_harness::acl::gallery::{self, GalleryOptions};
+use flex_harness::vm::{OsImage, Progress, UpOptions};
 
 /// The harness's work directory.
 pub fn work_dir() -> PathBuf {
@@ -16,6 +19,29 @@ pub struct UpArgs {
     /// Boot an Azure Container Linux QEMU image (qcow2 or raw) instead of the dev host
     #[arg(long, env = "ACL_IMAGE", value_name = "PATH")]
     pub acl_image: Option<PathBuf>,
+    /// Boot ACL exported from the Azure compute gallery with `az` (cached; default image
+    /// ACLDEVEL/acl-1es-eval-kvm); ACL_IMAGE wins when set
+    #[arg(long, env = "ACL_GALLERY", value_name = "GALLERY/IMAGE", num_args = 0..=1, default_missing_value = "1")]
+    pub acl_gallery: Option<String>,
+    /// The gallery image's version (default 3.20261019.3; "latest" or empty: the gallery's
+    /// latest); env ACL_IMAGE_VERSION
+    #[arg(long, value_name = "VERSION")]
+    pub acl_image_version: Option<String>,
+    /// Subscription for the temporary disk of the gallery export (default: az's current one)
+    #[arg(long, env = "ACL_SUBSCRIPTION", value_name = "ID")]
+    pub acl_subscription: Option<String>,
+    /// The gallery's subscription (default: --acl-subscription)
+    #[arg(long, env = "ACL_GALLERY_SUBSCRIPTION", value_name = "ID")]
+    pub acl_gallery_subscription: Option<String>,
+    /// The gallery's resource group (default: found by the gallery's name)
+    #[arg(long, env = "ACL_GALLERY_RESOURCE_GROUP", value_name = "GROUP")]
+    pub acl_gallery_resource_group: Option<String>,
+    /// Resource group for the temporary disk (default: the gallery's)
+    #[arg(long, env = "ACL_RESOURCE_GROUP", value_name = "GROUP")]
+    pub acl_resource_group: Option<String>,
+    /// Region of the temporary disk (default: its resource group's)
+    #[arg(long, env = "ACL_LOCATION", value_name = "REGION")]
+    pub acl_location: Option<String>,
     /// OVMF firmware code for ACL (UEFI)
     #[arg(long, default_value = "/usr/share/OVMF/OVMF_CODE_4M.fd")]
     pub ovmf_code: PathBuf,
@@ -31,6 +57,11 @@ pub struct UpArgs {
     /// Do not save the bootstrapped snapshot (check then runs groups in sequence)
     #[arg(long)]
     pub no_snapshot: bool,
+    /// Create a kind cluster (podman or docker; needs network) running aks-flex-controller and
+    /// join the VM to it, for the cluster check groups; without kind, kubectl or an engine the
+    /// VM boots offline and check reports those groups skipped with the reason
+    #[arg(long, env = "ACLC_CLUSTER")]
+    pub cluster: bool,
     /// vCPUs
     #[arg(long, default_value_t = 2)]
     pub cpus: u32,
@@ -61,11 +92,19 @@ impl UpArgs {
     pub fn defaults() -> Self {
         Self {
             acl_image: None,
+            acl_gallery: None,
+            acl_image_version: None,
+            acl_subscription: None,
+            acl_gallery_subscription: None,
+            acl_gallery_resource_group: None,
+            acl_resource_group: None,
+            acl_location: None,
             ovmf_code: "/usr/share/OVMF/OVMF_CODE_4M.fd".into(),
             ovmf_vars: "/usr/share/OVMF/OVMF_VARS_4M.fd".into(),
             tcg: false,
             label_containerd: false,
             no_snapshot: false,
+            cluster: false,
             cpus: 2,
             memory: 3072,
         }
@@ -84,12 +123,67 @@ impl CheckArgs {
     }
 }
 
+/// Where the OS image comes from.
+#[derive(Debug)]
+enum OsSource {
+    DevHost,
+    Image(PathBuf),
+    Gallery(Box<GalleryOptions>),
+}
+
+/// `--acl-image`/`ACL_IMAGE` first, then `--acl-gallery`/`ACL_GALLERY` (with the version from
+/// `--acl-image-version` or `version_env`, `ACL_IMAGE_VERSION`), else the dev host.
+fn os_source(a: &UpArgs, version_env: Option<&str>) -> anyhow::Result<(OsSource, Option<String>)> {
+    let gallery = gallery::parse_request(a.acl_gallery.as_deref())?;
+    if let Some(image) = &a.acl_image {
+        let note = gallery.map(|_| {
+            "ACL_IMAGE / --acl-image is set: booting it, the gallery is not asked".to_string()
+        });
+        return Ok((OsSource::Image(image.clone()), note));
+    }
+    let Some((name, image)) = gallery else {
+        return Ok((OsSource::DevHost, None));
+    };
+    let mut g = GalleryOptions::new(
+        flex_harness::devhost::default_cache_root(),
+        gallery::version_request(a.acl_image_version.as_deref(), version_env),
+    );
+    g.gallery = name;
+    g.image = image;
+    g.subscription = a.acl_subscription.clone();
+    g.gallery_subscription = a.acl_gallery_subscription.clone();
+    g.gallery_resource_group = a.acl_gallery_resource_group.clone();
+    g.resource_group = a.acl_resource_group.clone();
+    g.location = a.acl_location.clone();
+    Ok((OsSource::Gallery(Box::new(g)), None))
+}
+
 /// `cargo xtask up`.
 pub async fn up(a: UpArgs) -> anyhow::Result<()> {
     let work = work_dir();
-    eprintln!("xtask up: building the agent image");
-    let (info, _, _) = crate::image::build(&crate::project_root().join("target/image")).await?;
-    let os = match a.acl_image {
+    let (source, note) = os_source(&a, std::env::var("ACL_IMAGE_VERSION").ok().as_deref())?;
+    let progress = Progress::new();
+    if let Some(n) = note {
+        progress.say(&n);
+    }
+    // The gallery export comes first: a missing `az` or login fails before the image build.
+    let acl_image = match source {
+        OsSource::DevHost => None,
+        OsSource::Image(p) => Some(p),
+        OsSource::Gallery(g) => Some(gallery::export(&g, &progress).await?),
+    };
+    let (info, _, _) = progress
+        .try_wait(
+            "xtask up: building the agent image",
+            crate::image::build(&crate::project_root().join("target/image")),
+        )
+        .await?;
+    let cluster = if a.cluster {
+        Some(cluster_request(&progress).await?)
+    } else {
+        None
+    };
+    let os = match acl_image {
         Some(image) => OsImage::Acl {
             image,
             ovmf_code: a.ovmf_code,
@@ -107,8 +201,14 @@ pub async fn up(a: UpArgs) -> anyhow::Result<()> {
         boot_timeout: Duration::from_secs(900),
         bootstrap_timeout: Duration::from_secs(1800),
     };
-    let state =
-        flex_harness::run::up(&crate::project_root(), &work, &info.layout_dir, &opts).await?;
+    let state = flex_harness::run::up(
+        &crate::project_root(),
+        &work,
+        &info.layout_dir,
+        &opts,
+        cluster.as_ref(),
+    )
+    .await?;
     println!(
         "VM up ({}: {}); ssh -i {} -p {} flexadm@127.0.0.1",
         state.accel,
@@ -117,6 +217,35 @@ pub async fn up(a: UpArgs) -> anyhow::Result<()> {
         state.ssh.port
     );
     Ok(())
+}
+
+/// `--cluster`: builds the controller's image (`cargo xtask image --controller`) where a
+/// cluster can be made (kind, kubectl, podman or docker); elsewhere nothing is built, and `up`
+/// records what is missing and boots the VM offline.
+async fn cluster_request(progress: &Progress) -> anyhow::Result<flex_harness::cluster::Request> {
+    let runner = aks_flex_node::runner::ProcessRunner::new();
+    let provider = flex_harness::cluster::provider();
+    match flex_harness::cluster::tools(&runner, provider.as_deref()) {
+        Ok(engine) => {
+            let out = crate::project_root().join("target/image");
+            progress.say(&format!(
+                "xtask up --cluster: building the controller's image (kind on {})",
+                engine.program()
+            ));
+            crate::image::run_controller(Some(out.clone())).await?;
+            Ok(flex_harness::cluster::Request {
+                controller_layout: Some(out.join(crate::image::CONTROLLER_IMAGE)),
+            })
+        }
+        Err(why) => {
+            progress.say(&format!(
+                "xtask up --cluster: no cluster on this machine: {why}"
+            ));
+            Ok(flex_harness::cluster::Request {
+                controller_layout: None,
+            })
+        }
+    }
 }
 
 /// `cargo xtask check`.
@@ -137,6 +266,82 @@ pub async fn check(a: CheckArgs) -> anyhow::Result<()> {
 /// `cargo xtask down`.
 pub async fn down() -> anyhow::Result<()> {
     flex_harness::run::down(&work_dir()).await?;
-    println!("VM and registry stopped; nothing of the harness runs");
+    println!("VM, registry and kind cluster stopped; nothing of the harness runs");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        up: UpArgs,
+    }
+
+    fn args(argv: &[&str]) -> UpArgs {
+        let mut v = vec!["up"];
+        v.extend_from_slice(argv);
+        Cli::try_parse_from(v).unwrap().up
+    }
+
+    #[test]
+    fn os_selection() {
+        let (s, n) = os_source(&UpArgs::defaults(), None).unwrap();
+        assert!(matches!(s, OsSource::DevHost) && n.is_none(), "{s:?}");
+
+        let (s, _) = os_source(&args(&["--acl-gallery", "--tcg"]), None).unwrap();
+        let OsSource::Gallery(g) = s else {
+            panic!("{s:?}")
+        };
+        assert_eq!(
+            (g.gallery.as_str(), g.image.as_str()),
+            (gallery::DEFAULT_GALLERY, gallery::DEFAULT_IMAGE)
+        );
+        assert_eq!(
+            g.version,
+            gallery::VersionRequest::Exact(gallery::DEFAULT_VERSION.into())
+        );
+
+        let a = args(&[
+            "--acl-gallery=G/img",
+            "--acl-resource-group",
+            "scratch",
+            "--acl-location",
+            "westus3",
+        ]);
+        let (s, _) = os_source(&a, Some("")).unwrap();
+        let OsSource::Gallery(g) = s else {
+            panic!("{s:?}")
+        };
+        assert_eq!((g.gallery.as_str(), g.image.as_str()), ("G", "img"));
+        assert_eq!(g.version, gallery::VersionRequest::Latest);
+        assert_eq!(g.resource_group.as_deref(), Some("scratch"));
+        assert_eq!(g.location.as_deref(), Some("westus3"));
+
+        let a = args(&["--acl-gallery", "--acl-image-version", "3.1.2"]);
+        let (s, _) = os_source(&a, Some("")).unwrap();
+        let OsSource::Gallery(g) = s else {
+            panic!("{s:?}")
+        };
+        assert_eq!(g.version, gallery::VersionRequest::Exact("3.1.2".into()));
+
+        let a = args(&["--acl-image", "/x/acl.qcow2", "--acl-gallery"]);
+        let (s, n) = os_source(&a, None).unwrap();
+        assert!(
+            matches!(s, OsSource::Image(ref p) if p == Path::new("/x/acl.qcow2")),
+            "{s:?}"
+        );
+        assert!(n.unwrap().contains("ACL_IMAGE"));
+
+        assert!(os_source(&args(&["--acl-gallery=nonsense"]), None).is_err());
+    }
+
+    #[test]
+    fn cluster_flag() {
+        assert!(!UpArgs::defaults().cluster);
+        assert!(args(&["--cluster"]).cluster);
+    }
 }

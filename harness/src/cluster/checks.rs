@@ -1,0 +1,955 @@
+//! The cluster check groups, against the kind cluster `up --cluster` made and the VM that
+//! joined it. Each starts from a joined node and leaves one, as the host groups do.
+//!
+//! - `node-join`: the Node is Ready; the daemon got its own client certificate (the
+//!   controller's CSR approver approved it); the active machine runs; a probe pod runs on the
+//!   node and `kubectl logs` reaches it.
+//! - `repave`: the machine's settings version (its eTag) changes in the controller's store and
+//!   the Node is deleted; the daemon starts the other machine with the new settings, a new Node
+//!   is Ready, the old machine is removed with its bpffs mount, and a pod runs.
+//! - `machine-operations`: a NodeReboot MachineOperation finishes Complete, the machine
+//!   restarted and the node is Ready again; an AgentReset finishes Complete, after which no
+//!   machine, bpffs mount, config, state or agent unit is left; the bootstrap unit with a fresh
+//!   config joins the node again.
+//!
+//! Every wait looks each second and, on timeout, names what it waited for and what it saw
+//! last ([`poll`]). The checks follow the active machine in the daemon's state rather than
+//! assume `kube1`. Commands go through a [`Runner`] (tests drive them with a recording fake).
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use aks_flex_node::config::Secret;
+use aks_flex_node::runner::{ProcessRunner, Runner};
+
+use super::kube::{Guest, Kubectl, Pace, Seen, poll};
+use super::{ClusterInfo, parse, render};
+use crate::checks::{CheckFn, Ctx};
+use crate::report::Checked;
+
+const NODE_READY_TIMEOUT: Duration = Duration::from_secs(600);
+const CERT_TIMEOUT: Duration = Duration::from_secs(180);
+const POD_TIMEOUT: Duration = Duration::from_secs(600);
+const LOGS_TIMEOUT: Duration = Duration::from_secs(120);
+const GONE_TIMEOUT: Duration = Duration::from_secs(90);
+const REPAVE_TIMEOUT: Duration = Duration::from_secs(1500);
+const CLEANUP_TIMEOUT: Duration = Duration::from_secs(300);
+const OPERATION_TIMEOUT: Duration = Duration::from_secs(900);
+const RESTART_TIMEOUT: Duration = Duration::from_secs(300);
+const RESET_TIMEOUT: Duration = Duration::from_secs(300);
+const BOOTSTRAP_TIMEOUT: Duration = Duration::from_secs(1800);
+const AGENT_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// The daemon's state on the host.
+pub const DAEMON_STATE: &str = "/etc/aks-flex-node/daemon-state.json";
+/// The daemon's client certificate, once the CSR approver approved it.
+pub const DAEMON_CERT: &str = "/etc/aks-flex-node/daemon-credentials/cert.pem";
+/// The label the re-bootstrap after AgentReset adds to the bootstrap inputs (a fresh config).
+pub const REJOIN_LABEL: &str = "harness/rejoined-after-agentreset=true";
+
+/// What a repave's first check leaves for the later ones.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RepaveMemo {
+    /// The machine that was active before.
+    pub old_machine: String,
+    /// The Node's uid before.
+    pub old_uid: String,
+    /// The new settings version.
+    pub settings_version: String,
+}
+
+static REPAVE: Mutex<Option<RepaveMemo>> = Mutex::new(None);
+
+/// What the checks work with.
+pub struct Env<'a> {
+    /// The cluster's kubectl.
+    pub kubectl: Kubectl<'a>,
+    /// The VM.
+    pub guest: Guest<'a>,
+    /// The cluster.
+    pub info: &'a ClusterInfo,
+    /// The bootstrap inputs `up` wrote (they hold the token).
+    pub bootstrap_env: &'a str,
+    /// How the waits look.
+    pub pace: Pace,
+    /// Makes names unique (`aks-flex-probe-<stamp>`).
+    pub stamp: u64,
+    /// Between the repave's checks.
+    pub memo: &'a Mutex<Option<RepaveMemo>>,
+}
+
+impl<'a> Env<'a> {
+    /// The environment of a real run, for `info` (see [`cluster_of`]).
+    pub fn new(c: &'a Ctx<'a>, r: &'a dyn Runner, info: &'a ClusterInfo) -> Self {
+        Self {
+            kubectl: Kubectl::new(r, &info.kubeconfig),
+            guest: Guest::new(r, c.ssh),
+            info,
+            bootstrap_env: c.state.bootstrap_env.as_deref().unwrap_or_default(),
+            pace: Pace::REAL,
+            stamp: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or_default(),
+            memo: &REPAVE,
+        }
+    }
+
+    fn node(&self) -> &str {
+        &self.info.node_name
+    }
+
+    fn memo(&self) -> Option<RepaveMemo> {
+        self.memo.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn set_memo(&self, m: RepaveMemo) {
+        *self.memo.lock().unwrap_or_else(|e| e.into_inner()) = Some(m);
+    }
+}
+
+/// The cluster `up` recorded beside the VM's state; an error (the skip reason) without one.
+pub fn cluster_of(c: &Ctx<'_>) -> anyhow::Result<ClusterInfo> {
+    match super::load(&c.state.work)? {
+        super::Availability::Ready(info) => Ok(*info),
+        a => Err(anyhow::anyhow!("{}", a.skip_reason())),
+    }
+}
+
+macro_rules! check {
+    ($name:literal, $f:ident) => {
+        (
+            $name,
+            (|c| {
+                Box::pin(async move {
+                    let r = ProcessRunner::new();
+                    let info = cluster_of(c)?;
+                    let env = Env::new(c, &r, &info);
+                    $f(&env).await
+                })
+            }) as CheckFn,
+        )
+    };
+}
+
+/// The checks of a cluster group, in order (none for another group).
+pub fn checks_of(group: &str) -> Vec<(&'static str, CheckFn)> {
+    match group {
+        "node-join" => vec![
+            check!("the Node is Ready", node_ready),
+            check!(
+                "the daemon got its client certificate (the controller's CSR approver)",
+                daemon_certificate
+            ),
+            check!("the active machine runs", active_machine_runs),
+            check!(
+                "a probe pod runs on the node and kubectl logs reaches it",
+                probe_pod_runs
+            ),
+        ],
+        "repave" => vec![
+            check!(
+                "a new settings version and a deleted Node start the other machine",
+                repave_starts_other_machine
+            ),
+            check!("a new Node is Ready", new_node_ready),
+            check!(
+                "the old machine is removed with its bpffs mount",
+                old_machine_removed
+            ),
+            check!("a pod runs on the repaved node", probe_pod_runs),
+        ],
+        "machine-operations" => vec![
+            check!(
+                "a NodeReboot MachineOperation completes and the machine restarts",
+                node_reboot
+            ),
+            check!("the node is Ready again", node_ready),
+            check!("an AgentReset MachineOperation completes", agent_reset),
+            check!(
+                "AgentReset leaves no machine, bpffs mount, config, state or agent unit",
+                agent_reset_leaves_nothing
+            ),
+            check!(
+                "the bootstrap unit with a fresh config joins the node again",
+                rejoin_after_reset
+            ),
+        ],
+        _ => Vec::new(),
+    }
+}
+
+fn secs(d: Duration) -> String {
+    format!("{:.1}s", d.as_secs_f64())
+}
+
+/// Waits for the Node to be Ready (and, with `other_than`, to be a Node with another uid).
+async fn wait_node_ready(
+    e: &Env<'_>,
+    other_than: Option<&str>,
+    timeout: Duration,
+) -> anyhow::Result<parse::NodeView> {
+    let node = e.node();
+    let what = match other_than {
+        Some(uid) => format!("a new Node {node} (not uid {uid}) to be Ready"),
+        None => format!("Node {node} to be Ready"),
+    };
+    poll(&what, timeout, e.pace, || async move {
+        let json = e.kubectl.get_json(&["node", node]).await?;
+        Ok(match parse::node(&json)? {
+            None => Seen::Not("no Node".into()),
+            Some(n) if other_than.is_some_and(|u| u == n.uid) => {
+                Seen::Not(format!("the old Node: {n}"))
+            }
+            Some(n) if n.ready => Seen::Done(n),
+            Some(n) => Seen::Not(n.to_string()),
+        })
+    })
+    .await
+}
+
+async fn node_ready(e: &Env<'_>) -> anyhow::Result<Checked> {
+    let t = Instant::now();
+    let n = wait_node_ready(e, None, NODE_READY_TIMEOUT).await?;
+    Ok(Checked::passed_with(format!(
+        "kubelet {}, Ready after {}",
+        n.kubelet_version,
+        secs(t.elapsed())
+    )))
+}
+
+async fn daemon_certificate(e: &Env<'_>) -> anyhow::Result<Checked> {
+    let g = e.guest;
+    poll(
+        &format!("the daemon's client certificate {DAEMON_CERT}"),
+        CERT_TIMEOUT,
+        e.pace,
+        || async move {
+            let o = g
+                .output(
+                    &format!("test -s {DAEMON_CERT} && echo present"),
+                    super::kube::GUEST_TIMEOUT,
+                )
+                .await?;
+            Ok(if o.stdout.contains("present") {
+                Seen::Done(())
+            } else {
+                Seen::Not("not there".into())
+            })
+        },
+    )
+    .await?;
+    Ok(Checked::from(crate::report::Outcome::Passed))
+}
+
+async fn daemon_state(g: Guest<'_>) -> anyhow::Result<parse::DaemonStateView> {
+    let text = g
+        .sh(&format!("cat {DAEMON_STATE} 2>/dev/null; true"))
+        .await?;
+    parse::daemon_state(&text)?.ok_or_else(|| anyhow::anyhow!("no {DAEMON_STATE}"))
+}
+
+async fn machine_prop(g: Guest<'_>, m: &str, prop: &str) -> anyhow::Result<String> {
+    g.sh(&format!(
+        "machinectl show {m} -p {prop} --value 2>/dev/null; true"
+    ))
+    .await
+}
+
+async fn active_machine_runs(e: &Env<'_>) -> anyhow::Result<Checked> {
+    let m = daemon_state(e.guest).await?.active_machine;
+    if m.is_empty() {
+        anyhow::bail!("no activeMachine in {DAEMON_STATE}");
+    }
+    let state = machine_prop(e.guest, &m, "State").await?;
+    if state != "running" {
+        anyhow::bail!("the active machine {m} is {state:?}, not running");
+    }
+    Ok(Checked::passed_with(m))
+}
+
+async fn probe_pod_runs(e: &Env<'_>) -> anyhow::Result<Checked> {
+    let node = e.node();
+    let name = format!("aks-flex-probe-{}", e.stamp);
+    let k = e.kubectl;
+    let t = Instant::now();
+    k.apply(&render::probe_pod(&name, node)).await?;
+    let pod = name.as_str();
+    poll(
+        &format!("pod {pod} to run on {node}"),
+        POD_TIMEOUT,
+        e.pace,
+        || async move {
+            let json = k.get_json(&["-n", "default", "pod", pod]).await?;
+            Ok(match parse::pod(&json)? {
+                None => Seen::Not("no pod".into()),
+                Some(p) if p.phase == "Failed" || p.phase == "Succeeded" => {
+                    Seen::Fail(format!("the pod ended: {p}"))
+                }
+                Some(p) if p.running && p.node == node => Seen::Done(()),
+                Some(p) => Seen::Not(p.to_string()),
+            })
+        },
+    )
+    .await?;
+    let running = t.elapsed();
+    poll(
+        &format!("kubectl logs to reach pod {pod}"),
+        LOGS_TIMEOUT,
+        e.pace,
+        || async move {
+            Ok(match k.run(["-n", "default", "logs", pod]).await {
+                Ok(out) if out.contains(render::PROBE_MARKER) => Seen::Done(()),
+                Ok(out) => Seen::Not(format!("logs {:?}", out.trim())),
+                Err(err) => Seen::Not(crate::cluster::summary(&format!("{err:#}"))),
+            })
+        },
+    )
+    .await?;
+    k.run_t(
+        [
+            "-n",
+            "default",
+            "delete",
+            "pod",
+            pod,
+            "--ignore-not-found",
+            "--wait=false",
+        ],
+        Duration::from_secs(60),
+    )
+    .await?;
+    let deleting = Instant::now();
+    poll(
+        &format!("pod {pod} to be deleted"),
+        GONE_TIMEOUT,
+        e.pace,
+        || async move {
+            let json = k.get_json(&["-n", "default", "pod", pod]).await?;
+            Ok(match parse::pod(&json)? {
+                None => Seen::Done(()),
+                Some(p) => Seen::Not(p.to_string()),
+            })
+        },
+    )
+    .await?;
+    Ok(Checked::passed_with(format!(
+        "running after {}, logs reached, deleted in {}",
+        secs(running),
+        secs(deleting.elapsed())
+    )))
+}
+
+async fn repave_starts_other_machine(e: &Env<'_>) -> anyhow::Result<Checked> {
+    let node = e.node();
+    let before = wait_node_ready(e, None, NODE_READY_TIMEOUT).await?;
+    let old = daemon_state(e.guest).await?;
+    if old.active_machine.is_empty() {
+        anyhow::bail!("no activeMachine in {DAEMON_STATE}");
+    }
+    let version = format!("harness-{}", e.stamp);
+    let entry = render::machine_entry(node, &e.info.kubernetes_version, &version)?;
+    e.kubectl
+        .apply(&render::machines_config_map(node, &entry))
+        .await?;
+    e.set_memo(RepaveMemo {
+        old_machine: old.active_machine.clone(),
+        old_uid: before.uid.clone(),
+        settings_version: version.clone(),
+    });
+    e.kubectl
+        .run_t(
+            ["delete", "node", node, "--wait=true", "--timeout=60s"],
+            Duration::from_secs(90),
+        )
+        .await?;
+    let t = Instant::now();
+    let g = e.guest;
+    let (old_m, want) = (old.active_machine.as_str(), version.as_str());
+    let new = poll(
+        &format!(
+            "the daemon to switch from {old_m} to the other machine with settings version {want}"
+        ),
+        REPAVE_TIMEOUT,
+        e.pace,
+        || async move {
+            let s = daemon_state(g).await?;
+            if s.active_machine == old_m || s.applied_settings_version != want {
+                return Ok(Seen::Not(format!(
+                    "active {} with settings version {:?}",
+                    s.active_machine, s.applied_settings_version
+                )));
+            }
+            let state = machine_prop(g, &s.active_machine, "State").await?;
+            Ok(if state == "running" {
+                Seen::Done(s.active_machine)
+            } else {
+                Seen::Not(format!("{} is {state:?}", s.active_machine))
+            })
+        },
+    )
+    .await?;
+    Ok(Checked::passed_with(format!(
+        "{old_m} → {new} with settings version {want} in {}",
+        secs(t.elapsed())
+    )))
+}
+
+fn other_machine(m: &str) -> &'static str {
+    if m == "kube1" { "kube2" } else { "kube1" }
+}
+
+async fn repave_memo(e: &Env<'_>) -> anyhow::Result<RepaveMemo> {
+    match e.memo() {
+        Some(m) => Ok(m),
+        None => {
+            let active = daemon_state(e.guest).await?.active_machine;
+            Ok(RepaveMemo {
+                old_machine: other_machine(&active).into(),
+                ..Default::default()
+            })
+        }
+    }
+}
+
+async fn new_node_ready(e: &Env<'_>) -> anyhow::Result<Checked> {
+    let memo = repave_memo(e).await?;
+    let t = Instant::now();
+    let old_uid = (!memo.old_uid.is_empty()).then_some(memo.old_uid.as_str());
+    let n = wait_node_ready(e, old_uid, NODE_READY_TIMEOUT).await?;
+    Ok(Checked::passed_with(format!(
+        "uid {}, Ready after {}",
+        n.uid,
+        secs(t.elapsed())
+    )))
+}
+
+/// The script that lists what is left of machine `m` on the host (nothing when it is gone).
+pub fn machine_leftovers_script(m: &str) -> String {
+    format!(
+        "machinectl show {m} >/dev/null 2>&1 && echo 'machine {m} registered'; \
+         test -e /var/lib/machines/{m} && echo '/var/lib/machines/{m}'; \
+         grep -qs ' /run/bpffs/{m} ' /proc/mounts && echo 'bpffs mount /run/bpffs/{m}'; true"
+    )
+}
+
+async fn old_machine_removed(e: &Env<'_>) -> anyhow::Result<Checked> {
+    let memo = repave_memo(e).await?;
+    let m = memo.old_machine.as_str();
+    let g = e.guest;
+    let script = machine_leftovers_script(m);
+    let s = script.as_str();
+    poll(
+        &format!("the old machine {m} and its bpffs mount to be removed"),
+        CLEANUP_TIMEOUT,
+        e.pace,
+        || async move {
+            let left = g.sh(s).await?;
+            Ok(if left.is_empty() {
+                Seen::Done(())
+            } else {
+                Seen::Not(left.replace('\n', ", "))
+            })
+        },
+    )
+    .await?;
+    Ok(Checked::passed_with(format!("{m} removed")))
+}
+
+/// Requests a MachineOperation of `kind` for the node and waits for it to finish Complete
+/// (a Failed one fails at once with its reason); deletes it afterwards.
+async fn run_operation(
+    e: &Env<'_>,
+    kind: &str,
+) -> anyhow::Result<(parse::OperationView, Duration)> {
+    let name = format!("harness-{}-{}", kind.to_ascii_lowercase(), e.stamp);
+    let k = e.kubectl;
+    k.apply(&render::machine_operation(&name, kind, e.node()))
+        .await?;
+    let t = Instant::now();
+    let op = name.as_str();
+    let done = poll(
+        &format!("{kind} MachineOperation {op} to finish Complete"),
+        OPERATION_TIMEOUT,
+        e.pace,
+        || async move {
+            let json = k.get_json(&["machineoperation", op]).await?;
+            Ok(match parse::operation(&json)? {
+                None => Seen::Fail("it is gone".into()),
+                Some(v) if v.phase == "Complete" => Seen::Done(v),
+                Some(v) if v.phase == "Failed" => Seen::Fail(v.to_string()),
+                Some(v) => Seen::Not(v.to_string()),
+            })
+        },
+    )
+    .await?;
+    let took = t.elapsed();
+    k.run([
+        "delete",
+        "machineoperation",
+        op,
+        "--ignore-not-found",
+        "--wait=false",
+    ])
+    .await?;
+    Ok((done, took))
+}
+
+async fn node_reboot(e: &Env<'_>) -> anyhow::Result<Checked> {
+    wait_node_ready(e, None, NODE_READY_TIMEOUT).await?;
+    let m = daemon_state(e.guest).await?.active_machine;
+    if m.is_empty() {
+        anyhow::bail!("no activeMachine in {DAEMON_STATE}");
+    }
+    let leader = machine_prop(e.guest, &m, "Leader").await?;
+    let (op, took) = run_operation(e, aks_flex_node::machina::NODE_REBOOT).await?;
+    let g = e.guest;
+    let (mm, before) = (m.as_str(), leader.as_str());
+    poll(
+        &format!("machine {mm} to run again with a new leader (was {before})"),
+        RESTART_TIMEOUT,
+        e.pace,
+        || async move {
+            let state = machine_prop(g, mm, "State").await?;
+            let now = machine_prop(g, mm, "Leader").await?;
+            Ok(if state == "running" && !now.is_empty() && now != before {
+                Seen::Done(())
+            } else {
+                Seen::Not(format!("{state:?} with leader {now:?}"))
+            })
+        },
+    )
+    .await?;
+    Ok(Checked::passed_with(format!("{op} in {}", secs(took))))
+}
+
+async fn agent_reset(e: &Env<'_>) -> anyhow::Result<Checked> {
+    wait_node_ready(e, None, NODE_READY_TIMEOUT).await?;
+    let (op, took) = run_operation(e, aks_flex_node::machina::AGENT_RESET).await?;
+    Ok(Checked::passed_with(format!("{op} in {}", secs(took))))
+}
+
+/// The script that lists what an AgentReset must have removed (nothing when all is gone).
+pub const RESET_LEFTOVERS: &str = "for p in /etc/systemd/system/aks-flex-node-agent.service \
+      /etc/systemd/system/multi-user.target.wants/aks-flex-node-agent.service \
+      /var/lib/machines/kube1 /var/lib/machines/kube2; do test -e $p && echo $p; done; \
+    test -d /etc/aks-flex-node && ls -A /etc/aks-flex-node | sed 's|^|/etc/aks-flex-node/|'; \
+    machinectl list --no-legend 2>/dev/null | awk '{print \"machine \" $1}'; \
+    grep ' /run/bpffs/' /proc/mounts | awk '{print \"bpffs mount \" $2}'; \
+    systemctl is-active --quiet aks-flex-node-agent.service && echo 'aks-flex-node-agent.service active'; true";
+
+async fn agent_reset_leaves_nothing(e: &Env<'_>) -> anyhow::Result<Checked> {
+    let g = e.guest;
+    poll(
+        "AgentReset to leave no machine, bpffs mount, config, state or agent unit",
+        RESET_TIMEOUT,
+        e.pace,
+        || async move {
+            let left = g.sh(RESET_LEFTOVERS).await?;
+            Ok(if left.is_empty() {
+                Seen::Done(())
+            } else {
+                Seen::Not(left.replace('\n', ", "))
+            })
+        },
+    )
+    .await?;
+    Ok(Checked::from(crate::report::Outcome::Passed))
+}
+
+/// The bootstrap inputs of the re-bootstrap: `up`'s, plus [`REJOIN_LABEL`].
+pub fn rejoin_env(env: &str) -> Secret {
+    let mut s = env.to_string();
+    if !s.is_empty() && !s.ends_with('\n') {
+        s.push('\n');
+    }
+    s.push_str(&format!(
+        "{}={REJOIN_LABEL}\n",
+        aks_flex_node::bootstrap::inputs::LABELS
+    ));
+    Secret::new(s)
+}
+
+fn token_in(env: &str) -> Option<String> {
+    aks_flex_node::bootstrap::env::parse(env)
+        .ok()?
+        .into_iter()
+        .rev()
+        .find(|e| e.key == aks_flex_node::bootstrap::inputs::BOOTSTRAP_TOKEN)
+        .map(|e| e.value)
+}
+
+async fn rejoin_after_reset(e: &Env<'_>) -> anyhow::Result<Checked> {
+    if e.bootstrap_env.is_empty() {
+        anyhow::bail!("up recorded no bootstrap inputs");
+    }
+    let token = token_in(e.bootstrap_env).unwrap_or_default();
+    let hide: Vec<&str> = token.split('.').chain([token.as_str()]).collect();
+    e.guest
+        .sh_stdin(
+            "mkdir -p /etc/aks-flex-node && umask 077 && cat > /etc/aks-flex-node/bootstrap.env",
+            &rejoin_env(e.bootstrap_env),
+            &hide,
+        )
+        .await?;
+    let t = Instant::now();
+    e.guest
+        .sh_t(
+            "systemctl reset-failed aks-flex-node-agent.service aks-flex-node-bootstrap.service 2>/dev/null; \
+             systemctl restart aks-flex-node-bootstrap.service",
+            BOOTSTRAP_TIMEOUT,
+        )
+        .await?;
+    let g = e.guest;
+    poll(
+        "aks-flex-node-agent.service active with its container running",
+        AGENT_TIMEOUT,
+        e.pace,
+        || async move {
+            let o = g
+                .output(
+                    "systemctl is-active aks-flex-node-agent.service; \
+                     ctr -n aks-flex tasks ls 2>/dev/null | grep -q '^aks-flex-agent .*RUNNING' && echo task-running; true",
+                    super::kube::GUEST_TIMEOUT,
+                )
+                .await?;
+            Ok(if o.stdout.lines().next() == Some("active") && o.stdout.contains("task-running") {
+                Seen::Done(())
+            } else {
+                Seen::Not(o.stdout.trim().replace('\n', ", "))
+            })
+        },
+    )
+    .await?;
+    let config = e.guest.sh("cat /etc/aks-flex-node/config.json").await?;
+    let label = REJOIN_LABEL.split('=').next().unwrap_or_default();
+    if !config.contains(label) {
+        anyhow::bail!(
+            "the fresh config was not used: /etc/aks-flex-node/config.json lacks {label}"
+        );
+    }
+    let n = wait_node_ready(e, None, NODE_READY_TIMEOUT).await?;
+    Ok(Checked::passed_with(format!(
+        "bootstrapped and Ready in {} (kubelet {})",
+        secs(t.elapsed()),
+        n.kubelet_version
+    )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ssh::Ssh;
+    use aks_flex_node::runner::Output;
+    use aks_flex_node::testing::FakeRunner;
+    use serde_json::json;
+
+    fn info() -> ClusterInfo {
+        crate::cluster::tests::info()
+    }
+
+    fn ssh() -> Ssh {
+        Ssh {
+            port: 2222,
+            key: "/w/id".into(),
+        }
+    }
+
+    /// The argv prefix of a guest script starting with `start`.
+    fn guest(start: &str) -> String {
+        let base = ssh().cmd("x", Duration::ZERO).display_argv();
+        let base = base.strip_suffix(" 'x'").unwrap();
+        format!("{base} \"'{start}")
+    }
+
+    const KC: &str = "kubectl --kubeconfig /w/cluster/kubeconfig";
+
+    fn node_json(uid: &str, ready: &str) -> Output {
+        Output::ok(
+            json!({"metadata": {"uid": uid}, "status": {
+                "conditions": [{"type": "Ready", "status": ready}],
+                "nodeInfo": {"kubeletVersion": "v1.34.0"}}})
+            .to_string(),
+        )
+    }
+
+    fn env<'a>(
+        r: &'a FakeRunner,
+        info: &'a ClusterInfo,
+        ssh: &'a Ssh,
+        memo: &'a Mutex<Option<RepaveMemo>>,
+    ) -> Env<'a> {
+        Env {
+            kubectl: Kubectl::new(r, &info.kubeconfig),
+            guest: Guest::new(r, ssh),
+            info,
+            bootstrap_env: "AKS_FLEX_NODE_BOOTSTRAP_TOKEN=abcdef.0123456789abcdef\n",
+            pace: Pace {
+                every: Duration::ZERO,
+                scale: 1,
+            },
+            stamp: 7,
+            memo,
+        }
+    }
+
+    /// Drops the ssh options from a transcript, for readable snapshots.
+    fn readable(t: &str) -> String {
+        let base = ssh().cmd("x", Duration::ZERO).display_argv();
+        let base = base.strip_suffix(" 'x'").unwrap();
+        t.replace(base, "guest:")
+    }
+
+    #[tokio::test]
+    async fn node_join_sequence() {
+        let r = FakeRunner::new();
+        let (i, s, m) = (info(), ssh(), Mutex::new(None));
+        let e = env(&r, &i, &s, &m);
+        r.on_seq(
+            &format!("{KC} get node flex-dev-node"),
+            vec![
+                Output::ok(""),
+                node_json("u1", "False"),
+                node_json("u1", "True"),
+            ],
+        );
+        r.on(&guest("test -s"), Output::ok("present\n"));
+        r.on(
+            &guest("cat /etc/aks-flex-node/daemon-state.json"),
+            Output::ok(r#"{"activeMachine":"kube1"}"#),
+        );
+        r.on(
+            &guest("machinectl show kube1 -p State"),
+            Output::ok("running\n"),
+        );
+        let pod = |phase: &str, state: serde_json::Value| {
+            Output::ok(
+                json!({"spec": {"nodeName": "flex-dev-node"}, "status": {"phase": phase,
+                "containerStatuses": [{"state": state}]}})
+                .to_string(),
+            )
+        };
+        r.on_seq(
+            &format!("{KC} get -n default pod aks-flex-probe-7"),
+            vec![
+                pod(
+                    "Pending",
+                    json!({"waiting": {"reason": "ContainerCreating"}}),
+                ),
+                pod("Running", json!({"running": {}})),
+                pod("Running", json!({"terminated": {"reason": "Completed"}})),
+                Output::ok(""),
+            ],
+        );
+        r.on_seq(
+            &format!("{KC} -n default logs aks-flex-probe-7"),
+            vec![
+                Output::failed(
+                    1,
+                    "Error from server: Get \"https://10.0.2.15:10250/...\": dial tcp: i/o timeout",
+                ),
+                Output::ok(format!("{}\n", render::PROBE_MARKER)),
+            ],
+        );
+        assert!(
+            node_ready(&e)
+                .await
+                .unwrap()
+                .detail
+                .unwrap()
+                .starts_with("kubelet v1.34.0")
+        );
+        daemon_certificate(&e).await.unwrap();
+        assert_eq!(
+            active_machine_runs(&e).await.unwrap().detail.as_deref(),
+            Some("kube1")
+        );
+        probe_pod_runs(&e).await.unwrap();
+        insta::assert_snapshot!(readable(&r.transcript()));
+    }
+
+    #[tokio::test]
+    async fn an_unscheduled_pod_times_out_naming_what_it_saw() {
+        let r = FakeRunner::new();
+        let (i, s, m) = (info(), ssh(), Mutex::new(None));
+        let mut e = env(&r, &i, &s, &m);
+        e.pace = Pace::INSTANT;
+        r.on(
+            &format!("{KC} get -n default pod aks-flex-probe-7"),
+            Output::ok(json!({"spec": {"nodeName": "flex-dev-node"}, "status": {"phase": "Pending",
+                "containerStatuses": [{"state": {"waiting": {"reason": "ErrImagePull", "message": "dial tcp: no route"}}}]}}).to_string()),
+        );
+        let err = probe_pod_runs(&e).await.unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "timed out after 0s (1 looks) waiting for pod aks-flex-probe-7 to run on flex-dev-node; last seen: phase Pending on flex-dev-node (waiting ErrImagePull: dial tcp: no route)"
+        );
+    }
+
+    #[tokio::test]
+    async fn repave_sequence() {
+        let r = FakeRunner::new();
+        let (i, s, m) = (info(), ssh(), Mutex::new(None));
+        let e = env(&r, &i, &s, &m);
+        r.on_seq(
+            &format!("{KC} get node flex-dev-node"),
+            vec![
+                node_json("u1", "True"),
+                node_json("u1", "True"),
+                Output::ok(""),
+                node_json("u2", "False"),
+                node_json("u2", "True"),
+            ],
+        );
+        r.on_seq(
+            &guest("cat /etc/aks-flex-node/daemon-state.json"),
+            vec![
+                Output::ok(r#"{"activeMachine":"kube1","appliedSettingsVersion":"harness-1"}"#),
+                Output::ok(r#"{"activeMachine":"kube1","appliedSettingsVersion":"harness-1"}"#),
+                Output::ok(r#"{"activeMachine":"kube2","appliedSettingsVersion":"harness-7"}"#),
+            ],
+        );
+        r.on_seq(
+            &guest("machinectl show kube2 -p State"),
+            vec![Output::ok("starting\n"), Output::ok("running\n")],
+        );
+        r.on_seq(
+            &guest("machinectl show kube1 >/dev/null"),
+            vec![
+                Output::ok("/var/lib/machines/kube1\nbpffs mount /run/bpffs/kube1\n"),
+                Output::ok(""),
+            ],
+        );
+        let d = repave_starts_other_machine(&e)
+            .await
+            .unwrap()
+            .detail
+            .unwrap();
+        assert!(
+            d.starts_with("kube1 → kube2 with settings version harness-7"),
+            "{d}"
+        );
+        assert_eq!(
+            e.memo(),
+            Some(RepaveMemo {
+                old_machine: "kube1".into(),
+                old_uid: "u1".into(),
+                settings_version: "harness-7".into()
+            })
+        );
+        assert!(
+            new_node_ready(&e)
+                .await
+                .unwrap()
+                .detail
+                .unwrap()
+                .starts_with("uid u2")
+        );
+        old_machine_removed(&e).await.unwrap();
+        let t = readable(&r.transcript());
+        // The eTag changes before the Node goes: the other order would reset the node.
+        let apply = t.find(&format!("{KC} apply -f -")).unwrap();
+        let delete = t.find(&format!("{KC} delete node flex-dev-node")).unwrap();
+        assert!(apply < delete, "{t}");
+        insta::assert_snapshot!(t);
+    }
+
+    #[tokio::test]
+    async fn operations_sequence_and_a_failed_operation() {
+        let r = FakeRunner::new();
+        let (i, s, m) = (info(), ssh(), Mutex::new(None));
+        let e = env(&r, &i, &s, &m);
+        r.on(
+            &format!("{KC} get node flex-dev-node"),
+            node_json("u1", "True"),
+        );
+        r.on(
+            &guest("cat /etc/aks-flex-node/daemon-state.json"),
+            Output::ok(r#"{"activeMachine":"kube2"}"#),
+        );
+        r.on(
+            &guest("machinectl show kube2 -p State"),
+            Output::ok("running\n"),
+        );
+        r.on_seq(
+            &guest("machinectl show kube2 -p Leader"),
+            vec![
+                Output::ok("100\n"),
+                Output::ok("100\n"),
+                Output::ok("200\n"),
+            ],
+        );
+        let op = |status: serde_json::Value| Output::ok(json!({"status": status}).to_string());
+        r.on_seq(
+            &format!("{KC} get machineoperation harness-nodereboot-7"),
+            vec![
+                op(json!({})),
+                op(json!({"phase": "InProgress"})),
+                op(json!({"phase": "Complete", "reason": "Succeeded"})),
+            ],
+        );
+        let d = node_reboot(&e).await.unwrap().detail.unwrap();
+        assert!(d.starts_with("phase Complete, reason Succeeded in "), "{d}");
+
+        r.on(
+            &format!("{KC} get machineoperation harness-agentreset-7"),
+            op(json!({"phase": "Complete", "reason": "Succeeded"})),
+        );
+        agent_reset(&e).await.unwrap();
+        r.on_seq(
+            &guest("for p in"),
+            vec![
+                Output::ok("/etc/aks-flex-node/config.json\nmachine kube2\n"),
+                Output::ok("\n"),
+            ],
+        );
+        agent_reset_leaves_nothing(&e).await.unwrap();
+        r.on(
+            &guest("systemctl is-active"),
+            Output::ok("active\ntask-running\n"),
+        );
+        r.on(
+            &guest("cat /etc/aks-flex-node/config.json"),
+            Output::ok(r#"{"node":{"labels":{"harness/rejoined-after-agentreset":"true"}}}"#),
+        );
+        rejoin_after_reset(&e).await.unwrap();
+        let t = readable(&r.transcript());
+        assert!(
+            !t.contains("0123456789abcdef"),
+            "the token went into an argument:\n{t}"
+        );
+        insta::assert_snapshot!(t);
+
+        r.on(
+            &format!("{KC} get machineoperation harness-nodereboot-7"),
+            op(json!({"phase": "Failed", "reason": "HandlerFailed", "message": "machinectl poweroff: timeout"})),
+        );
+        let err = node_reboot(&e).await.unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "NodeReboot MachineOperation harness-nodereboot-7 to finish Complete: phase Failed, reason HandlerFailed: machinectl poweroff: timeout"
+        );
+    }
+
+    #[test]
+    fn the_rejoin_env_adds_a_label_to_ups_inputs() {
+        let env = rejoin_env("AKS_FLEX_NODE_NODE_NAME=n");
+        let entries = aks_flex_node::bootstrap::env::parse(env.expose()).unwrap();
+        assert_eq!(entries.last().unwrap().value, REJOIN_LABEL);
+        assert_eq!(
+            token_in("AKS_FLEX_NODE_BOOTSTRAP_TOKEN='abcdef.0123456789abcdef'\n").as_deref(),
+            Some("abcdef.0123456789abcdef")
+        );
+    }
+
+    #[test]
+    fn every_cluster_group_has_checks() {
+        for g in crate::groups::GROUPS
+            .iter()
+            .filter(|g| g.needs == crate::groups::Needs::Cluster)
+        {
+            assert!(!checks_of(g.name).is_empty(), "{}", g.name);
+        }
+        assert!(checks_of("machines").is_empty());
+    }
+}

@@ -1,0 +1,474 @@
+//! Tests of [`super`]: the engine choice, `up`'s command sequence and its reasons for having no
+//! cluster, `down`, the state record, the kubelet forward and the controller's image archive,
+//! over a recording fake runner and temporary directories.
+
+use std::path::Path;
+
+use aks_flex_node::runner::Output;
+use aks_flex_node::testing::FakeRunner;
+use serde_json::json;
+
+use super::*;
+
+fn controller_layout(dir: &Path) -> PathBuf {
+    let layout = dir.join("aks-flex-controller");
+    let mut l = flex_image::Layer::new();
+    l.file("/usr/local/bin/aks-flex-controller", 0o755, "#!/bin/true\n")
+        .unwrap();
+    let image = flex_image::Image {
+        name: "aks-flex-controller:0.1.0".into(),
+        config: flex_image::ImageConfig {
+            architecture: "amd64".into(),
+            os: "linux".into(),
+            created: 1,
+            ..Default::default()
+        },
+        layers: vec![l.build(1, 1).unwrap()],
+        annotations: Default::default(),
+    };
+    flex_image::write_oci_layout(&layout, &[image]).unwrap();
+    layout
+}
+
+/// A fake on which kind creates the cluster and every read answers as kind's would; `kc` is
+/// the `kubectl --kubeconfig <path>` prefix.
+fn kind_fake(kc: &str) -> FakeRunner {
+    let r = FakeRunner::new();
+    r.without("docker");
+    r.on("kind get clusters", Output::ok(""));
+    r.on(
+        &format!("{kc} version"),
+        Output::ok(json!({"serverVersion": {"gitVersion": "v1.34.0"}}).to_string()),
+    );
+    r.on(
+        &format!("{kc} config view"),
+        Output::ok(
+            json!({"clusters": [{"cluster": {"certificate-authority-data": "Q0E="}}]}).to_string(),
+        ),
+    );
+    r.on(
+        &format!("{kc} get node aks-flex-control-plane"),
+        Output::ok(
+            json!({"metadata": {"uid": "cp"}, "status": {"addresses": [{"type": "InternalIP", "address": "10.89.0.2"}]}})
+                .to_string(),
+        ),
+    );
+    r.on(
+        &format!("{kc} get -n kube-system configmap kube-proxy"),
+        Output::ok(
+            json!({"metadata": {"name": "kube-proxy", "namespace": "kube-system"},
+                "data": {"kubeconfig.conf": "clusters:\n- cluster:\n    server: https://aks-flex-control-plane:6443\n"}})
+            .to_string(),
+        ),
+    );
+    r.on(
+        &format!("{kc} get -n kube-system daemonset kindnet"),
+        Output::ok(json!({"metadata": {"name": "kindnet"}}).to_string()),
+    );
+    r.on(
+        "podman exec aks-flex-control-plane ip",
+        Output::ok("default via 10.89.0.1 dev eth0 proto static metric 100\n"),
+    );
+    r
+}
+
+/// The cluster a test records.
+pub(crate) fn info() -> ClusterInfo {
+    ClusterInfo {
+        name: "aks-flex".into(),
+        engine: Engine::Podman,
+        kubeconfig: "/w/cluster/kubeconfig".into(),
+        api_port: 36443,
+        kubernetes_version: "1.34.0".into(),
+        node_name: "flex-dev-node".into(),
+        settings_version: "harness-1".into(),
+        token_id: "abcdef".into(),
+        control_plane_ip: "10.89.0.2".into(),
+        controller_image: "aks-flex-controller:0.1.0".into(),
+        tunnel: Tunnel {
+            socket: "/w/cluster/kubelet-forward.sock".into(),
+            bind: "10.89.0.1".into(),
+            port: 40250,
+        },
+    }
+}
+
+fn kc(work: &Path) -> String {
+    format!("kubectl --kubeconfig {}/cluster/kubeconfig", work.display())
+}
+
+fn options<'a>(
+    repo: &'a Path,
+    work: &'a Path,
+    layout: Option<&'a Path>,
+    say: &'a dyn Fn(&str),
+) -> Options<'a> {
+    Options {
+        repo,
+        work,
+        controller_layout: layout,
+        node_name: "flex-dev-node",
+        api_port: 36443,
+        tunnel_port: 40250,
+        provider: None,
+        say,
+    }
+}
+
+/// Replaces the temporary directories in a transcript.
+fn tidy(t: &str, tmp: &Path) -> String {
+    t.replace(&tmp.display().to_string(), "/tmp")
+}
+
+#[test]
+fn the_engine_is_podman_then_docker_unless_kind_is_told() {
+    let r = FakeRunner::new();
+    assert_eq!(Engine::choose(&r, None), Ok(Engine::Podman));
+    assert_eq!(Engine::choose(&r, Some("docker")), Ok(Engine::Docker));
+    r.without("podman");
+    assert_eq!(Engine::choose(&r, Some("")), Ok(Engine::Docker));
+    assert_eq!(
+        Engine::choose(&r, Some("podman")),
+        Err("no podman on PATH (KIND_EXPERIMENTAL_PROVIDER)".into())
+    );
+    assert!(
+        Engine::choose(&r, Some("nerdctl"))
+            .unwrap_err()
+            .contains("neither podman nor docker")
+    );
+    r.without("docker");
+    assert_eq!(
+        Engine::choose(&r, None),
+        Err("no container engine: neither podman nor docker is on PATH".into())
+    );
+    assert_eq!(
+        Engine::Podman
+            .kind(&["get", "clusters"])
+            .env_list()
+            .to_vec(),
+        vec![(
+            "KIND_EXPERIMENTAL_PROVIDER".to_string(),
+            "podman".to_string()
+        )]
+    );
+    assert!(
+        Engine::Docker
+            .kind(&["get", "clusters"])
+            .env_list()
+            .is_empty()
+    );
+}
+
+#[tokio::test]
+async fn up_makes_the_cluster_in_order() {
+    let tmp = tempfile::tempdir().unwrap();
+    let layout = controller_layout(tmp.path());
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let work_dir = tmp.path().join("w");
+    let r = kind_fake(&kc(&work_dir));
+    let lines = std::sync::Mutex::new(Vec::new());
+    let say = |m: &str| lines.lock().unwrap().push(m.to_string());
+    let created = up(&r, &options(&repo, &work_dir, Some(&layout), &say))
+        .await
+        .unwrap();
+    assert_eq!(created.info.kubernetes_version, "1.34.0");
+    assert_eq!(created.info.control_plane_ip, "10.89.0.2");
+    assert_eq!(created.info.tunnel.bind, "10.89.0.1");
+    assert_eq!(created.info.controller_image, "aks-flex-controller:0.1.0");
+    assert_eq!(created.join.api_server, "https://10.0.2.2:36443");
+    assert_eq!(created.join.ca_cert_data, "Q0E=");
+    assert_eq!(created.join.node_ip, GUEST_NODE_IP);
+    let secret = created.join.token.secret().expose().to_string();
+    let transcript = r.transcript();
+    assert!(
+        !transcript.contains(&secret),
+        "the token went into an argument"
+    );
+    // The overlay names the base relative to itself, and the image kind loaded.
+    let overlay =
+        std::fs::read_to_string(work_dir.join("cluster/controller/kustomization.yaml")).unwrap();
+    assert!(overlay.contains("newTag: \"0.1.0\""), "{overlay}");
+    let base = overlay
+        .lines()
+        .find_map(|l| {
+            l.trim()
+                .strip_prefix("- ")
+                .filter(|p| p.ends_with("deploy/controller"))
+        })
+        .unwrap();
+    assert!(
+        work_dir
+            .join("cluster/controller")
+            .join(base)
+            .join("kustomization.yaml")
+            .is_file(),
+        "{base}"
+    );
+    // The archive kind loads names the image as the CRI looks it up.
+    let archive = std::fs::File::open(work_dir.join("cluster/aks-flex-controller.tar")).unwrap();
+    let mut ar = tar::Archive::new(archive);
+    let index = ar
+        .entries()
+        .unwrap()
+        .map(|e| e.unwrap())
+        .find(|e| e.path().unwrap().to_string_lossy() == "index.json")
+        .map(|mut e| {
+            let mut s = String::new();
+            std::io::Read::read_to_string(&mut e, &mut s).unwrap();
+            s
+        })
+        .unwrap();
+    assert!(
+        index.contains("docker.io/library/aks-flex-controller:0.1.0"),
+        "{index}"
+    );
+    insta::assert_snapshot!(
+        tidy(&transcript, tmp.path()).replace(&repo.display().to_string(), "<repo>")
+    );
+    assert!(
+        lines
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|l| l.contains("kind create cluster aks-flex (podman, API server on port 36443)"))
+    );
+}
+
+#[tokio::test]
+async fn without_tools_there_is_no_cluster_and_the_reason_says_why() {
+    let work = Path::new("/nonexistent/w");
+    let repo = Path::new("/nonexistent/repo");
+    let say = |_: &str| {};
+    let r = FakeRunner::new();
+    r.without("kind");
+    assert_eq!(
+        up(&r, &options(repo, work, None, &say)).await.unwrap_err(),
+        "no kind binary on PATH"
+    );
+    let r = FakeRunner::new();
+    r.without("kubectl");
+    assert_eq!(
+        up(&r, &options(repo, work, None, &say)).await.unwrap_err(),
+        "no kubectl binary on PATH"
+    );
+    let r = FakeRunner::new();
+    r.without("podman").without("docker");
+    assert_eq!(
+        up(&r, &options(repo, work, None, &say)).await.unwrap_err(),
+        "no container engine: neither podman nor docker is on PATH"
+    );
+    let r = FakeRunner::new();
+    assert_eq!(
+        up(&r, &options(repo, work, None, &say)).await.unwrap_err(),
+        "no controller image (cargo xtask up --cluster builds it)"
+    );
+    assert!(r.calls().is_empty(), "{:?}", r.calls());
+}
+
+#[tokio::test]
+async fn a_failed_create_is_the_reason_and_what_was_made_is_deleted() {
+    let tmp = tempfile::tempdir().unwrap();
+    let layout = controller_layout(tmp.path());
+    let work = tmp.path().join("w");
+    let r = FakeRunner::new();
+    r.on(
+        "kind create cluster",
+        Output::failed(
+            1,
+            "Creating cluster \"aks-flex\" ...\n ✗ Ensuring node image (kindest/node:v1.34.0) 🖼\nERROR: failed to create cluster: failed to pull image \"kindest/node:v1.34.0\": dial tcp: lookup registry-1.docker.io: no such host\n",
+        ),
+    );
+    r.on_seq(
+        "kind get clusters",
+        vec![Output::ok(""), Output::ok("aks-flex\n")],
+    );
+    let say = |_: &str| {};
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let reason = up(&r, &options(&repo, &work, Some(&layout), &say))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        reason,
+        "kind create cluster failed: ERROR: failed to create cluster: failed to pull image \"kindest/node:v1.34.0\": dial tcp: lookup registry-1.docker.io: no such host"
+    );
+    let calls = r.calls();
+    assert!(
+        calls
+            .last()
+            .unwrap()
+            .starts_with("KIND_EXPERIMENTAL_PROVIDER=podman kind delete cluster --name aks-flex"),
+        "{calls:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_failed_step_names_itself() {
+    let tmp = tempfile::tempdir().unwrap();
+    let layout = controller_layout(tmp.path());
+    let work = tmp.path().join("w");
+    let r = kind_fake(&kc(&work));
+    r.on(
+        &format!("{} -n kube-system rollout status", kc(&work)),
+        Output::failed(1, "Waiting for deployment \"aks-flex-controller\" rollout to finish: 0 of 1 updated replicas are available...\nerror: timed out waiting for the condition\n"),
+    );
+    let say = |_: &str| {};
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let reason = up(&r, &options(&repo, &work, Some(&layout), &say))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        reason,
+        "wait for the controller failed: error: timed out waiting for the condition"
+    );
+}
+
+#[tokio::test]
+async fn down_stops_the_forward_and_deletes_the_cluster() {
+    let tmp = tempfile::tempdir().unwrap();
+    let work = tmp.path();
+    std::fs::write(work.join("state.json"), r#"{"qemu_pid": 1}"#).unwrap();
+    let info = info();
+    record(work, &Availability::Ready(Box::new(info.clone()))).unwrap();
+    std::fs::create_dir_all(work.join("cluster")).unwrap();
+    let r = FakeRunner::new();
+    r.on("kind get clusters", Output::ok("aks-flex\nother\n"));
+    down(&r, work, None).await.unwrap();
+    insta::assert_snapshot!(tidy(&r.transcript(), tmp.path()));
+    assert!(!work.join("cluster").exists());
+
+    // No record (an interrupted up): kind's own list decides.
+    let r = FakeRunner::new();
+    r.on("kind get clusters", Output::ok("other\n"));
+    std::fs::remove_file(work.join("state.json")).unwrap();
+    down(&r, work, None).await.unwrap();
+    assert_eq!(
+        r.calls(),
+        vec!["KIND_EXPERIMENTAL_PROVIDER=podman kind get clusters"]
+    );
+
+    // An up that failed before recording may have left the forward: its socket says so.
+    std::fs::create_dir_all(work.join("cluster")).unwrap();
+    std::fs::write(work.join("cluster").join(TUNNEL_SOCKET), "").unwrap();
+    let r = FakeRunner::new();
+    r.on("kind get clusters", Output::ok(""));
+    down(&r, work, None).await.unwrap();
+    assert_eq!(
+        tidy(&r.calls()[0], tmp.path()),
+        "ssh -S /tmp/cluster/kubelet-forward.sock -O exit flexadm@127.0.0.1"
+    );
+    assert!(!work.join("cluster").exists());
+
+    // Without kind there is nothing to delete.
+    let r = FakeRunner::new();
+    r.without("kind");
+    down(&r, work, None).await.unwrap();
+    assert!(r.calls().is_empty());
+
+    // A delete that fails is an error: down must not leave a cluster silently.
+    let r = FakeRunner::new();
+    r.on("kind get clusters", Output::ok("aks-flex\n"));
+    r.on(
+        "kind delete",
+        Output::failed(1, "ERROR: podman: permission denied"),
+    );
+    let e = down(&r, work, None).await.unwrap_err().to_string();
+    assert!(e.starts_with("delete the kind cluster aks-flex: "), "{e}");
+}
+
+#[test]
+fn the_record_sits_beside_the_vms_state() {
+    let tmp = tempfile::tempdir().unwrap();
+    let work = tmp.path();
+    assert_eq!(
+        load(work).unwrap(),
+        Availability::unavailable(NOT_REQUESTED)
+    );
+    std::fs::write(
+        work.join("state.json"),
+        r#"{"qemu_pid": 42, "accel": "tcg"}"#,
+    )
+    .unwrap();
+    assert_eq!(
+        load(work).unwrap(),
+        Availability::unavailable(NOT_REQUESTED)
+    );
+    assert_eq!(
+        skip_reason(work),
+        "no cluster (not requested: up --cluster)"
+    );
+    let none = Availability::unavailable("no kind binary on PATH");
+    record(work, &none).unwrap();
+    assert_eq!(load(work).unwrap(), none);
+    assert_eq!(none.skip_reason(), "no cluster (no kind binary on PATH)");
+    assert_eq!(skip_reason(work), "no cluster (no kind binary on PATH)");
+    let ready = Availability::Ready(Box::new(info()));
+    record(work, &ready).unwrap();
+    assert_eq!(load(work).unwrap(), ready);
+    let v: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(work.join("state.json")).unwrap()).unwrap();
+    assert_eq!(v["qemu_pid"], 42, "the VM's fields stay");
+    assert_eq!(v["cluster"]["status"], "ready");
+    assert_eq!(v["cluster"]["kubeconfig"], "/w/cluster/kubeconfig");
+}
+
+#[test]
+fn the_kubelet_forward() {
+    let ssh = Ssh {
+        port: 2222,
+        key: "/w/id".into(),
+    };
+    let t = Tunnel {
+        socket: "/w/cluster/kubelet-forward.sock".into(),
+        bind: "10.89.0.1".into(),
+        port: 40250,
+    };
+    insta::assert_snapshot!(tunnel_cmd(&ssh, &t).display_argv());
+    assert_eq!(
+        dnat_rule("-I", "10.89.0.1", 40250).join(" "),
+        "iptables -t nat -I OUTPUT 1 -p tcp -d 10.0.2.15 --dport 10250 -j DNAT --to-destination 10.89.0.1:40250"
+    );
+}
+
+#[tokio::test]
+async fn the_forward_is_started_only_when_it_is_not_running() {
+    let ssh = Ssh {
+        port: 2222,
+        key: "/w/id".into(),
+    };
+    let t = Tunnel {
+        socket: "/nonexistent/kubelet-forward.sock".into(),
+        bind: "10.89.0.1".into(),
+        port: 40250,
+    };
+    let r = FakeRunner::new();
+    assert!(!ensure_tunnel(&r, &ssh, &t).await.unwrap());
+    assert_eq!(r.calls().len(), 1);
+    let r = FakeRunner::new();
+    r.on(
+        "ssh -S",
+        Output::failed(255, "Control socket connect: No such file or directory"),
+    );
+    assert!(ensure_tunnel(&r, &ssh, &t).await.unwrap());
+    assert!(r.calls()[1].contains("-L 10.89.0.1:40250:127.0.0.1:10250"));
+    r.on(
+        "ssh -i",
+        Output::failed(255, "bind [10.89.0.1]:40250: Address already in use"),
+    );
+    let e = ensure_tunnel(&r, &ssh, &t).await.unwrap_err().to_string();
+    assert!(
+        e.starts_with("the kubelet forward (10.89.0.1:40250): "),
+        "{e}"
+    );
+}
+
+#[test]
+fn summaries_pick_the_error_line() {
+    assert_eq!(
+        summary(
+            "kubectl apply -k x failed: exit status 1: # warning\nerror: accumulating resources: x\n"
+        ),
+        "error: accumulating resources: x"
+    );
+    assert_eq!(summary("plain\nsecond"), "plain");
+    assert_eq!(summary(""), "");
+}
