@@ -39,7 +39,7 @@ fn find<'a>(objs: &'a [Value], kind: &str, name: &str) -> &'a Value {
 #[test]
 fn every_object_is_named_and_placed() {
     let objs = objects();
-    assert_eq!(objs.len(), 12);
+    assert_eq!(objs.len(), 14);
     for o in &objs {
         let kind = o["kind"].as_str().unwrap();
         assert!(o["apiVersion"].is_string(), "{o}");
@@ -159,6 +159,35 @@ fn rbac_grants_what_is_used() {
             defaults.bootstrap_group.as_str(),
             defaults.daemon_group.as_str()
         ]
+    );
+    // The daemons (their group is in the certificates the CSR approver signs) reconcile
+    // MachineOperations: watch them, claim and finish them, delete them after their TTL.
+    let daemon = find(&objs, "ClusterRole", "aks-flex-node-daemon");
+    let rules = daemon["rules"].as_array().unwrap();
+    let grants = |resource: &str, verb: &str| {
+        rules.iter().any(|r| {
+            r["apiGroups"][0] == aks_flex_node::machina::GROUP
+                && r["resources"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|x| x == resource)
+                && r["verbs"].as_array().unwrap().iter().any(|x| x == verb)
+        })
+    };
+    for verb in ["get", "list", "watch", "delete"] {
+        assert!(
+            grants("machineoperations", verb),
+            "machineoperations {verb}"
+        );
+    }
+    assert!(grants("machineoperations/status", "patch"));
+    assert!(grants("machines", "get"));
+    let b = find(&objs, "ClusterRoleBinding", "aks-flex-node-daemon");
+    assert_eq!(b["subjects"][0]["name"], defaults.daemon_group.as_str());
+    assert_eq!(
+        defaults.daemon_group.as_str(),
+        aks_flex_node::kubeclient::DAEMON_GROUP
     );
     // Every binding names an existing role and the service account or the node groups.
     for b in objs

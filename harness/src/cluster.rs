@@ -564,7 +564,7 @@ async fn create(
     .await
     .step("kind load image-archive")?;
 
-    say("cluster: deploy/crds, deploy/controller (CSR approver on), the daemon's RBAC");
+    say("cluster: deploy/crds, deploy/controller (CSR approver on, the daemons' RBAC)");
     let crds = o.repo.join("deploy/crds/machina.yaml");
     k.run(["apply", "--server-side", "-f", &crds.display().to_string()])
         .await
@@ -592,9 +592,6 @@ async fn create(
     k.run(["apply", "-k", &overlay.display().to_string()])
         .await
         .step("apply deploy/controller")?;
-    k.apply(&render::daemon_rbac())
-        .await
-        .step("apply the daemon's RBAC")?;
 
     say(&format!(
         "cluster: registering {} in {}/{} and creating a bootstrap token",

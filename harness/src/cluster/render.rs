@@ -43,8 +43,6 @@ pub const PROBE_IMAGE: &str = "registry.k8s.io/e2e-test-images/busybox:1.36.1-1"
 pub const PROBE_MARKER: &str = "aks-flex-harness-probe-ok";
 /// The label on everything the harness creates in the cluster.
 pub const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "flex-harness");
-/// The harness's ClusterRole (and binding) for the agent's daemon.
-pub const DAEMON_ROLE: &str = "aks-flex-harness-node-daemon";
 
 /// The kind config: the API server listens on every host address at `api_port` (the guest
 /// reaches the host's loopback as `10.0.2.2`), and its certificate names `10.0.2.2`. kind's
@@ -147,57 +145,6 @@ pub fn token_secret(token: &BootstrapToken) -> Secret {
             "auth-extra-groups": format!("{KUBEADM_NODE_GROUP},{AKS_FLEX_BOOTSTRAP_GROUP}"),
         },
     })))
-}
-
-/// What the agent's daemon does with its own certificate (group `aks-flex-node-daemons`)
-/// beyond what the Node authorizer grants: watch and finish MachineOperations and read
-/// Machines. `deploy/` has no such role (a cluster's machina installation brings one); the
-/// harness binds it.
-pub fn daemon_rbac() -> String {
-    let labels = json!({MANAGED_BY.0: MANAGED_BY.1});
-    pretty(&json!({
-        "apiVersion": "v1",
-        "kind": "List",
-        "items": [
-            {
-                "apiVersion": "rbac.authorization.k8s.io/v1",
-                "kind": "ClusterRole",
-                "metadata": {"name": DAEMON_ROLE, "labels": labels},
-                "rules": [
-                    {
-                        "apiGroups": [aks_flex_node::machina::GROUP],
-                        "resources": ["machineoperations"],
-                        "verbs": ["get", "list", "watch", "update", "patch", "delete"],
-                    },
-                    {
-                        "apiGroups": [aks_flex_node::machina::GROUP],
-                        "resources": ["machineoperations/status"],
-                        "verbs": ["get", "update", "patch"],
-                    },
-                    {
-                        "apiGroups": [aks_flex_node::machina::GROUP],
-                        "resources": ["machines"],
-                        "verbs": ["get", "list", "watch"],
-                    },
-                ],
-            },
-            {
-                "apiVersion": "rbac.authorization.k8s.io/v1",
-                "kind": "ClusterRoleBinding",
-                "metadata": {"name": DAEMON_ROLE, "labels": labels},
-                "roleRef": {
-                    "apiGroup": "rbac.authorization.k8s.io",
-                    "kind": "ClusterRole",
-                    "name": DAEMON_ROLE,
-                },
-                "subjects": [{
-                    "apiGroup": "rbac.authorization.k8s.io",
-                    "kind": "Group",
-                    "name": aks_flex_node::kubeclient::DAEMON_GROUP,
-                }],
-            },
-        ],
-    }))
 }
 
 /// The kustomize overlay over `deploy/controller` (`base`, relative to the overlay): the image
@@ -466,7 +413,6 @@ mod tests {
 
     #[test]
     fn rbac_and_operation_and_probe() {
-        insta::assert_snapshot!("daemon_rbac", daemon_rbac());
         insta::assert_snapshot!(
             "node_reboot",
             machine_operation("harness-nodereboot-1", "NodeReboot", "flex-dev-node")
