@@ -806,35 +806,11 @@ async fn delete_cluster(r: &dyn Runner, engine: Engine, kubeconfig: &Path) -> an
     Ok(true)
 }
 
-fn ssh_base(ssh: &Ssh) -> Cmd {
-    Cmd::new("ssh")
-        .args(["-i"])
-        .arg(ssh.key.display().to_string())
-        .args(["-p"])
-        .arg(ssh.port.to_string())
-        .args([
-            "-o",
-            "StrictHostKeyChecking=no",
-            "-o",
-            "UserKnownHostsFile=/dev/null",
-            "-o",
-            "BatchMode=yes",
-            "-o",
-            "ConnectTimeout=10",
-            "-o",
-            "ServerAliveInterval=5",
-            "-o",
-            "ServerAliveCountMax=3",
-            "-o",
-            "LogLevel=ERROR",
-        ])
-}
-
 /// The forwarding `ssh`: a ControlMaster on `t.socket` that backgrounds itself once the
 /// forward `t.bind:t.port` → the guest's `127.0.0.1:10250` listens (kubelet listens on every
 /// address of the host's network, which the machines share).
 pub fn tunnel_cmd(ssh: &Ssh, t: &Tunnel) -> Cmd {
-    ssh_base(ssh)
+    ssh.base()
         .args(["-o", "ExitOnForwardFailure=yes", "-M", "-S"])
         .arg(t.socket.display().to_string())
         .args(["-f", "-N", "-L"])

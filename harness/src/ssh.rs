@@ -20,8 +20,9 @@ pub struct Ssh {
 }
 
 impl Ssh {
-    /// The `ssh` command for `script` run as root.
-    pub fn cmd(&self, script: &str, timeout: Duration) -> Cmd {
+    /// `ssh` with this VM's key and port and the harness's options (no host key checks, batch
+    /// mode, keepalives), before the destination.
+    pub fn base(&self) -> Cmd {
         Cmd::new("ssh")
             .args(["-i"])
             .arg(self.key.display().to_string())
@@ -39,8 +40,15 @@ impl Ssh {
                 "-o",
                 "ServerAliveInterval=5",
                 "-o",
+                "ServerAliveCountMax=3",
+                "-o",
                 "LogLevel=ERROR",
             ])
+    }
+
+    /// The `ssh` command for `script` run as root.
+    pub fn cmd(&self, script: &str, timeout: Duration) -> Cmd {
+        self.base()
             .arg(format!("{USER}@127.0.0.1"))
             .args(["--", "sudo", "-n", "sh", "-c"])
             .arg(shell_quote(script))
