@@ -37,19 +37,16 @@
 //! - [`logging`]: tracing setup;
 //! - [`testing`]: recording fakes for the traits above.
 
+pub use flex_host::{context, fs, hostexec, hostinfo, http, runner};
+
 pub mod bootstrap;
 pub mod cli;
 pub mod components;
 pub mod config;
 pub mod containerd;
-pub mod context;
 pub mod daemon;
 pub mod entrypoint;
-pub mod fs;
 pub mod host;
-pub mod hostexec;
-pub mod hostinfo;
-pub mod http;
 pub mod kubeclient;
 pub mod lifecycle;
 pub mod logging;
@@ -65,11 +62,9 @@ pub mod preflight;
 pub mod provisioning;
 pub mod repave;
 pub mod reset;
-pub mod runner;
 pub mod start;
 pub mod state;
 pub mod systemd;
 pub mod task;
-pub mod testing;
 pub mod upgrade;
 pub mod version;

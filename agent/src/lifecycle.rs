@@ -104,7 +104,7 @@ pub async fn post_start(machine: &str) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::context::FakeHost;
+    use flex_testkit::FakeHost;
 
     #[tokio::test]
     async fn pre_start_rerenders_and_reloads_only_on_change() {

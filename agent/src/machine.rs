@@ -489,8 +489,8 @@ pub async fn cleanup_machine(host: &Host, machine: &str, t: Timings) -> Result<(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::context::FakeHost;
     use crate::runner::Output;
+    use flex_testkit::FakeHost;
 
     #[test]
     fn names_and_paths() {

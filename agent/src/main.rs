@@ -20,7 +20,11 @@ fn main() -> ExitCode {
         "entrypoint" => fail(aks_flex_node::entrypoint::main(rest).map(|_| ())),
         n if n == "host-exec" || aks_flex_node::hostexec::mode_of(n).is_some() => {
             match aks_flex_node::hostexec::parse(&argv0, &rest) {
-                Ok(inv) => fail(aks_flex_node::hostexec::exec(&inv).map(|_| ())),
+                Ok(inv) => fail(
+                    aks_flex_node::hostexec::exec(&inv)
+                        .map(|_| ())
+                        .map_err(Into::into),
+                ),
                 Err(e) => fail(Err(e.into())),
             }
         }

@@ -681,8 +681,8 @@ pub fn verdict(report: &Report, fail_on_warnings: bool) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::context::FakeHost;
-    use crate::testing::FakeHostInfo;
+    use flex_testkit::FakeHost;
+    use flex_testkit::FakeHostInfo;
 
     fn config() -> Config {
         crate::config::parse(

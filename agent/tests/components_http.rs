@@ -24,7 +24,7 @@ use aks_flex_node::config::{Config, OfflineArtifacts};
 use aks_flex_node::context::Host;
 use aks_flex_node::fs::HostFs;
 use aks_flex_node::runner::ProcessRunner;
-use aks_flex_node::testing::{FakeHostInfo, FakeSystemd};
+use flex_testkit::{FakeHostInfo, FakeSystemd};
 use sha2::Digest;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 

@@ -470,11 +470,11 @@ async fn run_reset(c: &Ctx<'_>) -> anyhow::Result<()> {
 /// Writes bootstrap.env in the guest. The content goes on stdin, not in an argument: with a
 /// cluster it holds a real bootstrap token, which an error would otherwise show.
 async fn write_bootstrap_env(c: &Ctx<'_>, env: &str) -> anyhow::Result<()> {
-    let runner = aks_flex_node::runner::ProcessRunner::new();
+    let runner = flex_host::runner::ProcessRunner::new();
     crate::cluster::kube::Guest::new(&runner, c.ssh)
         .sh_stdin(
             "mkdir -p /etc/aks-flex-node && umask 077 && cat > /etc/aks-flex-node/bootstrap.env",
-            &aks_flex_node::config::Secret::new(env),
+            &flex_host::secret::Secret::new(env),
             &[],
         )
         .await?;

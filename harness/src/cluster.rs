@@ -35,7 +35,7 @@ pub mod token;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use aks_flex_node::runner::{Cmd, Runner};
+use flex_host::runner::{Cmd, Runner};
 use serde::{Deserialize, Serialize};
 
 use crate::ssh::{Ssh, USER};
@@ -254,12 +254,7 @@ pub async fn prepare_group(work: &Path, ssh: &Ssh) -> anyhow::Result<()> {
     let Availability::Ready(info) = load(work)? else {
         anyhow::bail!("{}", skip_reason(work));
     };
-    ensure_tunnel(
-        &aks_flex_node::runner::ProcessRunner::new(),
-        ssh,
-        &info.tunnel,
-    )
-    .await?;
+    ensure_tunnel(&flex_host::runner::ProcessRunner::new(), ssh, &info.tunnel).await?;
     Ok(())
 }
 
@@ -333,7 +328,7 @@ pub async fn up_step(
         provider: provider.as_deref(),
         say,
     };
-    match up(&aks_flex_node::runner::ProcessRunner::new(), &o).await {
+    match up(&flex_host::runner::ProcessRunner::new(), &o).await {
         Ok(c) => {
             say(&format!(
                 "cluster {} ready (Kubernetes {}); the VM joins it at {}",
@@ -359,7 +354,7 @@ pub async fn up_step(
 /// and waits for the Node to be Ready. Failures are told, not fatal: `check`'s node-join group
 /// reports them with what it saw.
 pub async fn joined_step(say: &dyn Fn(&str), ssh: &Ssh, info: &ClusterInfo) {
-    let r = aks_flex_node::runner::ProcessRunner::new();
+    let r = flex_host::runner::ProcessRunner::new();
     if let Err(e) = ensure_tunnel(&r, ssh, &info.tunnel).await {
         say(&format!("warning: {e:#}"));
     }

@@ -39,7 +39,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
 
-use aks_flex_node::runner::{Cmd, ProcessRunner};
+use flex_host::runner::{Cmd, ProcessRunner};
 
 /// The fw_cfg key the dev host's Ignition reads its config from (Debian's Ignition 2.14 reads
 /// only this one).

@@ -26,7 +26,7 @@ use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use aks_flex_node::runner::{Cmd, ProcessRunner, Runner};
+use flex_host::runner::{Cmd, ProcessRunner, Runner};
 
 use crate::devhost::{
     DPKG_OPTIONS, RecipeHasher, Suite, build_dir, clean_stale_builds, discard_incomplete,

@@ -52,7 +52,7 @@ pub async fn push_tree_image(
     epoch: u64,
     work: &Path,
 ) -> anyhow::Result<String> {
-    use aks_flex_node::runner::{Cmd, ProcessRunner, Runner};
+    use flex_host::runner::{Cmd, ProcessRunner, Runner};
     use sha2::{Digest as _, Sha256};
     let tar_path = work.join("layer.tar");
     let r = ProcessRunner::new();

@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use aks_flex_node::runner::{Cmd, ProcessRunner, Runner};
+use flex_host::runner::{Cmd, ProcessRunner, Runner};
 
 /// The host as QEMU's user network shows it to the guest.
 pub const GUEST_HOST_ADDR: &str = "10.0.2.2";

@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use aks_flex_node::runner::{Cmd, ProcessRunner, Runner};
+use flex_host::runner::{ProcessRunner, Runner};
 
 use crate::acl::{self, AclBoot};
 use crate::checks::{self, Ctx};
@@ -46,8 +46,10 @@ pub fn offline_bootstrap_env(machine_image: &str, bundle: &str, kubernetes: &str
     .join("\n")
 }
 
-/// Installs what `up` needs when running as root on Debian; otherwise names the packages.
-pub async fn ensure_tools(progress: &Progress) -> anyhow::Result<()> {
+/// Checks that what `up` needs is installed, naming the missing packages otherwise. `cargo
+/// xtask up` installs them before it builds the harness (xtask/src/deps.rs: the one place the
+/// project installs packages).
+pub async fn ensure_tools(_progress: &Progress) -> anyhow::Result<()> {
     let r = ProcessRunner::new();
     let wanted: &[(&str, &str)] = &[
         ("qemu-system-x86_64", "qemu-system-x86"),
@@ -66,58 +68,10 @@ pub async fn ensure_tools(progress: &Progress) -> anyhow::Result<()> {
     if missing.is_empty() {
         return Ok(());
     }
-    let root = rustix::process::geteuid().is_root();
-    if !root || r.which("apt-get").is_none() {
-        anyhow::bail!(
-            "missing packages: {} (on Debian 12: add bookworm-backports to the apt sources, then `apt-get install -t bookworm-backports qemu-system-x86` and `apt-get install {}`)",
-            missing.join(" "),
-            missing
-                .iter()
-                .filter(|p| **p != "qemu-system-x86")
-                .copied()
-                .collect::<Vec<_>>()
-                .join(" ")
-        );
-    }
-    progress.say(&format!("installing {}", missing.join(" ")));
-    let backports = Path::new("/etc/apt/sources.list.d/bookworm-backports.sources");
-    let os = std::fs::read_to_string("/etc/os-release").unwrap_or_default();
-    if missing.contains(&"qemu-system-x86") && os.contains("bookworm") && !backports.exists() {
-        std::fs::write(
-            backports,
-            "Types: deb\nURIs: http://deb.debian.org/debian\nSuites: bookworm-backports\nComponents: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n",
-        )?;
-    }
-    let long = Duration::from_secs(1800);
-    let apt = |args: Vec<&str>| {
-        Cmd::new("apt-get")
-            .args(args)
-            .env("DEBIAN_FRONTEND", "noninteractive")
-            .timeout(long)
-    };
-    r.run(&apt(vec!["update", "-q"])).await?;
-    let plain: Vec<&str> = missing
-        .iter()
-        .filter(|p| **p != "qemu-system-x86")
-        .copied()
-        .collect();
-    if !plain.is_empty() {
-        let mut a = vec!["install", "-y", "-q", "--no-install-recommends"];
-        a.extend(plain);
-        r.run(&apt(a)).await?;
-    }
-    if missing.contains(&"qemu-system-x86") {
-        let t = if os.contains("bookworm") {
-            vec!["-t", "bookworm-backports"]
-        } else {
-            vec![]
-        };
-        let mut a = vec!["install", "-y", "-q", "--no-install-recommends"];
-        a.extend(t);
-        a.push("qemu-system-x86");
-        r.run(&apt(a)).await?;
-    }
-    Ok(())
+    anyhow::bail!(
+        "missing packages: {} (`cargo xtask up` installs them as root on Debian; on Debian 12 qemu-system-x86 comes from bookworm-backports)",
+        missing.join(" ")
+    )
 }
 
 /// Stops what a failed `up` started, unless disarmed.

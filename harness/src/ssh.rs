@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use aks_flex_node::runner::{Cmd, Output, ProcessRunner, Runner};
+use flex_host::runner::{Cmd, Output, ProcessRunner, Runner};
 
 /// The harness user created by the Ignition config.
 pub const USER: &str = "flexadm";

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use aks_flex_node::oci::RegistryClient;
-use aks_flex_node::runner::{Cmd, ProcessRunner, Runner};
+use flex_host::runner::{Cmd, ProcessRunner, Runner};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressState, ProgressStyle};
 use serde::{Deserialize, Serialize};
 
@@ -481,7 +481,7 @@ pub async fn choose_accel(work: &Path, kernel: &Path, try_kvm: bool) -> (Accel, 
                     out.stderr
                 ),
             },
-            Err(aks_flex_node::runner::CmdError::Timeout { .. }) => Probe::TimedOut {
+            Err(flex_host::runner::CmdError::Timeout { .. }) => Probe::TimedOut {
                 console: std::fs::read_to_string(&console).unwrap_or_default(),
             },
             Err(e) => Probe::NotRun(e.to_string()),
@@ -600,7 +600,7 @@ pub async fn save_snapshot(state: &mut State) -> anyhow::Result<f64> {
 
 /// The registry client for pushes from the host.
 pub fn registry_client() -> anyhow::Result<RegistryClient> {
-    Ok(RegistryClient::new(aks_flex_node::http::client()?))
+    Ok(RegistryClient::new(flex_host::http::client()?))
 }
 
 /// Starts the registry under `work`.

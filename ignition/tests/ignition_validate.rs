@@ -9,8 +9,8 @@ mod common;
 
 use std::path::Path;
 
-use aks_flex_node::runner::{Cmd, Output, ProcessRunner, Runner};
 use common::all_configs;
+use flex_host::runner::{Cmd, Output, ProcessRunner, Runner};
 use flex_ignition::{SpecVersion, to_ignition_json};
 
 const VALIDATOR: &str = "ignition-validate";

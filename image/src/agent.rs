@@ -12,8 +12,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 
-use aks_flex_node::hostexec::{CHROOT_TOOLS, IMAGE_BIN_DIR, MOUNT_NS_TOOLS};
-use aks_flex_node::runner::{Cmd, ProcessRunner, Runner};
+use flex_host::hostexec::{CHROOT_TOOLS, IMAGE_BIN_DIR, MOUNT_NS_TOOLS};
+use flex_host::runner::{Cmd, ProcessRunner, Runner};
 
 use crate::layer::Layer;
 use crate::oci::{Image, ImageConfig, WrittenImage, write_oci_archive, write_oci_layout};

@@ -42,8 +42,8 @@ use aks_flex_node::oci::{
     Arch, Descriptor, Digest, ImageIndex, ImageRef, RegistryClient, RetryPolicy,
 };
 use aks_flex_node::runner::{Cmd, Output, ProcessRunner, Runner, which_on};
-use aks_flex_node::testing::FakeRunner;
 use bytes::Bytes;
+use flex_testkit::FakeRunner;
 
 use flex_tests::daemon::{Daemon, spawn_daemon};
 

@@ -1,9 +1,11 @@
-//! `cargo xtask ci`: what CI runs. `cargo fmt --check`, `cargo clippy --all-targets -D
-//! warnings`, then every test in the workspace (nextest when installed, else `cargo test`).
+//! `cargo xtask ci`: what CI runs. The packages first, then `cargo fmt --check`, clippy with
+//! `-D warnings`, the layering rules ([`crate::layering`]), the generated files (`codegen
+//! --check`), every test in the workspace (nextest when installed, else `cargo test`), and the
+//! offline end-to-end check: `up` on the dev host, `check`, `down` (through the harness).
 
 use std::time::Duration;
 
-use aks_flex_node::runner::{Cmd, ProcessRunner, Runner, run_inherited};
+use flex_host::runner::{Cmd, ProcessRunner, Runner, run_inherited};
 
 const LONG: Duration = Duration::from_secs(3600);
 
@@ -14,29 +16,33 @@ fn cargo(args: &[&str]) -> Cmd {
         .timeout(LONG)
 }
 
-/// Runs the CI task: static checks and tests, then (unless `e2e` is off) the offline
-/// end-to-end check: `up` on the dev host, `check`, `down`. Everything is compiled before the VM
-/// boots (`up` builds the agent image first), so no build competes with the guest.
+fn harness(task: &str) -> Cmd {
+    crate::cargo_run("flex-harness", &[task.to_string()])
+}
+
+/// Runs the CI task. Everything is compiled before the VM boots (`up` builds the agent image
+/// first), so no build competes with the guest.
 pub async fn run(install: bool, e2e: bool) -> anyhow::Result<()> {
-    unit(install).await?;
+    if install {
+        crate::deps::ensure(crate::deps::TEST_PACKAGES).await?;
+        if e2e {
+            crate::deps::ensure(crate::deps::VM_PACKAGES).await?;
+        }
+    }
+    unit().await?;
     if !e2e {
         return Ok(());
     }
     eprintln!("xtask ci: end-to-end: cargo xtask up (dev host, offline)");
-    crate::vm::up(crate::vm::UpArgs::defaults()).await?;
+    run_inherited(&harness("up")).await?;
     eprintln!("xtask ci: end-to-end: cargo xtask check");
-    let checked = crate::vm::check(crate::vm::CheckArgs::defaults()).await;
-    let downed = crate::vm::down().await;
+    let checked = run_inherited(&harness("check")).await;
+    let downed = run_inherited(&harness("down")).await;
     checked?;
-    downed
+    Ok(downed?)
 }
 
-async fn unit(install: bool) -> anyhow::Result<()> {
-    if install {
-        crate::deps::ensure(crate::deps::TEST_PACKAGES).await?;
-    }
-    let root = crate::project_root();
-    std::env::set_current_dir(&root)?;
+async fn unit() -> anyhow::Result<()> {
     eprintln!("xtask ci: cargo fmt --check");
     run_inherited(&cargo(&["fmt", "--all", "--", "--check"])).await?;
     eprintln!("xtask ci: cargo clippy");
@@ -50,6 +56,10 @@ async fn unit(install: bool) -> anyhow::Result<()> {
         "warnings",
     ]))
     .await?;
+    eprintln!("xtask ci: layering");
+    crate::layering::check(&ProcessRunner::new()).await?;
+    eprintln!("xtask ci: cargo xtask codegen --check");
+    run_inherited(&crate::cargo_run("flex-codegen", &["--check".to_string()])).await?;
     let nextest = ProcessRunner::new()
         .output(&Cmd::new("cargo").args(["nextest", "--version"]))
         .await

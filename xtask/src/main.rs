@@ -1,61 +1,38 @@
-//! `cargo xtask`: the project's automation, in Rust. A thin CLI over small task modules.
+//! `cargo xtask`: the project's automation. Deliberately light (the host crate's runner without
+//! D-Bus or HTTP, anyhow, tokio): it compiles in about a minute on a bare machine, installs the
+//! Debian packages the task needs (as root on Debian; otherwise it names them), and only then
+//! builds and runs what needs them:
+//!
+//! - `ci`: format, clippy, the layering rules, every test, then the offline end-to-end check;
+//! - `codegen [--check]`: `flex-codegen` (committed generated files);
+//! - `up`, `check`, `down`, `image`: the `flex-harness` binary, with the task's flags.
 
 mod ci;
-mod codegen;
 mod deps;
-mod image;
-mod vm;
+mod layering;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
-use clap::{Parser, Subcommand};
+use flex_host::runner::{Cmd, run_inherited};
 
-#[derive(Parser)]
-#[command(name = "cargo xtask", about = "aks-flex-node project automation")]
-struct Cli {
-    #[command(subcommand)]
-    command: Task,
-}
+const USAGE: &str = "\
+aks-flex-node project automation
 
-#[derive(Subcommand)]
-enum Task {
-    /// What CI runs: format check, clippy -D warnings, every test, then the offline end-to-end
-    /// check on the dev host (installs the Debian packages needed when run as root)
-    Ci {
-        /// Skip installing system packages
-        #[arg(long)]
-        no_install: bool,
-        /// Skip the offline end-to-end check (up, check, down on the dev host)
-        #[arg(long)]
-        no_e2e: bool,
-    },
-    /// Regenerate committed generated files (image/agent-container.bu)
-    Codegen {
-        /// Fail if a generated file is stale instead of writing it
-        #[arg(long)]
-        check: bool,
-    },
-    /// Build the agent's container image (OCI layout + archive) without a container engine
-    Image {
-        /// Output directory (default: <workspace>/target/image)
-        #[arg(long)]
-        out: Option<PathBuf>,
-        /// Build the image a second time (into a temporary directory, same binary) and fail
-        /// unless the digests match
-        #[arg(long)]
-        check_reproducible: bool,
-        /// Build the aks-flex-controller image instead of the agent's
-        #[arg(long, conflicts_with = "check_reproducible")]
-        controller: bool,
-    },
-    /// Boot the dev host (or ACL) under QEMU with the agent bootstrapped in its container
-    Up(vm::UpArgs),
-    /// Run the check groups against the VM `up` started
-    Check(vm::CheckArgs),
-    /// Remove the VM, its disks and the registry
-    Down,
-}
+Usage: cargo xtask <TASK> [FLAGS]
+
+Tasks:
+  ci [--no-install] [--no-e2e]  What CI runs: fmt, clippy -D warnings, the layering rules, every
+                                test, then the offline end-to-end check (up, check, down)
+  codegen [--check]             Regenerate the committed generated files (or fail if stale)
+  image [FLAGS]                 Build the agent's (or --controller) container image, no engine
+  up [FLAGS]                    Boot the dev host (or ACL) under QEMU with the agent bootstrapped
+  check [FLAGS]                 Run the check groups against the VM `up` started
+  down                          Remove the VM, its disks and the registry
+
+Each task installs the Debian packages it needs first (as root on Debian; otherwise it names
+them). `cargo xtask <TASK> --help` shows a task's flags.";
 
 /// The workspace root.
 pub fn project_root() -> PathBuf {
@@ -63,8 +40,66 @@ pub fn project_root() -> PathBuf {
     manifest.parent().map(PathBuf::from).unwrap_or(manifest)
 }
 
+/// `cargo run` of one of the workspace's binaries with `args`, from the workspace root, its
+/// output on the terminal. Builds are long on two cores; the timeout only stops a hang.
+pub fn cargo_run(package: &str, args: &[String]) -> Cmd {
+    Cmd::new("cargo")
+        .args(["run", "--quiet", "--package", package, "--"])
+        .args(args.iter().map(String::as_str))
+        .timeout(Duration::from_secs(6 * 3600))
+}
+
+async fn run(task: &str, rest: &[String]) -> anyhow::Result<()> {
+    let help = rest.iter().any(|a| a == "--help" || a == "-h");
+    match task {
+        "ci" => {
+            if help {
+                println!(
+                    "Usage: cargo xtask ci [--no-install] [--no-e2e]\n\n  --no-install  Skip installing system packages\n  --no-e2e      Skip the offline end-to-end check (up, check, down on the dev host)"
+                );
+                return Ok(());
+            }
+            let mut install = true;
+            let mut e2e = true;
+            for a in rest {
+                match a.as_str() {
+                    "--no-install" => install = false,
+                    "--no-e2e" => e2e = false,
+                    other => anyhow::bail!(
+                        "ci: unexpected argument {other:?} (see cargo xtask ci --help)"
+                    ),
+                }
+            }
+            ci::run(install, e2e).await
+        }
+        "codegen" => Ok(run_inherited(&cargo_run("flex-codegen", rest)).await?),
+        "up" | "check" | "down" | "image" => {
+            if !help && task == "up" {
+                deps::ensure(deps::VM_PACKAGES).await?;
+            }
+            let mut args = vec![task.to_string()];
+            args.extend(rest.iter().cloned());
+            Ok(run_inherited(&cargo_run("flex-harness", &args)).await?)
+        }
+        other => anyhow::bail!("unknown task {other:?}\n\n{USAGE}"),
+    }
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let Some((task, rest)) = args.split_first() else {
+        eprintln!("{USAGE}");
+        return ExitCode::FAILURE;
+    };
+    if matches!(task.as_str(), "-h" | "--help" | "help") {
+        println!("{USAGE}");
+        return ExitCode::SUCCESS;
+    }
+    // Every task runs from the workspace root, wherever `cargo xtask` was typed.
+    if let Err(e) = std::env::set_current_dir(project_root()) {
+        eprintln!("xtask: cannot enter the workspace root: {e}");
+        return ExitCode::FAILURE;
+    }
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -75,26 +110,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let result = rt.block_on(async {
-        match cli.command {
-            Task::Ci { no_install, no_e2e } => ci::run(!no_install, !no_e2e).await,
-            Task::Codegen { check } => codegen::run(check),
-            Task::Image {
-                out,
-                controller: true,
-                ..
-            } => image::run_controller(out).await,
-            Task::Image {
-                out,
-                check_reproducible,
-                controller: false,
-            } => image::run(out, check_reproducible).await,
-            Task::Up(a) => vm::up(a).await,
-            Task::Check(a) => vm::check(a).await,
-            Task::Down => vm::down().await,
-        }
-    });
-    match result {
+    match rt.block_on(run(task, rest)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("xtask: {e:#}");

@@ -10,8 +10,8 @@ use super::download::parse_checksum;
 use super::offline::{BundleIndex, bundle_specs};
 use super::*;
 use crate::config::{Config, OfflineArtifacts};
-use crate::context::FakeHost;
 use crate::runner::Output;
+use flex_testkit::FakeHost;
 
 fn config(k8s: &str) -> Config {
     let mut c = Config::default();

@@ -13,7 +13,6 @@
 mod duration;
 mod keys;
 mod legacy;
-mod secret;
 mod validate;
 
 use std::collections::BTreeMap;
@@ -22,7 +21,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 pub use duration::{GoDuration, format_go_duration, parse_go_duration};
-pub use secret::Secret;
+pub use flex_host::secret::Secret;
 pub use validate::{ValidationError, api_server_url, is_dns1123_subdomain};
 
 /// Default config path used by the systemd unit.

@@ -39,22 +39,28 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
-use containerd_client::services::v1::snapshots::{
+use containerd_api::services::content::v1::{
+    Info as ContentInfo, InfoRequest, UpdateRequest as UpdateContentRequest, WriteAction,
+    WriteContentRequest, WriteContentResponse, content_client::ContentClient,
+};
+use containerd_api::services::diff::v1::{ApplyRequest, diff_client::DiffClient};
+use containerd_api::services::images::v1::{
+    CreateImageRequest, DeleteImageRequest, GetImageRequest, Image as ImageRecord,
+    UpdateImageRequest, images_client::ImagesClient,
+};
+use containerd_api::services::leases::v1::{
+    CreateRequest as CreateLeaseRequest, DeleteRequest as DeleteLeaseRequest,
+    leases_client::LeasesClient,
+};
+use containerd_api::services::snapshots::v1::{
     CommitSnapshotRequest, PrepareSnapshotRequest, RemoveSnapshotRequest, StatSnapshotRequest,
     snapshots_client::SnapshotsClient,
 };
-use containerd_client::services::v1::{
-    ApplyRequest, CreateImageRequest, CreateRequest as CreateLeaseRequest, DeleteImageRequest,
-    DeleteRequest as DeleteLeaseRequest, GetImageRequest, Image as ImageRecord,
-    Info as ContentInfo, InfoRequest, UpdateImageRequest, UpdateRequest as UpdateContentRequest,
-    WriteAction, WriteContentRequest, WriteContentResponse, content_client::ContentClient,
-    diff_client::DiffClient, images_client::ImagesClient, leases_client::LeasesClient,
-    version_client::VersionClient,
-};
-use containerd_client::tonic::metadata::MetadataValue;
-use containerd_client::tonic::transport::Channel;
-use containerd_client::tonic::{Code, Request, Status, Streaming};
-use containerd_client::types::Descriptor as CDescriptor;
+use containerd_api::services::version::v1::version_client::VersionClient;
+use containerd_api::tonic::metadata::MetadataValue;
+use containerd_api::tonic::transport::Channel;
+use containerd_api::tonic::{Code, Request, Status, Streaming};
+use containerd_api::types::Descriptor as CDescriptor;
 use futures::{SinkExt, StreamExt, TryStreamExt};
 use tokio::io::{AsyncRead, AsyncReadExt};
 
@@ -248,7 +254,7 @@ impl GrpcImages {
         if !socket.exists() {
             return Err(connect_err(socket, "no such socket"));
         }
-        let channel = tokio::time::timeout(CONNECT_TIMEOUT, containerd_client::connect(socket))
+        let channel = tokio::time::timeout(CONNECT_TIMEOUT, containerd_api::connect(socket))
             .await
             .map_err(|_| {
                 connect_err(
@@ -827,7 +833,7 @@ impl Pull<'_> {
         diff_id: &Digest,
         chain: &Digest,
         key: &str,
-        mounts: Vec<containerd_client::types::Mount>,
+        mounts: Vec<containerd_api::types::Mount>,
         step: &str,
     ) -> Result<(), ContainerdError> {
         let mut diff = DiffClient::new(self.store.channel.clone());

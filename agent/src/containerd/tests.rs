@@ -14,7 +14,7 @@ use crate::oci::Digest;
 use crate::oci::manifest::parse_manifest;
 use crate::oci::registry::FetchedManifest;
 use crate::runner::{CmdError, Output};
-use crate::testing::FakeRunner;
+use flex_testkit::FakeRunner;
 
 const REF: &str = "10.0.2.2:5000/aks-flex-node@sha256:1111111111111111111111111111111111111111111111111111111111111111";
 const DIGEST: &str = "sha256:1111111111111111111111111111111111111111111111111111111111111111";

@@ -16,7 +16,6 @@ use tokio::task::JoinHandle;
 use super::repave::DELETION_TAINT_KEY;
 use super::*;
 use crate::config::GoDuration;
-use crate::context::FakeHost;
 use crate::kubeclient::mock::{Log, Reply, Seen, seen, serve};
 use crate::machineclient::{Machine, MachineError, MachineStatus};
 use crate::operations::{ReconcilerConfig, RecordStore, RecordingHandlers};
@@ -24,6 +23,7 @@ use crate::repave::{JOURNAL_PATH, Journal, Phase};
 use crate::runner::Output;
 use crate::start::GoalState;
 use crate::state::{DaemonState, JsonStore, StateStore};
+use flex_testkit::FakeHost;
 
 const NODE: &str = "flex-node-1";
 

@@ -4,9 +4,9 @@
 use std::path::Path;
 
 use super::*;
-use crate::context::FakeHost;
 use crate::runner::Output;
-use crate::testing::{FakeHostInfo, tree_snapshot};
+use flex_testkit::FakeHost;
+use flex_testkit::{FakeHostInfo, tree_snapshot};
 
 fn config() -> Config {
     crate::config::parse(

@@ -5,10 +5,10 @@
 use std::path::Path;
 
 use super::*;
-use crate::context::FakeHost;
 use crate::machine::{bpffs_dir, dropin_dir, machine_dir, nspawn_file};
 use crate::runner::Output;
-use crate::testing::tree_snapshot;
+use flex_testkit::FakeHost;
+use flex_testkit::tree_snapshot;
 
 const IPTABLES_SAVE: &str = r#"*nat
 :POSTROUTING ACCEPT [0:0]
@@ -212,7 +212,7 @@ async fn containerized_runtime_dirs_are_emptied_and_removed_on_the_host() {
         eprintln!("skipped: mounting a tmpfs needs root");
         return;
     }
-    let f = FakeHost::with_info(crate::testing::FakeHostInfo {
+    let f = FakeHost::with_info(flex_testkit::FakeHostInfo {
         containerized: true,
         ..Default::default()
     })

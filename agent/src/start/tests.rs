@@ -5,7 +5,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use super::*;
-use crate::context::FakeHost;
+use flex_testkit::FakeHost;
 
 /// The token fixture, with machine registration best effort (the fixture requires it).
 fn config() -> Config {

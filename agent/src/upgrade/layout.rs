@@ -235,7 +235,7 @@ impl Layout {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testing::tree_snapshot;
+    use flex_testkit::tree_snapshot;
 
     fn write(fs: &HostFs, p: &str, body: &str) {
         fs.write_atomic(Path::new(p), body.as_bytes(), 0o755)

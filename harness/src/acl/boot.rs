@@ -15,8 +15,8 @@
 
 use std::path::{Path, PathBuf};
 
-use aks_flex_node::runner::Runner;
 use anyhow::{Context, Result, bail};
+use flex_host::runner::Runner;
 
 use super::disk::{self, Esp};
 use super::pe;
@@ -507,7 +507,7 @@ fn extract(esp: &Esp, boot: &ImageBoot, out: &Path) -> Result<(PathBuf, Option<P
 mod tests {
     use super::super::disk::testimg;
     use super::*;
-    use aks_flex_node::testing::FakeRunner;
+    use flex_testkit::FakeRunner;
 
     const UKI_CMDLINE: &str = "mount.usr=/dev/mapper/usr verity.usr=PARTUUID=7130c94a-213a-4e5a-8e26-6cce9662f132 rootflags=rw mount.usrflags=ro root=LABEL=ROOT console=tty1 console=ttyS0,115200n8 earlyprintk=ttyS0,115200";
 
@@ -774,7 +774,7 @@ mod tests {
             ("flatcar/vmlinuz-a", b"bzImage".repeat(5000)),
         ];
         testimg::tools_image(&img, d.path(), &files).await;
-        let r = aks_flex_node::runner::ProcessRunner::new();
+        let r = flex_host::runner::ProcessRunner::new();
         let out = d.path().join("boot");
         let b = prepare(&r, &img, &out, BootMode::Auto).await.unwrap();
         let AclBoot::Kernel {
@@ -798,7 +798,7 @@ mod tests {
         }
         let q = d.path().join("flatcar.qcow2");
         r.run(
-            &aks_flex_node::runner::Cmd::new("qemu-img")
+            &flex_host::runner::Cmd::new("qemu-img")
                 .args(["convert", "-f", "raw", "-O", "qcow2"])
                 .arg(img.display().to_string())
                 .arg(q.display().to_string()),

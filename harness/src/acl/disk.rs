@@ -8,8 +8,8 @@ use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use aks_flex_node::runner::{Cmd, Runner};
 use anyhow::{Context, Result, bail};
+use flex_host::runner::{Cmd, Runner};
 
 /// The ESP's partition type GUID.
 pub const ESP_TYPE: &str = "C12A7328-F81F-11D2-BA4B-00A0C93EC93B";
@@ -522,7 +522,7 @@ pub(crate) mod testimg {
     /// The tools [`tools_image`] needs, or the first one missing.
     pub fn tools() -> Result<(), String> {
         for t in ["sgdisk", "mkfs.vfat", "mcopy", "mmd"] {
-            if aks_flex_node::runner::which_on(t, std::env::var_os("PATH").as_deref()).is_none()
+            if flex_host::runner::which_on(t, std::env::var_os("PATH").as_deref()).is_none()
                 && !Path::new("/usr/sbin").join(t).exists()
             {
                 return Err(t.to_string());
@@ -532,7 +532,7 @@ pub(crate) mod testimg {
     }
 
     fn tool(name: &str) -> String {
-        match aks_flex_node::runner::which_on(name, std::env::var_os("PATH").as_deref()) {
+        match flex_host::runner::which_on(name, std::env::var_os("PATH").as_deref()) {
             Some(p) => p.display().to_string(),
             None => format!("/usr/sbin/{name}"),
         }
@@ -541,7 +541,7 @@ pub(crate) mod testimg {
     /// The same disk made as a person would: truncate, sgdisk, mkfs.vfat on a separate file,
     /// mmd and mcopy into it, then the file copied into the disk at the partition's offset.
     pub async fn tools_image(path: &Path, scratch: &Path, files: &[(&str, Vec<u8>)]) {
-        use aks_flex_node::runner::ProcessRunner;
+        use flex_host::runner::ProcessRunner;
         let r = ProcessRunner::new();
         File::create(path).unwrap().set_len(DISK_BYTES).unwrap();
         r.run(&Cmd::new(tool("sgdisk")).args([
@@ -596,7 +596,7 @@ pub(crate) mod testimg {
 mod tests {
     use super::testimg::*;
     use super::*;
-    use aks_flex_node::testing::FakeRunner;
+    use flex_testkit::FakeRunner;
 
     fn files() -> Vec<(&'static str, Vec<u8>)> {
         vec![
@@ -689,7 +689,7 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let img = d.path().join("disk.img");
         tools_image(&img, d.path(), &files()).await;
-        let r = aks_flex_node::runner::ProcessRunner::new();
+        let r = flex_host::runner::ProcessRunner::new();
         let loc = locate_esp(&r, &img, &d.path().join("s1")).await.unwrap();
         let fs = Esp::open(&loc).unwrap();
         assert_eq!(

@@ -30,7 +30,7 @@ impl SasUrl {
     /// The URL without its query, for messages.
     pub fn redacted(&self) -> String {
         match self.0.split_once('?') {
-            Some((base, _)) => format!("{base}?{}", aks_flex_node::runner::REDACTED),
+            Some((base, _)) => format!("{base}?{}", flex_host::runner::REDACTED),
             None => self.0.clone(),
         }
     }
@@ -41,7 +41,7 @@ impl SasUrl {
         if let Some((_, q)) = self.0.split_once('?')
             && !q.is_empty()
         {
-            t = t.replace(q, aks_flex_node::runner::REDACTED);
+            t = t.replace(q, flex_host::runner::REDACTED);
         }
         t
     }
@@ -76,7 +76,7 @@ impl HttpFetch {
     /// A client with a connect timeout and a read timeout but no overall timeout (a 30 GB
     /// download takes as long as it takes).
     pub fn new() -> Result<Self> {
-        aks_flex_node::http::install_crypto();
+        flex_host::http::install_crypto();
         let client = reqwest::Client::builder()
             .user_agent(concat!("aks-flex-node-harness/", env!("CARGO_PKG_VERSION")))
             .connect_timeout(Duration::from_secs(30))

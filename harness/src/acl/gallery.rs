@@ -17,8 +17,8 @@ use std::cmp::Ordering;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use aks_flex_node::runner::{Cmd, Output, Runner};
 use anyhow::{Context, Result, bail};
+use flex_host::runner::{Cmd, Output, Runner};
 use serde_json::Value;
 
 use super::download::{Fetch, SasUrl, gib};
@@ -455,13 +455,7 @@ pub async fn ensure(
 /// [`ensure`] with the real runner and download: what `cargo xtask up --acl-gallery` runs.
 pub async fn export(opts: &GalleryOptions, p: &Progress) -> Result<PathBuf> {
     let fetch = super::download::HttpFetch::new()?;
-    ensure(
-        &aks_flex_node::runner::ProcessRunner::new(),
-        &fetch,
-        opts,
-        p,
-    )
-    .await
+    ensure(&flex_host::runner::ProcessRunner::new(), &fetch, opts, p).await
 }
 
 struct Export<'a> {
@@ -577,9 +571,9 @@ async fn export_disk(
 mod tests {
     use super::*;
     use crate::acl::download::OnProgress;
-    use aks_flex_node::runner::CmdError;
-    use aks_flex_node::testing::FakeRunner;
     use async_trait::async_trait;
+    use flex_host::runner::CmdError;
+    use flex_testkit::FakeRunner;
     use std::sync::{Arc, Mutex};
 
     const SAS: &str = "https://md-hdd-x.z1.blob.storage.example/abcd/abcd?sv=2018-03-28&sr=b&si=1&sig=T0pS3cr3t%3D";

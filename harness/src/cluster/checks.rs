@@ -19,8 +19,8 @@
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use aks_flex_node::config::Secret;
-use aks_flex_node::runner::{ProcessRunner, Runner};
+use flex_host::runner::{ProcessRunner, Runner};
+use flex_host::secret::Secret;
 
 use super::kube::{Guest, Kubectl, Pace, Seen, poll};
 use super::{ClusterInfo, parse, render};
@@ -640,8 +640,8 @@ async fn rejoin_after_reset(e: &Env<'_>) -> anyhow::Result<Checked> {
 mod tests {
     use super::*;
     use crate::ssh::Ssh;
-    use aks_flex_node::runner::Output;
-    use aks_flex_node::testing::FakeRunner;
+    use flex_host::runner::Output;
+    use flex_testkit::FakeRunner;
     use serde_json::json;
 
     fn info() -> ClusterInfo {

@@ -8,8 +8,8 @@ use std::future::Future;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use aks_flex_node::config::Secret;
-use aks_flex_node::runner::{Cmd, Output, Runner};
+use flex_host::runner::{Cmd, Output, Runner};
+use flex_host::secret::Secret;
 
 use crate::ssh::Ssh;
 
@@ -90,7 +90,7 @@ impl<'a> Kubectl<'a> {
             Err(e) => {
                 let mut text = e.to_string();
                 for h in hide.iter().filter(|h| !h.is_empty()) {
-                    text = text.replace(h, aks_flex_node::runner::REDACTED);
+                    text = text.replace(h, flex_host::runner::REDACTED);
                 }
                 Err(anyhow::anyhow!(text))
             }
@@ -159,7 +159,7 @@ impl<'a> Guest<'a> {
             Err(e) => {
                 let mut text = e.to_string();
                 for h in hide.iter().filter(|h| !h.is_empty()) {
-                    text = text.replace(h, aks_flex_node::runner::REDACTED);
+                    text = text.replace(h, flex_host::runner::REDACTED);
                 }
                 Err(anyhow::anyhow!(text))
             }
@@ -254,7 +254,7 @@ pub fn cluster_dir(work: &std::path::Path) -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use aks_flex_node::testing::FakeRunner;
+    use flex_testkit::FakeRunner;
 
     #[tokio::test]
     async fn poll_returns_fails_and_times_out_naming_what() {

@@ -9,11 +9,11 @@
 
 use std::path::{Component, Path, PathBuf};
 
-use aks_flex_node::config::Secret;
 use aks_flex_node::machineclient::ArmMachine;
 use aks_flex_node::machineclient::armmodel::{
     ArmKubeletConfig, ArmKubernetesProfile, ArmMachineProperties, MACHINE_TYPE,
 };
+use flex_host::secret::Secret;
 use serde_json::{Value, json};
 
 use super::token::BootstrapToken;

@@ -4,8 +4,8 @@
 
 use std::path::Path;
 
-use aks_flex_node::runner::Output;
-use aks_flex_node::testing::FakeRunner;
+use flex_host::runner::Output;
+use flex_testkit::FakeRunner;
 use serde_json::json;
 
 use super::*;

@@ -4,7 +4,7 @@
 
 use std::io::Read as _;
 
-use aks_flex_node::config::Secret;
+use flex_host::secret::Secret;
 
 const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
 /// Length of the public id.
@@ -113,7 +113,7 @@ impl BootstrapToken {
         if self.secret.expose().is_empty() {
             return text.to_string();
         }
-        text.replace(self.secret.expose(), aks_flex_node::runner::REDACTED)
+        text.replace(self.secret.expose(), flex_host::runner::REDACTED)
     }
 }
 

@@ -6,12 +6,11 @@
 use std::fs::File;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use sha2::{Digest, Sha256};
 
-use aks_flex_node::runner::{Cmd, ProcessRunner, Runner};
+use flex_host::runner::{Cmd, ProcessRunner, Runner};
 
 /// SHA-256 over labelled, length-prefixed parts, so that moving bytes from one part to the
 /// next changes the hash.
@@ -45,47 +44,20 @@ pub(crate) fn require_root(what: &str) -> Result<()> {
     Ok(())
 }
 
-/// Makes sure `program` is on `PATH`: when it is missing on a Debian host, installs `package`
-/// with apt-get (saying so through `progress`); elsewhere fails naming the package.
+/// Makes sure `program` is on `PATH`, or fails naming the Debian `package` that provides it
+/// (`cargo xtask up` installs it before the harness runs).
 pub(crate) async fn ensure_tool(
     runner: &ProcessRunner,
     program: &str,
     package: &str,
-    progress: &dyn Fn(&str),
+    _progress: &dyn Fn(&str),
 ) -> Result<()> {
     if runner.which(program).is_some() {
         return Ok(());
     }
-    let debian = Path::new("/etc/debian_version").exists();
-    if !debian || !rustix::process::geteuid().is_root() {
-        bail!("{program} is not installed: install the Debian package {package}");
-    }
-    progress(&format!(
-        "{program} is missing: installing {package} with apt-get"
-    ));
-    let install = Cmd::new("apt-get")
-        .args(["install", "-y", "--no-install-recommends", package])
-        .env("DEBIAN_FRONTEND", "noninteractive")
-        .timeout(Duration::from_secs(900));
-    if runner.run(&install).await.is_err() {
-        // Stale package lists are the usual reason; refresh once and retry.
-        runner
-            .run(
-                &Cmd::new("apt-get")
-                    .args(["update"])
-                    .timeout(Duration::from_secs(600)),
-            )
-            .await
-            .with_context(|| format!("apt-get update (to install {package})"))?;
-        runner
-            .run(&install)
-            .await
-            .with_context(|| format!("installing {package} (provides {program})"))?;
-    }
-    if runner.which(program).is_none() {
-        bail!("{program} is still missing after installing {package}");
-    }
-    Ok(())
+    bail!(
+        "{program} is not installed: install the Debian package {package} (`cargo xtask up` does as root)"
+    );
 }
 
 /// An exclusive lock on `<dir>/.lock`, held until dropped (the file's lock goes with it).

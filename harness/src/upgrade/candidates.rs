@@ -326,7 +326,7 @@ mod tests {
     #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
     #[tokio::test]
     async fn the_elf_runs_and_exits_1() {
-        use aks_flex_node::runner::{Cmd, ProcessRunner, Runner};
+        use flex_host::runner::{Cmd, ProcessRunner, Runner};
         use std::os::unix::fs::PermissionsExt;
         let d = tempfile::tempdir().unwrap();
         let p = d.path().join("exit1");

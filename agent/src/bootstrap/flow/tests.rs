@@ -7,9 +7,9 @@ use std::sync::{Arc, Mutex};
 use super::*;
 use crate::bootstrap::inputs as names;
 use crate::bootstrap::render::tests::{full, minimal};
-use crate::context::FakeHost;
 use crate::nodegoal::MachineGoal;
-use crate::testing::FakeHostInfo;
+use flex_testkit::FakeHost;
+use flex_testkit::FakeHostInfo;
 
 struct UpProbe;
 

@@ -10,13 +10,13 @@ use super::super::handlers::*;
 use super::super::record::{Record, RecordStore, Stage};
 use super::super::{OperationResult, execute};
 use super::labels;
-use crate::context::FakeHost;
 use crate::fs::HostFs;
 use crate::machina::OperationPhase;
 use crate::machine::Timings;
 use crate::operations::decide::Action;
 use crate::repave::NodeOps;
 use crate::state::{DaemonState, StateStore};
+use flex_testkit::FakeHost;
 
 /// The finished result (panics on a handoff).
 fn done(e: Executed) -> OperationResult {

@@ -8,12 +8,12 @@ use std::sync::Arc;
 
 use super::*;
 use crate::containerd::FakeImages;
-use crate::context::FakeHost;
 use crate::machina::OperationPhase;
 use crate::runner::Output;
 use crate::systemd::{SystemdManager, UnitState};
-use crate::testing::FakeHostInfo;
 use crate::upgrade::layout::{BIN_LINK, CURRENT_EXEC, LAST_GOOD_EXEC};
+use flex_testkit::FakeHost;
+use flex_testkit::FakeHostInfo;
 
 const ELF_V2: &[u8] = b"\x7fELF-agent-v2";
 
@@ -508,7 +508,7 @@ fn artifacts_that_are_neither_elf_nor_tgz_are_refused() {
 #[test]
 fn the_restart_timer_is_rendered_with_100ms_accuracy() {
     // Asserted on the rendered transient unit (systemd-run's argv), not by timing.
-    let r = crate::testing::FakeRunner::new();
+    let r = flex_testkit::FakeRunner::new();
     let m = crate::systemd::SystemctlManager::new(Arc::new(r.clone()));
     let rt = tokio::runtime::Builder::new_current_thread()
         .build()

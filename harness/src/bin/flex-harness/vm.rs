@@ -87,6 +87,7 @@ pub struct CheckArgs {
     pub junit: Option<PathBuf>,
 }
 
+#[cfg(test)]
 impl UpArgs {
     /// The defaults, as `cargo xtask up` with no flags.
     pub fn defaults() -> Self {
@@ -107,18 +108,6 @@ impl UpArgs {
             cluster: false,
             cpus: 2,
             memory: 3072,
-        }
-    }
-}
-
-impl CheckArgs {
-    /// The defaults, as `cargo xtask check` with no flags.
-    pub fn defaults() -> Self {
-        Self {
-            only: None,
-            list: false,
-            no_snapshot: false,
-            junit: None,
         }
     }
 }
@@ -223,7 +212,7 @@ pub async fn up(a: UpArgs) -> anyhow::Result<()> {
 /// cluster can be made (kind, kubectl, podman or docker); elsewhere nothing is built, and `up`
 /// records what is missing and boots the VM offline.
 async fn cluster_request(progress: &Progress) -> anyhow::Result<flex_harness::cluster::Request> {
-    let runner = aks_flex_node::runner::ProcessRunner::new();
+    let runner = flex_host::runner::ProcessRunner::new();
     let provider = flex_harness::cluster::provider();
     match flex_harness::cluster::tools(&runner, provider.as_deref()) {
         Ok(engine) => {

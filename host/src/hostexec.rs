@@ -106,6 +106,34 @@ pub enum HostExecError {
     },
 }
 
+/// Why exec'ing a host tool failed (the invocation itself was valid).
+#[derive(Debug, thiserror::Error)]
+pub enum ExecError {
+    /// The invocation was refused.
+    #[error(transparent)]
+    Refused(#[from] HostExecError),
+    /// Entering the host (chroot, namespace) failed.
+    #[error("host-exec: {step}: {source}")]
+    Enter {
+        /// What was being done.
+        step: &'static str,
+        /// The failure.
+        source: std::io::Error,
+    },
+    /// exec(2) of the tool failed.
+    #[error("host-exec: exec {}: {source}", program.display())]
+    Exec {
+        /// The host path of the tool.
+        program: PathBuf,
+        /// The failure.
+        source: std::io::Error,
+    },
+}
+
+fn enter(step: &'static str) -> impl FnOnce(std::io::Error) -> ExecError {
+    move |source| ExecError::Enter { step, source }
+}
+
 fn all_tools() -> Vec<&'static str> {
     CHROOT_TOOLS.iter().chain(MOUNT_NS_TOOLS).copied().collect()
 }
@@ -159,7 +187,7 @@ pub fn resolve(program: &str, containerized: bool) -> String {
 
 /// Runs the invocation: never returns on success (the process becomes the host's tool).
 /// Must be called while the process is single-threaded (before any runtime starts).
-pub fn exec(inv: &Invocation) -> Result<std::convert::Infallible, anyhow::Error> {
+pub fn exec(inv: &Invocation) -> Result<std::convert::Infallible, ExecError> {
     use std::os::unix::process::CommandExt;
     let host_root = Path::new(HOST_ROOT);
     match inv.mode {
@@ -168,33 +196,45 @@ pub fn exec(inv: &Invocation) -> Result<std::convert::Infallible, anyhow::Error>
                 return Err(HostExecError::NoHostRoot(HOST_ROOT.into()).into());
             }
             let prog = find_on_host(host_root, &inv.tool)?;
-            rustix::process::chroot(host_root)?;
-            std::env::set_current_dir("/")?;
+            rustix::process::chroot(host_root).map_err(|e| ExecError::Enter {
+                step: "chroot /host",
+                source: e.into(),
+            })?;
+            std::env::set_current_dir("/").map_err(enter("chdir /"))?;
             #[allow(clippy::disallowed_methods)] // host-exec replaces this process by exec(2)
             let err = std::process::Command::new(&prog)
                 .arg0(&inv.tool)
                 .args(&inv.args)
                 .env("PATH", HOST_PATH)
                 .exec();
-            Err(anyhow::anyhow!("host-exec: exec {}: {err}", prog.display()))
+            Err(ExecError::Exec {
+                program: prog,
+                source: err,
+            })
         }
         Mode::HostMountNs => {
-            let ns = std::fs::File::open("/proc/1/ns/mnt")?;
+            let ns = std::fs::File::open("/proc/1/ns/mnt").map_err(enter("open /proc/1/ns/mnt"))?;
             rustix::thread::move_into_link_name_space(
                 std::os::fd::AsFd::as_fd(&ns),
                 Some(rustix::thread::LinkNameSpaceType::Mount),
             )
-            .map_err(|e| anyhow::anyhow!("host-exec: join PID 1's mount namespace: {e}"))?;
+            .map_err(|e| ExecError::Enter {
+                step: "join PID 1's mount namespace",
+                source: e.into(),
+            })?;
             // In PID 1's mount namespace, `/` is the host's root.
             let prog = find_on_host(Path::new("/"), &inv.tool)?;
-            std::env::set_current_dir("/")?;
+            std::env::set_current_dir("/").map_err(enter("chdir /"))?;
             #[allow(clippy::disallowed_methods)] // host-exec replaces this process by exec(2)
             let err = std::process::Command::new(&prog)
                 .arg0(&inv.tool)
                 .args(&inv.args)
                 .env("PATH", HOST_PATH)
                 .exec();
-            Err(anyhow::anyhow!("host-exec: exec {}: {err}", prog.display()))
+            Err(ExecError::Exec {
+                program: prog,
+                source: err,
+            })
         }
     }
 }

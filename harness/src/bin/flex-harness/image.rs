@@ -16,8 +16,8 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use aks_flex_node::runner::{Cmd, ProcessRunner, Runner, run_inherited};
 use anyhow::{Context, bail};
+use flex_host::runner::{Cmd, ProcessRunner, Runner, run_inherited};
 use flex_image::{
     AgentImageOptions, Image, ImageConfig, ImageInfo, Layer, build_agent_image, write_oci_archive,
     write_oci_layout,

@@ -1,13 +1,14 @@
 //! [`Host`]: the bundle of host interfaces (commands, files, systemd, host facts) every flow
-//! takes, so a flow can run against the real host or against the fakes in [`crate::testing`].
+//! takes, so a flow can run against the real host or against the fakes of the `flex-testkit` crate.
 
 use std::sync::Arc;
 
 use crate::fs::HostFs;
 use crate::hostinfo::{HostInfo, RealHostInfo};
 use crate::runner::{ProcessRunner, Runner};
-use crate::systemd::{DbusManager, SystemctlManager, SystemdManager};
-use crate::testing::{FakeHostInfo, FakeRunner, FakeSystemd};
+#[cfg(feature = "dbus")]
+use crate::systemd::DbusManager;
+use crate::systemd::{SystemctlManager, SystemdManager};
 
 /// Environment variable choosing the systemd client: `systemctl` (default) or `dbus`.
 pub const SYSTEMD_BACKEND_ENV: &str = "AKS_FLEX_NODE_SYSTEMD_BACKEND";
@@ -36,6 +37,7 @@ impl Host {
             ProcessRunner::new()
         });
         let systemd: Arc<dyn SystemdManager> = match std::env::var(SYSTEMD_BACKEND_ENV).as_deref() {
+            #[cfg(feature = "dbus")]
             Ok("dbus") => Arc::new(DbusManager::system().await?),
             _ => Arc::new(SystemctlManager::new(runner.clone())),
         };
@@ -50,43 +52,5 @@ impl Host {
     /// Whether the agent runs in its container image.
     pub fn containerized(&self) -> bool {
         self.info.containerized()
-    }
-}
-
-/// A host made of fakes over a temporary root, for tests.
-pub struct FakeHost {
-    /// The host to hand to flows.
-    pub host: Host,
-    /// The recording runner.
-    pub runner: FakeRunner,
-    /// The recording systemd.
-    pub systemd: FakeSystemd,
-    /// The temporary root (removed on drop).
-    pub root: tempfile::TempDir,
-}
-
-impl FakeHost {
-    /// Fakes with default answers ([`FakeHostInfo::default`]).
-    pub fn new() -> std::io::Result<Self> {
-        Self::with_info(FakeHostInfo::default())
-    }
-
-    /// Fakes with the given host facts.
-    pub fn with_info(info: FakeHostInfo) -> std::io::Result<Self> {
-        let root = tempfile::tempdir()?;
-        let runner = FakeRunner::new();
-        let systemd = FakeSystemd::new();
-        let host = Host {
-            runner: Arc::new(runner.clone()),
-            fs: HostFs::new(root.path()),
-            systemd: Arc::new(systemd.clone()),
-            info: Arc::new(info),
-        };
-        Ok(Self {
-            host,
-            runner,
-            systemd,
-            root,
-        })
     }
 }

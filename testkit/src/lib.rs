@@ -1,18 +1,21 @@
-//! Recording fakes for the host traits, for unit tests here and in other crates.
+//! The workspace's test kit: recording fakes for the host traits of `flex-host`. Only ever a
+//! dev-dependency (`cargo xtask ci` fails otherwise).
 //!
 //! They sit exactly at the trait boundaries ([`Runner`], [`SystemdManager`], [`HostInfo`]):
 //! everything above them is the real code. Files are never faked: tests give
-//! [`crate::fs::HostFs`] a temporary root instead.
+//! [`flex_host::fs::HostFs`] a temporary root instead.
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use async_trait::async_trait;
+use flex_host::context::Host;
+use flex_host::fs::HostFs;
 
-use crate::hostinfo::HostInfo;
-use crate::runner::{Cmd, CmdError, Output, Runner};
-use crate::systemd::{SystemdError, SystemdManager, TransientTimer};
+use flex_host::hostinfo::HostInfo;
+use flex_host::runner::{Cmd, CmdError, Output, Runner};
+use flex_host::systemd::{SystemdError, SystemdManager, TransientTimer};
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // A panic in another test thread poisons the lock; the data is still usable for assertions.
@@ -131,7 +134,7 @@ struct FakeSystemdState {
     calls: Vec<String>,
     fail: BTreeSet<String>,
     active: BTreeSet<String>,
-    states: std::collections::BTreeMap<String, crate::systemd::UnitState>,
+    states: std::collections::BTreeMap<String, flex_host::systemd::UnitState>,
 }
 
 impl FakeSystemd {
@@ -153,7 +156,7 @@ impl FakeSystemd {
     }
 
     /// Makes [`SystemdManager::unit_state`] answer `state` for `unit`.
-    pub fn set_unit_state(&self, unit: &str, state: crate::systemd::UnitState) -> &Self {
+    pub fn set_unit_state(&self, unit: &str, state: flex_host::systemd::UnitState) -> &Self {
         lock(&self.inner).states.insert(unit.to_string(), state);
         self
     }
@@ -219,14 +222,14 @@ impl SystemdManager for FakeSystemd {
             timer.command.join(" ")
         ))
     }
-    async fn unit_state(&self, unit: &str) -> Result<crate::systemd::UnitState, SystemdError> {
+    async fn unit_state(&self, unit: &str) -> Result<flex_host::systemd::UnitState, SystemdError> {
         self.record(format!("show {unit}"))?;
         let st = lock(&self.inner);
         if let Some(u) = st.states.get(unit) {
             return Ok(u.clone());
         }
         let active = st.active.contains(unit);
-        Ok(crate::systemd::UnitState {
+        Ok(flex_host::systemd::UnitState {
             active_state: if active { "active" } else { "inactive" }.into(),
             sub_state: if active { "running" } else { "dead" }.into(),
             result: "success".into(),
@@ -337,4 +340,42 @@ pub fn tree_snapshot(root: &std::path::Path) -> String {
     let mut out = Vec::new();
     walk(root, root, &mut out);
     out.join("\n") + "\n"
+}
+
+/// A host made of fakes over a temporary root, for tests.
+pub struct FakeHost {
+    /// The host to hand to flows.
+    pub host: Host,
+    /// The recording runner.
+    pub runner: FakeRunner,
+    /// The recording systemd.
+    pub systemd: FakeSystemd,
+    /// The temporary root (removed on drop).
+    pub root: tempfile::TempDir,
+}
+
+impl FakeHost {
+    /// Fakes with default answers ([`FakeHostInfo::default`]).
+    pub fn new() -> std::io::Result<Self> {
+        Self::with_info(FakeHostInfo::default())
+    }
+
+    /// Fakes with the given host facts.
+    pub fn with_info(info: FakeHostInfo) -> std::io::Result<Self> {
+        let root = tempfile::tempdir()?;
+        let runner = FakeRunner::new();
+        let systemd = FakeSystemd::new();
+        let host = Host {
+            runner: Arc::new(runner.clone()),
+            fs: HostFs::new(root.path()),
+            systemd: Arc::new(systemd.clone()),
+            info: Arc::new(info),
+        };
+        Ok(Self {
+            host,
+            runner,
+            systemd,
+            root,
+        })
+    }
 }
