@@ -305,11 +305,7 @@ fn config() -> Config {
 }
 
 fn fast_retry() -> RetryPolicy {
-    RetryPolicy {
-        retries: 3,
-        initial_backoff: Duration::from_millis(10),
-        max_backoff: Duration::from_millis(40),
-    }
+    RetryPolicy::new(4, Duration::from_millis(10), Duration::from_millis(40))
 }
 
 fn plan_for(server: &Server) -> ComponentPlan {

@@ -45,8 +45,8 @@ fn machine_json(version: &str, etag: &str) -> String {
 fn fast_retry(attempts: u32) -> RetryPolicy {
     RetryPolicy {
         attempts,
-        initial_backoff: Duration::from_millis(10),
-        max_backoff: Duration::from_millis(40),
+        initial: Duration::from_millis(10),
+        max: Duration::from_millis(40),
     }
 }
 
@@ -254,8 +254,8 @@ async fn the_controller_store_recovering_during_retries() {
     let m = client(&c.base, "/")
         .with_retry(RetryPolicy {
             attempts: 20,
-            initial_backoff: Duration::from_millis(10),
-            max_backoff: Duration::from_millis(20),
+            initial: Duration::from_millis(10),
+            max: Duration::from_millis(20),
         })
         .get()
         .await

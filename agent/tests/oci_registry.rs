@@ -121,10 +121,11 @@ impl Registry {
 }
 
 fn client() -> RegistryClient {
-    RegistryClient::new(aks_flex_node::http::client().unwrap()).with_retry(RetryPolicy {
-        attempts: 3,
-        initial_delay: Duration::from_millis(20),
-    })
+    RegistryClient::new(aks_flex_node::http::client().unwrap()).with_retry(RetryPolicy::new(
+        3,
+        Duration::from_millis(20),
+        Duration::from_secs(1),
+    ))
 }
 
 const T1: u64 = 1_700_000_001;

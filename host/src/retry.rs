@@ -95,7 +95,7 @@ impl<E> Attempt<E> {
 
 /// Runs `attempt` (given the 1-based attempt number) until it succeeds, fails with
 /// [`Attempt::Fatal`], or `backoff`'s attempts are used up; returns the last error then. Each
-/// retry is logged at debug level with the wait.
+/// retry is logged as a warning with the wait.
 pub async fn retry<T, E, F, Fut>(what: &str, backoff: Backoff, mut attempt: F) -> Result<T, E>
 where
     E: fmt::Display,
@@ -109,7 +109,7 @@ where
             Ok(v) => return Ok(v),
             Err(Attempt::Retry { error, after }) if n < attempts => {
                 let wait = backoff.delay(n, after);
-                tracing::debug!(what, attempt = n, of = attempts, wait = ?wait, error = %error, "retrying");
+                tracing::warn!(what, attempt = n, of = attempts, wait_ms = wait.as_millis() as u64, error = %error, "failed, retrying");
                 tokio::time::sleep(wait).await;
                 n += 1;
             }

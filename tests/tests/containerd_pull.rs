@@ -225,11 +225,9 @@ async fn push_test_image(port: u16) -> Pushed {
         &diff_ids,
     )
     .unwrap();
-    let client =
-        RegistryClient::new(aks_flex_node::http::client().unwrap()).with_retry(RetryPolicy {
-            attempts: 3,
-            initial_delay: Duration::from_millis(50),
-        });
+    let client = RegistryClient::new(aks_flex_node::http::client().unwrap()).with_retry(
+        RetryPolicy::new(3, Duration::from_millis(50), Duration::from_secs(1)),
+    );
     let repo = format!("127.0.0.1:{port}/flex/busybox");
     let image = ImageRef::parse(&format!("{repo}:manifest")).unwrap();
     let manifest = client

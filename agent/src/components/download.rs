@@ -1,7 +1,7 @@
 //! HTTP downloads: GET into a staging file with the SHA-256 computed while streaming, small
 //! GETs for `.sha256` files, and the retry rule.
 //!
-//! A download is retried ([`RetryPolicy`], 3 retries with doubling backoff by default) when the
+//! A download is retried ([`DOWNLOAD_RETRY`], 3 retries with doubling backoff) when the
 //! request fails (connect error, timeout, body cut off) or the server answers 5xx or 429. Any
 //! other status than 200 fails at once. Error messages never contain the URL (the caller adds
 //! the redacted one).
@@ -12,6 +12,8 @@ use std::time::Duration;
 use sha2::{Digest, Sha256};
 use tokio::io::AsyncWriteExt;
 
+use flex_host::retry::Attempt;
+
 use super::error::Failure;
 use super::sources::redact_url;
 
@@ -21,46 +23,13 @@ pub const MAX_DOWNLOAD_BYTES: u64 = crate::fs::MAX_INSTALL_BYTES;
 /// Largest `.sha256` file read.
 const MAX_CHECKSUM_BYTES: usize = 1024;
 
-/// How failed downloads are retried.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct RetryPolicy {
-    /// Retries after the first attempt.
-    pub retries: u32,
-    /// Delay before the first retry; doubles for each next one.
-    pub initial_backoff: Duration,
-    /// Upper bound of the delay.
-    pub max_backoff: Duration,
-}
+/// How failed downloads are retried: the workspace's one [`Backoff`]. Downloads default to
+/// [`DOWNLOAD_RETRY`].
+pub use flex_host::retry::Backoff as RetryPolicy;
 
-impl Default for RetryPolicy {
-    /// 3 retries after 1 s, 2 s, 4 s.
-    fn default() -> Self {
-        Self {
-            retries: 3,
-            initial_backoff: Duration::from_secs(1),
-            max_backoff: Duration::from_secs(10),
-        }
-    }
-}
-
-impl RetryPolicy {
-    /// No retries.
-    pub fn none() -> Self {
-        Self {
-            retries: 0,
-            initial_backoff: Duration::ZERO,
-            max_backoff: Duration::ZERO,
-        }
-    }
-
-    pub(crate) fn delay(&self, retry: u32) -> Duration {
-        let factor = 1u32.checked_shl(retry).unwrap_or(u32::MAX);
-        self.initial_backoff
-            .checked_mul(factor)
-            .unwrap_or(self.max_backoff)
-            .min(self.max_backoff)
-    }
-}
+/// 4 attempts (3 retries) after 1 s, 2 s, 4 s, at most 10 s apart.
+pub const DOWNLOAD_RETRY: RetryPolicy =
+    RetryPolicy::new(4, Duration::from_secs(1), Duration::from_secs(10));
 
 /// One attempt's failure and whether another attempt may help.
 struct AttemptError {
@@ -113,27 +82,20 @@ where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T, AttemptError>>,
 {
-    let mut n = 0u32;
-    loop {
-        match attempt().await {
-            Ok(v) => return Ok(v),
-            Err(e) if e.retryable && n < retry.retries => {
-                let delay = retry.delay(n);
-                n += 1;
-                tracing::warn!(
-                    artifact = what,
-                    url = %redact_url(url),
-                    error = %e.failure,
-                    retry = n,
-                    of = retry.retries,
-                    delay_ms = delay.as_millis() as u64,
-                    "download failed, retrying"
-                );
-                tokio::time::sleep(delay).await;
-            }
-            Err(e) => return Err(e.failure),
+    let label = format!("download {what} from {}", redact_url(url));
+    flex_host::retry::retry(&label, *retry, |_| {
+        let next = attempt();
+        async move {
+            next.await.map_err(|e| {
+                if e.retryable {
+                    Attempt::retry(e.failure)
+                } else {
+                    Attempt::Fatal(e.failure)
+                }
+            })
         }
-    }
+    })
+    .await
 }
 
 /// GETs `url` into `dest` (created or truncated; a real path), returning the hex SHA-256 of

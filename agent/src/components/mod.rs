@@ -36,7 +36,7 @@ mod versions;
 mod tests;
 
 pub(crate) use download::download_to_file;
-pub use download::{MAX_DOWNLOAD_BYTES, RetryPolicy};
+pub use download::{DOWNLOAD_RETRY, MAX_DOWNLOAD_BYTES, RetryPolicy};
 pub use error::{ComponentError, ComponentsError, Failure, Step};
 pub use install::{
     ComponentReport, InstallReport, Outcome, STAGING_PREFIX, install_components,

@@ -18,7 +18,7 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use super::download::RetryPolicy;
+use super::download::{DOWNLOAD_RETRY, RetryPolicy};
 use super::error::ComponentsError;
 use super::offline::{OfflineSource, expand_source_template};
 use super::sources::{self, Downloads};
@@ -307,7 +307,7 @@ impl ComponentPlan {
         Ok(Self {
             arch: arch.to_string(),
             source,
-            retry: RetryPolicy::default(),
+            retry: DOWNLOAD_RETRY,
         })
     }
 

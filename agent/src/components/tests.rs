@@ -450,9 +450,9 @@ fn checksum_files() {
 
 #[test]
 fn retry_backoff_doubles_up_to_the_cap() {
-    let r = RetryPolicy::default();
-    assert_eq!(r.retries, 3);
-    let d: Vec<_> = (0..5).map(|n| r.delay(n).as_secs()).collect();
+    let r = DOWNLOAD_RETRY;
+    assert_eq!(r.max_attempts(), 4);
+    let d: Vec<_> = (1..=5).map(|n| r.delay(n, None).as_secs()).collect();
     assert_eq!(d, vec![1, 2, 4, 8, 10]);
 }
 

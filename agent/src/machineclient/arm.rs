@@ -414,7 +414,7 @@ impl ArmMachineClient {
                 }
                 Err(e) => (e.to_string(), None),
             };
-            let wait = self.retry.backoff(attempt, retry_after);
+            let wait = self.retry.delay(attempt, retry_after);
             tracing::warn!(operation = op, url = %url, attempt, max_attempts = max,
                 backoff_ms = wait.as_millis() as u64, cause = %cause,
                 "ARM machine request failed; retrying");

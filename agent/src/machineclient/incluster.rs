@@ -382,7 +382,7 @@ impl InClusterClient {
                     (format!("{e:#}"), None)
                 }
             };
-            let wait = self.retry.backoff(attempt, retry_after);
+            let wait = self.retry.delay(attempt, retry_after);
             tracing::warn!(
                 operation = op,
                 url = %self.url(path),

@@ -14,8 +14,8 @@
 //!   than the descriptor's size is accepted, and the digest must match before the file is renamed
 //!   into place. A blob already at the destination is re-hashed and reused when it matches.
 //! - **Retries**: connection/DNS failures, resets and timeouts, and HTTP 429, 500, 502, 503, 504
-//!   are retried [`RetryPolicy::attempts`] times in all with a delay starting at
-//!   [`RetryPolicy::initial_delay`] and doubling. A digest mismatch is not retried.
+//!   are retried ([`REGISTRY_RETRY`]: 5 attempts in all with a delay starting at 2 s and
+//!   doubling). A digest mismatch is not retried.
 //! - **Push**: monolithic blob upload (`POST /v2/<name>/blobs/uploads/`, then `PUT <location>?
 //!   digest=…`), skipped when `HEAD` finds the blob; `PUT` of a manifest.
 
@@ -40,25 +40,15 @@ use super::manifest::{
     select_platform,
 };
 use super::reference::ImageRef;
+use flex_host::retry::Attempt;
 
-/// How transient failures are retried.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct RetryPolicy {
-    /// Attempts in all (at least 1).
-    pub attempts: u32,
-    /// Delay before the second attempt; doubles each time.
-    pub initial_delay: Duration,
-}
+/// How transient failures are retried: the workspace's one backoff. Registries default to
+/// [`REGISTRY_RETRY`].
+pub use flex_host::retry::Backoff as RetryPolicy;
 
-impl Default for RetryPolicy {
-    /// 5 attempts, 2 s initial delay.
-    fn default() -> Self {
-        Self {
-            attempts: 5,
-            initial_delay: Duration::from_secs(2),
-        }
-    }
-}
+/// 5 attempts, 2 s doubling (2, 4, 8, 16 s), at most 30 s apart.
+pub const REGISTRY_RETRY: RetryPolicy =
+    RetryPolicy::new(5, Duration::from_secs(2), Duration::from_secs(30));
 
 /// A manifest or index as fetched.
 #[derive(Clone, Debug)]
@@ -93,6 +83,14 @@ impl std::fmt::Debug for RegistryClient {
 enum Failure {
     Transient(OciError),
     Permanent(OciError),
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Transient(e) | Self::Permanent(e) => e.fmt(f),
+        }
+    }
 }
 
 type Build<'a> = &'a (dyn Fn(&reqwest::Client) -> reqwest::RequestBuilder + Send + Sync);
@@ -214,7 +212,7 @@ impl RegistryClient {
     pub fn new(http: reqwest::Client) -> Self {
         Self {
             http,
-            retry: RetryPolicy::default(),
+            retry: REGISTRY_RETRY,
             tokens: Arc::new(Mutex::new(HashMap::new())),
         }
     }
@@ -222,7 +220,7 @@ impl RegistryClient {
     /// The same client with another retry policy.
     pub fn with_retry(mut self, retry: RetryPolicy) -> Self {
         self.retry = RetryPolicy {
-            attempts: retry.attempts.max(1),
+            attempts: retry.max_attempts(),
             ..retry
         };
         self
@@ -253,34 +251,27 @@ impl RegistryClient {
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T, Failure>>,
     {
-        let mut delay = self.retry.initial_delay;
-        let attempts = self.retry.attempts.max(1);
-        let mut attempt = 1;
-        loop {
-            match f().await {
-                Ok(v) => return Ok(v),
-                Err(Failure::Permanent(e)) => return Err(e),
-                Err(Failure::Transient(e)) if attempt < attempts => {
-                    tracing::warn!(
-                        attempt,
-                        attempts,
-                        delay_ms = delay.as_millis() as u64,
-                        error = %e,
-                        "{what}: transient failure, retrying"
-                    );
-                    tokio::time::sleep(delay).await;
-                    delay = delay.saturating_mul(2);
-                    attempt += 1;
-                }
-                Err(Failure::Transient(e)) if attempts == 1 => return Err(e),
-                Err(Failure::Transient(e)) => {
-                    return Err(OciError::GaveUp {
-                        reference: image.to_string(),
-                        attempts,
-                        source: Box::new(e),
-                    });
-                }
+        let attempts = self.retry.max_attempts();
+        let label = format!("{what} ({image})");
+        let outcome = flex_host::retry::retry(&label, self.retry, |_| {
+            let next = f();
+            async move {
+                next.await.map_err(|e| match e {
+                    Failure::Transient(_) => Attempt::retry(e),
+                    Failure::Permanent(_) => Attempt::Fatal(e),
+                })
             }
+        })
+        .await;
+        match outcome {
+            Ok(v) => Ok(v),
+            Err(Failure::Permanent(e)) => Err(e),
+            Err(Failure::Transient(e)) if attempts == 1 => Err(e),
+            Err(Failure::Transient(e)) => Err(OciError::GaveUp {
+                reference: image.to_string(),
+                attempts,
+                source: Box::new(e),
+            }),
         }
     }
 

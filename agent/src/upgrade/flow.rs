@@ -316,7 +316,7 @@ impl Upgrader {
             &http,
             url,
             &file,
-            &crate::components::RetryPolicy::default(),
+            &crate::components::DOWNLOAD_RETRY,
             "agent",
         )
         .await

@@ -151,10 +151,7 @@ impl Fake {
 }
 
 fn fast() -> RetryPolicy {
-    RetryPolicy {
-        attempts: 5,
-        initial_delay: Duration::from_millis(5),
-    }
+    RetryPolicy::new(5, Duration::from_millis(5), Duration::from_secs(1))
 }
 
 fn client() -> RegistryClient {
@@ -231,16 +228,14 @@ fn plain_http_only_for_local_registries() {
 #[test]
 fn default_retry_policy_is_five_attempts_from_two_seconds() {
     assert_eq!(
-        RetryPolicy::default(),
-        RetryPolicy {
-            attempts: 5,
-            initial_delay: Duration::from_secs(2)
-        }
+        REGISTRY_RETRY,
+        RetryPolicy::new(5, Duration::from_secs(2), Duration::from_secs(30))
     );
-    let c = RegistryClient::new(crate::http::client().unwrap()).with_retry(RetryPolicy {
-        attempts: 0,
-        initial_delay: Duration::ZERO,
-    });
+    let c = RegistryClient::new(crate::http::client().unwrap()).with_retry(RetryPolicy::new(
+        0,
+        Duration::ZERO,
+        Duration::ZERO,
+    ));
     assert_eq!(c.retry_policy().attempts, 1);
     assert!(!format!("{c:?}").contains("tokens"));
 }
@@ -376,10 +371,11 @@ async fn connection_refused_is_retried_then_reported() {
         l.local_addr().unwrap().port()
     };
     let image = ImageRef::parse(&format!("127.0.0.1:{port}/x/y:z")).unwrap();
-    let c = client().with_retry(RetryPolicy {
-        attempts: 3,
-        initial_delay: Duration::from_millis(1),
-    });
+    let c = client().with_retry(RetryPolicy::new(
+        3,
+        Duration::from_millis(1),
+        Duration::from_secs(1),
+    ));
     let e = c.resolve(&image, Arch::host()).await.unwrap_err();
     assert!(e.to_string().contains("giving up after 3 attempts"), "{e}");
     assert!(e.to_string().contains(&format!("127.0.0.1:{port}")), "{e}");
