@@ -41,7 +41,9 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 pub use operations::{ClusterOperations, Discovery, Guard};
-pub use queue::{Backoff, Item, QueueSender, RepaveSource, WorkQueue, jitter, secure_unit};
+pub use queue::{
+    Backoff, DAEMON_BACKOFF, Item, QueueSender, RepaveSource, WorkQueue, jitter, secure_unit,
+};
 pub use reconcile::{FAILED, RECONCILING, SUCCEEDED};
 pub use repave::{Action, Decision, MachineSnapshot, decide};
 
@@ -128,7 +130,7 @@ impl Daemon {
                 operations: None,
             },
             interval,
-            backoff: Backoff::default(),
+            backoff: DAEMON_BACKOFF,
             rng: Box::new(secure_unit),
             reports: None,
         }

@@ -291,7 +291,7 @@ mod tests {
     use serde_json::{Value, json};
 
     use super::*;
-    use crate::daemon::queue::{Backoff, Item, WorkQueue};
+    use crate::daemon::queue::{DAEMON_BACKOFF, Item, WorkQueue};
     use crate::kubeclient::mock::{LogCapture, Reply, Seen, seen, serve};
 
     const GROUP_PATH: &str = "/apis/unbounded-cloud.io/v1alpha3";
@@ -533,7 +533,7 @@ mod tests {
             cfg,
             Arc::new(crate::operations::RecordingHandlers::new()),
         ));
-        let mut queue = WorkQueue::new(Backoff::default());
+        let mut queue = WorkQueue::new(DAEMON_BACKOFF);
         let shutdown = CancellationToken::new();
         let watch = {
             let (ops, sender, token) = (ops.clone(), queue.sender(), shutdown.clone());

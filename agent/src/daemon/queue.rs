@@ -101,31 +101,13 @@ impl QueueSender {
     }
 }
 
-/// Retry delays: `base`, doubling per consecutive failure, at most `max`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Backoff {
-    /// The first delay.
-    pub base: Duration,
-    /// The largest delay.
-    pub max: Duration,
-}
+/// Retry delays of failed work items: the workspace's one backoff, with no attempt limit (an
+/// item is retried until it succeeds or newer work replaces it). See [`DAEMON_BACKOFF`].
+pub use flex_host::retry::Backoff;
 
-impl Default for Backoff {
-    fn default() -> Self {
-        Self {
-            base: Duration::from_secs(1),
-            max: Duration::from_secs(300),
-        }
-    }
-}
-
-impl Backoff {
-    /// The delay after the `failures`-th consecutive failure (1-based).
-    pub fn delay(&self, failures: u32) -> Duration {
-        let exp = failures.saturating_sub(1).min(30);
-        self.base.saturating_mul(1u32 << exp).min(self.max)
-    }
-}
+/// 1 s, doubling per consecutive failure, at most 5 minutes; never gives up.
+pub const DAEMON_BACKOFF: Backoff =
+    Backoff::new(u32::MAX, Duration::from_secs(1), Duration::from_secs(300));
 
 /// The jitter added to the re-read interval: uniform in `[0, interval/10]` for `unit` uniform in
 /// `[0, 1]`.
@@ -209,7 +191,7 @@ impl WorkQueue {
     pub fn retry(&mut self, item: &Item) -> Duration {
         let n = self.failures.entry(item.key()).or_insert(0);
         *n = n.saturating_add(1);
-        let delay = self.backoff.delay(*n);
+        let delay = self.backoff.delay(*n, None);
         self.add_after(item.clone(), delay);
         delay
     }
@@ -276,13 +258,10 @@ mod tests {
 
     #[test]
     fn backoff_doubles_to_its_cap() {
-        let b = Backoff {
-            base: Duration::from_secs(1),
-            max: Duration::from_secs(10),
-        };
-        let d: Vec<u64> = (1..=6).map(|n| b.delay(n).as_secs()).collect();
+        let b = Backoff::new(u32::MAX, Duration::from_secs(1), Duration::from_secs(10));
+        let d: Vec<u64> = (1..=6).map(|n| b.delay(n, None).as_secs()).collect();
         assert_eq!(d, vec![1, 2, 4, 8, 10, 10]);
-        assert_eq!(b.delay(u32::MAX), Duration::from_secs(10));
+        assert_eq!(b.delay(u32::MAX, None), Duration::from_secs(10));
     }
 
     #[test]
@@ -302,7 +281,7 @@ mod tests {
 
     #[tokio::test]
     async fn same_work_is_queued_once_and_order_is_kept() {
-        let mut q = WorkQueue::new(Backoff::default());
+        let mut q = WorkQueue::new(DAEMON_BACKOFF);
         let tx = q.sender();
         let token = CancellationToken::new();
         assert!(tx.send(seed()));
@@ -330,10 +309,11 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn retries_back_off_and_delays_fire_in_time() {
-        let mut q = WorkQueue::new(Backoff {
-            base: Duration::from_millis(100),
-            max: Duration::from_secs(1),
-        });
+        let mut q = WorkQueue::new(Backoff::new(
+            u32::MAX,
+            Duration::from_millis(100),
+            Duration::from_secs(1),
+        ));
         let token = CancellationToken::new();
         let start = Instant::now();
         assert_eq!(q.retry(&seed()), Duration::from_millis(100));
@@ -352,7 +332,7 @@ mod tests {
 
     #[tokio::test]
     async fn shutdown_ends_the_queue() {
-        let mut q = WorkQueue::new(Backoff::default());
+        let mut q = WorkQueue::new(DAEMON_BACKOFF);
         let token = CancellationToken::new();
         q.sender().send(seed());
         token.cancel();

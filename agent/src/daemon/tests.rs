@@ -414,10 +414,11 @@ fn start(setup: Setup) -> Harness {
         }),
         ops,
     )
-    .with_backoff(Backoff {
-        base: Duration::from_millis(20),
-        max: Duration::from_millis(200),
-    })
+    .with_backoff(Backoff::new(
+        u32::MAX,
+        Duration::from_millis(20),
+        Duration::from_millis(200),
+    ))
     .with_timings(Timings::instant())
     .with_rng(|| 1.0)
     .with_reports(tx);
