@@ -348,7 +348,8 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = Attempt<T>>,
 {
-    let mut delay = START_RETRY_BASE;
+    let backoff = Backoff::new(u32::MAX, START_RETRY_BASE, START_RETRY_MAX);
+    let mut failures = 0u32;
     loop {
         let result = tokio::select! {
             r = attempt() => r,
@@ -358,12 +359,13 @@ where
             Attempt::Done(v) => return Ok(Some(v)),
             Attempt::Fail(e) => return Err(e),
             Attempt::Retry(e) => {
+                failures = failures.saturating_add(1);
+                let delay = backoff.delay(failures, None);
                 tracing::warn!(error = %format!("{e:#}"), retry_in_s = delay.as_secs(), "cannot reach the cluster yet; retrying");
                 tokio::select! {
                     _ = tokio::time::sleep(delay) => {}
                     _ = shutdown.cancelled() => return Ok(None),
                 }
-                delay = (delay * 2).min(START_RETRY_MAX);
             }
         }
     }
