@@ -37,6 +37,7 @@
 //! - [`logging`]: tracing setup;
 //! - [`testing`]: recording fakes for the traits above.
 
+pub use flex_api::machina;
 pub use flex_host::{context, fs, hostexec, hostinfo, http, runner};
 
 pub mod bootstrap;
@@ -50,7 +51,6 @@ pub mod host;
 pub mod kubeclient;
 pub mod lifecycle;
 pub mod logging;
-pub mod machina;
 pub mod machine;
 pub mod machineclient;
 pub mod node;

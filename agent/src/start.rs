@@ -5,7 +5,6 @@
 //! machine-goal registration behind [`MachineRegistry`], so this flow is tested with fakes and
 //! the layers that implement them plug in without changing it.
 
-use std::collections::BTreeMap;
 use std::path::Path;
 
 use async_trait::async_trait;
@@ -18,24 +17,7 @@ use crate::systemd::{
 };
 use crate::task::step;
 
-/// The node's goal, from the machine resource or, at bootstrap, from the config.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct GoalState {
-    /// Kubernetes version.
-    pub kubernetes_version: String,
-    /// Settings version (the machine's ETag; the Kubernetes version until one is known).
-    pub settings_version: String,
-    /// Max pods.
-    pub max_pods: i64,
-    /// Node labels.
-    pub node_labels: BTreeMap<String, String>,
-    /// Node taints.
-    pub node_taints: Vec<String>,
-    /// kubelet image GC high threshold.
-    pub image_gc_high_threshold: i64,
-    /// kubelet image GC low threshold.
-    pub image_gc_low_threshold: i64,
-}
+pub use flex_api::goal::GoalState;
 
 /// `GoalStateFromConfig`, with its checks.
 pub fn goal_from_config(c: &Config) -> Result<GoalState, String> {

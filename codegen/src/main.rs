@@ -39,7 +39,7 @@ fn generate(root: &Path) -> anyhow::Result<BTreeMap<PathBuf, String>> {
     );
     files.insert(
         PathBuf::from("deploy/crds/machina.yaml"),
-        aks_flex_node::machina::crd_yaml()?,
+        flex_api::machina::crd_yaml()?,
     );
     for (name, text) in containerd_api(root)? {
         files.insert(

@@ -51,7 +51,7 @@ pub struct Args {
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
-    aks_flex_node::config::parse_go_duration(s).map_err(|e| e.to_string())
+    flex_api::duration::parse_go_duration(s).map_err(|e| e.to_string())
 }
 
 /// Go's `strconv.ParseBool`.
@@ -77,7 +77,7 @@ impl Args {
 /// The Kubernetes client: `--kubeconfig`, else the in-cluster config, else the default
 /// kubeconfig.
 pub async fn kube_client(kubeconfig: &str) -> anyhow::Result<kube::Client> {
-    aks_flex_node::http::install_crypto();
+    flex_host::http::install_crypto();
     let config = if kubeconfig.is_empty() {
         match kube::Config::incluster() {
             Ok(c) => c,

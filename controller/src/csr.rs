@@ -360,7 +360,7 @@ pub async fn decide(
                 Err(e) => {
                     return Decision::Retry(format!(
                         "read bootstrap token secret: {}",
-                        aks_flex_node::kubeclient::describe(&e)
+                        flex_api::kube_errors::describe(&e)
                     ));
                 }
             };
@@ -447,7 +447,7 @@ async fn reconcile(
                 .await
                 .map_err(|e| ApproveError {
                     name: name.clone(),
-                    reason: aks_flex_node::kubeclient::describe(&e),
+                    reason: flex_api::kube_errors::describe(&e),
                 })?;
             tracing::info!(csr = %name, message = %message, "approved CertificateSigningRequest");
             Ok(Action::await_change())

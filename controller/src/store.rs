@@ -10,8 +10,8 @@
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
-use aks_flex_node::machineclient::{ArmMachine, parse_arm_machine};
 use async_trait::async_trait;
+use flex_api::arm::{ArmMachine, parse_arm_machine};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Api;
 
@@ -91,7 +91,7 @@ impl MachineStore for ConfigMapStore {
                 "read machine config map {}/{}: {}",
                 self.namespace,
                 self.name,
-                aks_flex_node::kubeclient::describe(&e)
+                flex_api::kube_errors::describe(&e)
             ))
         })?;
         let data = cm.map(|cm| cm.data.unwrap_or_default());

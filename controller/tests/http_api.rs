@@ -55,7 +55,7 @@ async fn start() -> Running {
             aks_flex_controller::run_with(&args, server, store, None, shutdown).await
         })
     };
-    aks_flex_node::http::install_crypto();
+    flex_host::http::install_crypto();
     Running {
         base: format!("http://{addr}"),
         store,

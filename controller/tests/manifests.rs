@@ -8,8 +8,8 @@
 use std::path::PathBuf;
 
 use aks_flex_controller::Args;
-use aks_flex_node::machineclient::incluster::DEFAULT_ENDPOINT_PATH;
 use clap::Parser;
+use flex_api::arm::DEFAULT_ENDPOINT_PATH;
 use serde_json::Value;
 
 fn dir() -> PathBuf {
@@ -166,7 +166,7 @@ fn rbac_grants_what_is_used() {
     let rules = daemon["rules"].as_array().unwrap();
     let grants = |resource: &str, verb: &str| {
         rules.iter().any(|r| {
-            r["apiGroups"][0] == aks_flex_node::machina::GROUP
+            r["apiGroups"][0] == flex_api::machina::GROUP
                 && r["resources"]
                     .as_array()
                     .unwrap()
@@ -187,7 +187,7 @@ fn rbac_grants_what_is_used() {
     assert_eq!(b["subjects"][0]["name"], defaults.daemon_group.as_str());
     assert_eq!(
         defaults.daemon_group.as_str(),
-        aks_flex_node::kubeclient::DAEMON_GROUP
+        flex_api::machina::DAEMON_GROUP
     );
     // Every binding names an existing role and the service account or the node groups.
     for b in objs

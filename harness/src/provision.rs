@@ -84,7 +84,7 @@ pub fn cluster_bootstrap_env(
         "AKS_FLEX_NODE_MACHINE_CLIENT_MODE=in-cluster".into(),
         format!(
             "AKS_FLEX_NODE_MACHINE_CLIENT_ENDPOINT_URL={}",
-            aks_flex_node::machineclient::incluster::DEFAULT_ENDPOINT_PATH
+            flex_api::arm::DEFAULT_ENDPOINT_PATH
         ),
         "AKS_FLEX_NODE_REQUIRE_MACHINE_REGISTRATION=true".into(),
         format!("AKS_FLEX_NODE_OCI_IMAGE={machine_image}"),

@@ -6,7 +6,10 @@
 //!   containerd's API in its tree, so it compiles before it installs anything;
 //! - nothing but `flex-codegen` builds protobuf code (no `prost-build` or
 //!   `tonic-prost-build` in any other crate's tree, hence no `protoc` anywhere);
-//! - the host crate (`flex-host`) knows nothing of Kubernetes, containerd or the agent.
+//! - the host crate (`flex-host`) knows nothing of Kubernetes, containerd or the agent;
+//! - the API crate (`flex-api`) knows nothing of hosts: no agent, host crate, zbus, containerd,
+//!   tonic or reqwest, and tokio's `process` feature is off in its tree;
+//! - the controller does not link the agent.
 
 use flex_host::runner::{Cmd, Runner};
 
@@ -34,6 +37,23 @@ const RULES: &[Rule] = &[
         why: "xtask must compile in about a minute on a bare machine, before it installs packages",
     },
     Rule {
+        package: "flex-api",
+        forbidden: &[
+            "aks-flex-node",
+            "flex-host",
+            "zbus",
+            "containerd-api",
+            "tonic",
+            "reqwest",
+        ],
+        why: "the API crate knows nothing of hosts: data and pure functions only",
+    },
+    Rule {
+        package: "aks-flex-controller",
+        forbidden: &["aks-flex-node", "zbus", "containerd-api"],
+        why: "the controller reaches the agent's types through the API crate, not the agent",
+    },
+    Rule {
         package: "flex-host",
         forbidden: &[
             "aks-flex-node",
@@ -45,6 +65,10 @@ const RULES: &[Rule] = &[
         why: "the host crate knows nothing of Kubernetes, containerd or the agent",
     },
 ];
+
+/// Packages whose tree (with every feature of the package itself) must not enable tokio's
+/// `process` feature: they never start a process.
+const NO_PROCESSES: &[&str] = &["flex-api"];
 
 /// Crates whose trees may build protobuf code.
 const CODEGEN_ONLY: &[&str] = &["prost-build", "tonic-prost-build", "protox"];
@@ -123,6 +147,22 @@ pub async fn check(r: &dyn Runner) -> anyhow::Result<()> {
             ));
         }
     }
+    for package in NO_PROCESSES {
+        let out = r
+            .run(&tree(&[
+                "--package",
+                package,
+                "--all-features",
+                "--edges",
+                "features",
+            ]))
+            .await?;
+        if spawns_processes(&out.stdout) {
+            broken.push(format!(
+                "{package} enables tokio's process feature (it must never start a process)"
+            ));
+        }
+    }
     let testkit_users = dependents(r, "flex-testkit", &workspace).await?;
     if !testkit_users.is_empty() {
         broken.push(format!(
@@ -149,6 +189,12 @@ pub async fn check(r: &dyn Runner) -> anyhow::Result<()> {
     anyhow::bail!("layering broken:\n  {}", broken.join("\n  "))
 }
 
+/// Whether `cargo tree --edges features` output shows tokio's `process` feature enabled.
+pub fn spawns_processes(tree: &str) -> bool {
+    tree.lines()
+        .any(|l| l.trim_start().starts_with("tokio feature \"process\""))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -157,5 +203,13 @@ mod tests {
     fn names_reads_cargo_tree_lines() {
         let out = "xtask v0.1.0 (/w/xtask)\nanyhow v1.0.100\nflex-host v0.1.0 (/w/host)\nanyhow v1.0.100\n\n";
         assert_eq!(names(out), ["anyhow", "flex-host", "xtask"]);
+    }
+
+    #[test]
+    fn spawns_processes_reads_tokio_features() {
+        let with = "flex-api v0.1.0\ntokio feature \"default\"\ntokio feature \"process\"\n";
+        let without = "flex-api v0.1.0\ntokio feature \"time\"\n";
+        assert!(spawns_processes(with));
+        assert!(!spawns_processes(without));
     }
 }

@@ -10,7 +10,6 @@
 //! as a warning) so a typo does not go unnoticed. Keys inside free-form maps (`node.labels`,
 //! `azure.arc.tags`) are kept exactly as written.
 
-mod duration;
 mod keys;
 mod legacy;
 mod validate;
@@ -20,7 +19,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-pub use duration::{GoDuration, format_go_duration, parse_go_duration};
+pub use flex_api::duration::{GoDuration, format_go_duration, parse_go_duration};
 pub use flex_host::secret::Secret;
 pub use validate::{ValidationError, api_server_url, is_dns1123_subdomain};
 

@@ -39,9 +39,7 @@ use super::{Machine, MachineClient, MachineError, MachineStatus};
 use crate::kubeclient::KubeClients;
 use crate::start::GoalState;
 
-/// The default endpoint: the controller's service through the API server's service proxy.
-pub const DEFAULT_ENDPOINT_PATH: &str =
-    "/api/v1/namespaces/kube-system/services/http:aks-flex-controller:80/proxy";
+pub use flex_api::arm::DEFAULT_ENDPOINT_PATH;
 /// How much of an error response's body is read.
 pub const ERROR_BODY_LIMIT: usize = 4096;
 /// The largest machine document accepted.

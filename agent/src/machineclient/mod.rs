@@ -5,47 +5,21 @@
 
 use async_trait::async_trait;
 
-use crate::start::GoalState;
+use flex_api::goal::GoalState;
 
 pub mod arm;
-pub mod armmodel;
 pub mod incluster;
 pub mod retry;
 pub mod select;
 
 pub use arm::{ArmMachineClient, AzureCredential, MachineResourceId, NoAzureCredential};
-pub use armmodel::{ArmMachine, parse_arm_machine};
+pub use flex_api::arm as armmodel;
+pub use flex_api::arm::{ArmMachine, parse_arm_machine};
 pub use incluster::{Endpoint, InClusterClient};
 pub use retry::RetryPolicy;
 pub use select::{MachineClientRegistry, client_for_daemon, client_for_start, machine_client};
 
-/// A machine's provisioning state as the agent reports it.
-#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct MachineStatus {
-    /// `Reconciling`, `Succeeded`, `Failed` (also `Pending`, `Deleting`).
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub provisioning_state: String,
-    /// The settings version (ETag) the status is about.
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub observed_settings_version: String,
-    /// A message for people.
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub message: String,
-}
-
-/// The machine resource.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Machine {
-    /// Resource id.
-    pub id: String,
-    /// Name (the node name).
-    pub name: String,
-    /// The goal; `settings_version` is the ETag (the Kubernetes version when there is none).
-    pub goal: GoalState,
-    /// Status as last reported.
-    pub status: MachineStatus,
-}
+pub use flex_api::goal::{Machine, MachineStatus};
 
 /// A machine client failure.
 #[derive(Debug, thiserror::Error)]

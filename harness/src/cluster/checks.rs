@@ -502,7 +502,7 @@ async fn node_reboot(e: &Env<'_>) -> anyhow::Result<Checked> {
         anyhow::bail!("no activeMachine in {DAEMON_STATE}");
     }
     let leader = machine_prop(e.guest, &m, "Leader").await?;
-    let (op, took) = run_operation(e, aks_flex_node::machina::NODE_REBOOT).await?;
+    let (op, took) = run_operation(e, flex_api::machina::NODE_REBOOT).await?;
     let g = e.guest;
     let (mm, before) = (m.as_str(), leader.as_str());
     poll(
@@ -525,7 +525,7 @@ async fn node_reboot(e: &Env<'_>) -> anyhow::Result<Checked> {
 
 async fn agent_reset(e: &Env<'_>) -> anyhow::Result<Checked> {
     wait_node_ready(e, None, NODE_READY_TIMEOUT).await?;
-    let (op, took) = run_operation(e, aks_flex_node::machina::AGENT_RESET).await?;
+    let (op, took) = run_operation(e, flex_api::machina::AGENT_RESET).await?;
     Ok(Checked::passed_with(format!("{op} in {}", secs(took))))
 }
 

@@ -139,7 +139,7 @@ pub fn operation(json: &str) -> anyhow::Result<Option<OperationView>> {
         .and_then(|a| {
             a.iter().find(|c| {
                 c.get("type").and_then(Value::as_str)
-                    == Some(aks_flex_node::machina::CONDITION_COMPLETED)
+                    == Some(flex_api::machina::CONDITION_COMPLETED)
             })
         })
         .cloned()

@@ -9,10 +9,8 @@
 
 use std::path::{Component, Path, PathBuf};
 
-use aks_flex_node::machineclient::ArmMachine;
-use aks_flex_node::machineclient::armmodel::{
-    ArmKubeletConfig, ArmKubernetesProfile, ArmMachineProperties, MACHINE_TYPE,
-};
+use flex_api::arm::ArmMachine;
+use flex_api::arm::{ArmKubeletConfig, ArmKubernetesProfile, ArmMachineProperties, MACHINE_TYPE};
 use flex_host::secret::Secret;
 use serde_json::{Value, json};
 
@@ -185,7 +183,7 @@ patches:
 /// name).
 pub fn machine_operation(name: &str, kind: &str, node: &str) -> String {
     pretty(&json!({
-        "apiVersion": format!("{}/{}", aks_flex_node::machina::GROUP, aks_flex_node::machina::VERSION),
+        "apiVersion": format!("{}/{}", flex_api::machina::GROUP, flex_api::machina::VERSION),
         "kind": "MachineOperation",
         "metadata": {"name": name, "labels": {MANAGED_BY.0: MANAGED_BY.1}},
         "spec": {"machineRef": node, "operationKind": kind},
@@ -373,7 +371,7 @@ mod tests {
     fn machine_entry_is_what_the_controller_serves() {
         let e = machine_entry("flex-dev-node", "1.34.0", "harness-1").unwrap();
         assert!(!e.contains('\n'));
-        let m = aks_flex_node::machineclient::parse_arm_machine(e.as_bytes()).unwrap();
+        let m = flex_api::arm::parse_arm_machine(e.as_bytes()).unwrap();
         assert_eq!(m.etag(), "harness-1");
         assert_eq!(m.kubernetes_version(), "1.34.0");
         let cm = machines_config_map("flex-dev-node", &e);
@@ -395,7 +393,7 @@ mod tests {
             .get(&format!("{node}.json"))
             .or_else(|| data.get(node))
             .unwrap();
-        aks_flex_node::machineclient::parse_arm_machine(v.trim().as_bytes()).unwrap()
+        flex_api::arm::parse_arm_machine(v.trim().as_bytes()).unwrap()
     }
 
     #[test]

@@ -15,8 +15,11 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::{Machine, MachineStatus};
-use crate::start::GoalState;
+use crate::goal::{GoalState, Machine, MachineStatus};
+
+/// The default endpoint: the controller's service through the API server's service proxy.
+pub const DEFAULT_ENDPOINT_PATH: &str =
+    "/api/v1/namespaces/kube-system/services/http:aks-flex-controller:80/proxy";
 
 /// The ARM resource type of a machine.
 pub const MACHINE_TYPE: &str = "Microsoft.ContainerService/managedClusters/agentPools/machines";

@@ -22,6 +22,10 @@ use serde::{Deserialize, Serialize};
 
 mod yaml;
 
+/// The group every daemon certificate carries besides `system:nodes` (the RBAC subject of
+/// `deploy/controller/rbac.yaml` and the controller's CSR approver).
+pub const DAEMON_GROUP: &str = "aks-flex-node-daemons";
+
 pub use yaml::{to_yaml, yaml_scalar};
 
 /// The API group.

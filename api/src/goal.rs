@@ -1,0 +1,51 @@
+//! The node's goal and the machine resource that carries it, as every machine client and the
+//! controller see them: data only.
+
+use std::collections::BTreeMap;
+
+/// The node's goal, from the machine resource or, at bootstrap, from the config.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct GoalState {
+    /// Kubernetes version.
+    pub kubernetes_version: String,
+    /// Settings version (the machine's ETag; the Kubernetes version until one is known).
+    pub settings_version: String,
+    /// Max pods.
+    pub max_pods: i64,
+    /// Node labels.
+    pub node_labels: BTreeMap<String, String>,
+    /// Node taints.
+    pub node_taints: Vec<String>,
+    /// kubelet image GC high threshold.
+    pub image_gc_high_threshold: i64,
+    /// kubelet image GC low threshold.
+    pub image_gc_low_threshold: i64,
+}
+
+/// A machine's provisioning state as the agent reports it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MachineStatus {
+    /// `Reconciling`, `Succeeded`, `Failed` (also `Pending`, `Deleting`).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub provisioning_state: String,
+    /// The settings version (ETag) the status is about.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub observed_settings_version: String,
+    /// A message for people.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
+}
+
+/// The machine resource.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Machine {
+    /// Resource id.
+    pub id: String,
+    /// Name (the node name).
+    pub name: String,
+    /// The goal; `settings_version` is the ETag (the Kubernetes version when there is none).
+    pub goal: GoalState,
+    /// Status as last reported.
+    pub status: MachineStatus,
+}
