@@ -165,7 +165,7 @@ pub fn find_on_host(host_root: &Path, tool: &str) -> Result<PathBuf, HostExecErr
     for dir in HOST_PATH.split(':') {
         let inside = Path::new(dir).join(tool);
         let outside = host_root.join(inside.strip_prefix("/").unwrap_or(&inside));
-        if crate::runner::which_on(&outside.to_string_lossy(), None).is_some() {
+        if crate::lookup::which_on(&outside.to_string_lossy(), None).is_some() {
             return Ok(inside);
         }
     }

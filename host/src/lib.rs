@@ -12,6 +12,7 @@ pub mod context;
 pub mod fs;
 pub mod hostexec;
 pub mod hostinfo;
+pub mod lookup;
 #[cfg(feature = "http")]
 pub mod http;
 pub mod retry;
