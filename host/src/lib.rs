@@ -12,9 +12,9 @@ pub mod context;
 pub mod fs;
 pub mod hostexec;
 pub mod hostinfo;
-pub mod lookup;
 #[cfg(feature = "http")]
 pub mod http;
+pub mod lookup;
 pub mod retry;
 pub mod runner;
 pub mod secret;

@@ -343,7 +343,14 @@ impl ProcessRunner {
     }
 }
 
+/// How long a spawn that fails with ETXTBSY is retried in all.
 const ETXTBSY_BUDGET: Duration = Duration::from_secs(1);
+/// Its waits: 10 ms doubling to 100 ms (the budget, not the attempts, ends it).
+const ETXTBSY_BACKOFF: crate::retry::Backoff = crate::retry::Backoff::new(
+    u32::MAX,
+    Duration::from_millis(10),
+    Duration::from_millis(100),
+);
 
 #[async_trait]
 impl Runner for ProcessRunner {
@@ -352,9 +359,10 @@ impl Runner for ProcessRunner {
         let span = tracing::debug_span!("cmd", argv = %argv);
         async move {
             let started = tokio::time::Instant::now();
-            let mut delay = Duration::from_millis(10);
+            let mut busy = 0u32;
             let program = self.program_for(cmd);
             let mut child = loop {
+                let delay = ETXTBSY_BACKOFF.delay(busy + 1, None);
                 match spawn(&program, cmd) {
                     Ok(child) => break child,
                     Err(e)
@@ -363,7 +371,7 @@ impl Runner for ProcessRunner {
                     {
                         tracing::debug!(delay_ms = delay.as_millis() as u64, "ETXTBSY, retrying");
                         tokio::time::sleep(delay).await;
-                        delay = (delay * 2).min(Duration::from_millis(100));
+                        busy += 1;
                     }
                     Err(source) => {
                         return Err(CmdError::Spawn {

@@ -271,9 +271,9 @@ impl DaemonCredentials {
     }
 }
 
+/// The wait after `failures` failed rotations: the workspace's one backoff, never giving up.
 fn retry_delay(base: Duration, max: Duration, failures: u32) -> Duration {
-    let exp = failures.saturating_sub(1).min(20);
-    base.saturating_mul(1 << exp).min(max)
+    flex_host::retry::Backoff::new(u32::MAX, base, max).delay(failures, None)
 }
 
 fn days_left(issued: &Issued) -> u64 {

@@ -157,7 +157,8 @@ pub(crate) async fn request_certificate(
     let deadline = tokio::time::Instant::now() + w.wait;
     let timeout = format_go_duration(w.wait);
     let resource = csr_resource(name, request_pem);
-    let mut delay = w.retry_base;
+    let backoff = flex_host::retry::Backoff::new(u32::MAX, w.retry_base, w.retry_max);
+    let mut failures = 0u32;
     loop {
         match api.create(&PostParams::default(), &resource).await {
             Ok(_) => {
@@ -193,9 +194,10 @@ pub(crate) async fn request_certificate(
                         last_error: format!("; last error: {reason}"),
                     });
                 }
+                failures = failures.saturating_add(1);
+                let delay = backoff.delay(failures, None);
                 tracing::warn!(csr = name, error = %reason, retry_in = ?delay, "create CertificateSigningRequest failed; retrying");
                 tokio::time::sleep(delay.min(deadline - now)).await;
-                delay = (delay * 2).min(w.retry_max);
             }
         }
     }
