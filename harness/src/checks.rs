@@ -59,19 +59,18 @@ impl Ctx<'_> {
         Ok(m)
     }
 
+    /// Waits until `script` succeeds in the guest, polling every 2 s; a timeout names the last
+    /// exit status and stderr (or the ssh failure) seen.
     async fn wait_for(&self, what: &str, script: &str, timeout: Duration) -> anyhow::Result<()> {
-        let start = Instant::now();
-        loop {
-            if let Ok(o) = self.ssh.output(script, T).await
-                && o.success()
-            {
-                return Ok(());
+        flex_host::retry::wait_until(what, timeout, Duration::from_secs(2), || async {
+            match self.ssh.output(script, T).await {
+                Ok(o) if o.success() => Ok(()),
+                Ok(o) => Err(format!("exit {:?}: {}", o.code, o.stderr.trim())),
+                Err(e) => Err(format!("{e:#}")),
             }
-            if start.elapsed() > timeout {
-                anyhow::bail!("{what}: not true after {timeout:?} ({script})");
-            }
-            tokio::time::sleep(Duration::from_secs(2)).await;
-        }
+        })
+        .await
+        .map_err(|e| anyhow::anyhow!("{e} ({script})"))
     }
 
     async fn wait_agent_active(&self) -> anyhow::Result<()> {
