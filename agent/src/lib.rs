@@ -12,7 +12,7 @@
 //! - [`hostinfo`]: read-only host facts;
 //! - [`http`]: the download client and the plain-HTTP rule;
 //! - [`kubeclient`]: the daemon's Kubernetes client (config, daemon client certificate);
-//! - [`oci`]: machine root file systems from OCI images (pull, verify, unpack);
+//! - [`oci`]: `flex-oci`, machine root file systems from OCI images (pull, verify, unpack);
 //! - [`systemd`]: the agent's unit and a systemd manager client;
 //! - [`context`]: the bundle of host interfaces every flow takes;
 //! - [`state`]: the daemon state file and its checksum;
@@ -35,10 +35,12 @@
 //!   preflight, start once);
 //! - [`lifecycle`]: the nspawn lifecycle helper and binaries placed for machines;
 //! - [`logging`]: tracing setup;
-//! - [`testing`]: recording fakes for the traits above.
+//!
+//! The recording fakes of the host traits are `flex-testkit`'s (a dev-dependency only).
 
 pub use flex_api::machina;
 pub use flex_host::{context, fs, hostexec, hostinfo, http, runner};
+pub use flex_oci as oci;
 
 pub mod bootstrap;
 pub mod cli;
@@ -56,7 +58,6 @@ pub mod machineclient;
 pub mod node;
 pub mod nodeconfig;
 pub mod nodegoal;
-pub mod oci;
 pub mod operations;
 pub mod preflight;
 pub mod provisioning;

@@ -7,7 +7,7 @@
 
 use std::path::{Path, PathBuf};
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 use crate::fs::{FsError, HostFs};
@@ -15,42 +15,7 @@ use crate::fs::{FsError, HostFs};
 /// Default location of the state file.
 pub const STATE_PATH: &str = "/etc/aks-flex-node/daemon-state.json";
 
-/// The two machine sides.
-pub const KUBE1: &str = "kube1";
-/// The second machine side.
-pub const KUBE2: &str = "kube2";
-
-/// What the daemon has applied and which machine side is active.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct DaemonState {
-    /// Settings version (ETag) of the applied goal.
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub applied_settings_version: String,
-    /// Kubernetes version of the applied goal.
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub applied_kubernetes_version: String,
-    /// Settings version before the last repave.
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub previous_settings_version: String,
-    /// Kubernetes version before the last repave.
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub previous_kubernetes_version: String,
-    /// `kube1` or `kube2`.
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub active_machine: String,
-}
-
-impl DaemonState {
-    /// The active machine, checked to be `kube1` or `kube2`.
-    pub fn active(&self) -> Result<&str, StateError> {
-        match self.active_machine.as_str() {
-            "" => Err(StateError::MissingActiveMachine),
-            m @ (KUBE1 | KUBE2) => Ok(m),
-            other => Err(StateError::InvalidActiveMachine(other.to_string())),
-        }
-    }
-}
+pub use flex_api::goal::{ActiveMachineError, DaemonState, KUBE1, KUBE2};
 
 /// A state file problem.
 #[derive(Debug, thiserror::Error)]
@@ -77,12 +42,9 @@ pub enum StateError {
         /// The decoder's message.
         reason: String,
     },
-    /// No active machine recorded.
-    #[error("daemon state is missing active machine")]
-    MissingActiveMachine,
-    /// An active machine other than kube1/kube2.
-    #[error("daemon state active machine {0:?} is invalid")]
-    InvalidActiveMachine(String),
+    /// The active machine is missing or not `kube1`/`kube2`.
+    #[error(transparent)]
+    ActiveMachine(#[from] ActiveMachineError),
 }
 
 /// A JSON file with a `.sha256` sidecar, saved atomically (JSON first, checksum second, both

@@ -336,7 +336,7 @@ pub async fn build_agent_image(
 mod tests {
     use super::*;
     use crate::layer::Entry;
-    use aks_flex_node::oci::{Arch, LayerFile, LayoutTarget, OciLayout, UnpackOptions, unpack};
+    use flex_oci::{Arch, LayerFile, LayoutTarget, OciLayout, UnpackOptions, unpack};
 
     #[test]
     fn ldd_output_is_parsed() {

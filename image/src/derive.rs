@@ -260,7 +260,7 @@ mod tests {
     use super::*;
     use crate::layer::Layer;
     use crate::oci::{Image, ImageConfig, host_architecture, write_oci_layout};
-    use aks_flex_node::oci::{Arch, LayerFile, LayoutTarget, OciLayout, UnpackOptions, unpack};
+    use flex_oci::{Arch, LayerFile, LayoutTarget, OciLayout, UnpackOptions, unpack};
     use std::collections::BTreeMap;
 
     fn base(dir: &Path) -> crate::WrittenImage {

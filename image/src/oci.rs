@@ -408,7 +408,7 @@ pub fn write_oci_archive(layout: &Path, archive: &Path, mtime: u64) -> Result<u6
 mod tests {
     use super::*;
     use crate::layer::Layer;
-    use aks_flex_node::oci::{Arch, LayoutTarget, OciLayout};
+    use flex_oci::{Arch, LayoutTarget, OciLayout};
 
     #[test]
     fn rfc3339_dates() {

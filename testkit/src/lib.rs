@@ -5,6 +5,8 @@
 //! everything above them is the real code. Files are never faked: tests give
 //! [`flex_host::fs::HostFs`] a temporary root instead.
 
+pub mod operations;
+
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};

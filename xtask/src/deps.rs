@@ -22,7 +22,7 @@ pub const TEST_PACKAGES: &[&str] = &[
     "runc",
     "dbus",
     "busybox-static",
-    // agent/tests/oci_registry.rs and the harness: Debian's distribution registry.
+    // oci/tests/registry.rs and the harness: Debian's distribution registry.
     "docker-registry",
     // ignition/tests: Debian's ignition-validate.
     "ignition",

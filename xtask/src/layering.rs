@@ -9,7 +9,10 @@
 //! - the host crate (`flex-host`) knows nothing of Kubernetes, containerd or the agent;
 //! - the API crate (`flex-api`) knows nothing of hosts: no agent, host crate, zbus, containerd,
 //!   tonic or reqwest, and tokio's `process` feature is off in its tree;
-//! - the controller does not link the agent.
+//! - the controller, the harness, the image builder and the OCI crate (`flex-oci`) do not link
+//!   the agent (the harness may use it as a dev-dependency to cross-check with it);
+//! - the OCI crate knows nothing of systemd, containerd or the agent (it takes image references
+//!   and digests from the API crate).
 
 use flex_host::runner::{Cmd, Runner};
 
@@ -52,6 +55,21 @@ const RULES: &[Rule] = &[
         package: "aks-flex-controller",
         forbidden: &["aks-flex-node", "zbus", "containerd-api"],
         why: "the controller reaches the agent's types through the API crate, not the agent",
+    },
+    Rule {
+        package: "flex-harness",
+        forbidden: &["aks-flex-node"],
+        why: "the harness reaches the runner, the API types and the OCI client through their crates, not the agent",
+    },
+    Rule {
+        package: "flex-image",
+        forbidden: &["aks-flex-node"],
+        why: "the image builder needs the host and OCI crates, not the agent",
+    },
+    Rule {
+        package: "flex-oci",
+        forbidden: &["aks-flex-node", "zbus", "containerd-api", "tonic"],
+        why: "the OCI crate pulls and unpacks images; it knows nothing of systemd, containerd or the agent",
     },
     Rule {
         package: "flex-host",

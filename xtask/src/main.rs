@@ -4,6 +4,7 @@
 //! builds and runs what needs them:
 //!
 //! - `ci`: format, clippy, the layering rules, every test, then the offline end-to-end check;
+//! - `layering`: the layering rules alone (`ci` runs them too);
 //! - `codegen [--check]`: `flex-codegen` (committed generated files);
 //! - `up`, `check`, `down`, `image`: the `flex-harness` binary, with the task's flags.
 
@@ -25,6 +26,7 @@ Usage: cargo xtask <TASK> [FLAGS]
 Tasks:
   ci [--no-install] [--no-e2e]  What CI runs: fmt, clippy -D warnings, the layering rules, every
                                 test, then the offline end-to-end check (up, check, down)
+  layering                      Check the workspace's layering rules on its dependency graph
   codegen [--check]             Regenerate the committed generated files (or fail if stale)
   image [FLAGS]                 Build the agent's (or --controller) container image, no engine
   up [FLAGS]                    Boot the dev host (or ACL) under QEMU with the agent bootstrapped
@@ -72,6 +74,7 @@ async fn run(task: &str, rest: &[String]) -> anyhow::Result<()> {
             }
             ci::run(install, e2e).await
         }
+        "layering" => crate::layering::check(&flex_host::runner::ProcessRunner::new()).await,
         "codegen" => Ok(run_inherited(&cargo_run("flex-codegen", rest)).await?),
         "up" | "check" | "down" | "image" => {
             if !help && task == "up" {

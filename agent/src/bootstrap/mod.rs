@@ -11,7 +11,8 @@
 //! - [`render`](mod@render): inputs → `config.json`, validated by the agent's own config parser;
 //! - [`flow`]: config, preflight, then `start` once ([`main_entry`], [`run`]).
 
-pub mod env;
+pub use flex_api::bootstrap_env as env;
+
 pub mod flow;
 pub mod inputs;
 pub mod render;

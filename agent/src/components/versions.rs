@@ -14,12 +14,10 @@ use super::error::ComponentsError;
 use super::sources::Downloads;
 use crate::config::Config;
 
-/// Default containerd version (unbounded [N]).
-pub const DEFAULT_CONTAINERD_VERSION: &str = "2.1.8";
-/// Default runc version when the config gives none (unbounded [N]).
-pub const DEFAULT_RUNC_VERSION: &str = "1.5.0";
-/// Default CNI plugins version.
-pub const DEFAULT_CNI_VERSION: &str = "1.5.1";
+pub use flex_api::versions::{
+    DEFAULT_CNI_VERSION, DEFAULT_CONTAINERD_VERSION, DEFAULT_RUNC_VERSION, crictl_version_for,
+    is_version, strip_v,
+};
 
 /// Versions the config and overrides ask for; `None` = not given.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -62,7 +60,7 @@ impl Versions {
         let crictl = match req.crictl {
             Some(v) => v,
             None => crictl_version_for(&req.kubernetes)
-                .map_err(|m| ComponentsError::config("components.kubernetes", m))?,
+                .map_err(|e| ComponentsError::config("components.kubernetes", e.to_string()))?,
         };
         Ok(Self {
             containerd: req
@@ -87,7 +85,7 @@ impl RequestedVersions {
         )?
         .ok_or_else(|| ComponentsError::config("components.kubernetes", "is required"))?;
         crictl_version_for(&kubernetes)
-            .map_err(|m| ComponentsError::config("components.kubernetes", m))?;
+            .map_err(|e| ComponentsError::config("components.kubernetes", e.to_string()))?;
         Ok(Self {
             kubernetes,
             containerd: pick(
@@ -140,34 +138,4 @@ fn pick(
         return Ok(Some(v.to_string()));
     }
     Ok(None)
-}
-
-/// `s` trimmed, without one leading `v`.
-pub(crate) fn strip_v(s: &str) -> &str {
-    let s = s.trim();
-    s.strip_prefix('v').unwrap_or(s)
-}
-
-/// A version as it may appear in a URL or file name: starts with a digit, then only ASCII
-/// letters, digits, `.`, `-`, `+`, `_` (nothing that changes a path).
-pub(crate) fn is_version(v: &str) -> bool {
-    v.starts_with(|c: char| c.is_ascii_digit())
-        && v.chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '+' | '_'))
-}
-
-/// The cri-tools release for a Kubernetes version: `<major>.<minor>.0` (cri-tools follows the
-/// Kubernetes minor releases).
-pub fn crictl_version_for(kubernetes: &str) -> Result<String, String> {
-    let v = strip_v(kubernetes);
-    let mut parts = v.splitn(3, '.');
-    let major = parts.next().unwrap_or_default();
-    let minor = parts.next().unwrap_or_default();
-    let numeric = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
-    if !numeric(major) || !numeric(minor) {
-        return Err(format!(
-            "{kubernetes:?} is not a Kubernetes version (<major>.<minor>.<patch>)"
-        ));
-    }
-    Ok(format!("{major}.{minor}.0"))
 }

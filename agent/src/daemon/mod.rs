@@ -17,7 +17,7 @@
 //! - MachineOperations, through the [`Operations`] hook (its watch feeds the queue through a
 //!   [`QueueSender`]; its `reconcile` runs on the queue); [`ClusterOperations`] is the real one.
 //!
-//! A repave item runs the decision table ([`repave::decide`]) and its action (the private
+//! A repave item runs the decision table ([`flex_api::repave::decide`]) and its action (the private
 //! `reconcile` module): report `Succeeded`, apply the goal (blue/green through the machine layer),
 //! or reset the node and uninstall the agent's service when the deletion taint is present and
 //! the machine resource is gone — after which the daemon returns. A failed item is logged with
@@ -28,7 +28,6 @@
 pub mod operations;
 pub mod queue;
 mod reconcile;
-pub mod repave;
 pub mod watch;
 
 use std::future::Future;
@@ -40,12 +39,12 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+pub use flex_api::repave::{Action, Decision, MachineSnapshot, decide};
 pub use operations::{ClusterOperations, Discovery, Guard};
 pub use queue::{
     Backoff, DAEMON_BACKOFF, Item, QueueSender, RepaveSource, WorkQueue, jitter, secure_unit,
 };
 pub use reconcile::{FAILED, RECONCILING, SUCCEEDED};
-pub use repave::{Action, Decision, MachineSnapshot, decide};
 
 use crate::config::Config;
 use crate::context::Host;

@@ -12,7 +12,6 @@ use anyhow::anyhow;
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 
-use super::repave::{Action, Decision, MachineSnapshot, decide};
 use super::{OperationOutcome, Operations};
 use crate::context::Host;
 use crate::kubeclient::{KubeClients, describe};
@@ -21,6 +20,7 @@ use crate::machineclient::{MachineClient, MachineError, MachineStatus};
 use crate::repave::{NodeOps, Stores};
 use crate::start::GoalState;
 use crate::state::DaemonState;
+use flex_api::repave::{Action, Decision, MachineSnapshot, decide};
 
 /// `provisioningState` values the daemon reports.
 pub const RECONCILING: &str = "Reconciling";

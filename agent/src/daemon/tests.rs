@@ -13,7 +13,6 @@ use serde_json::{Value, json};
 use tokio::sync::{Notify, mpsc, oneshot};
 use tokio::task::JoinHandle;
 
-use super::repave::DELETION_TAINT_KEY;
 use super::*;
 use crate::config::GoDuration;
 use crate::kubeclient::mock::{Log, Reply, Seen, seen, serve};
@@ -23,6 +22,7 @@ use crate::repave::{JOURNAL_PATH, Journal, Phase};
 use crate::runner::Output;
 use crate::start::GoalState;
 use crate::state::{DaemonState, JsonStore, StateStore};
+use flex_api::repave::DELETION_TAINT_KEY;
 use flex_testkit::FakeHost;
 
 const NODE: &str = "flex-node-1";

@@ -2,9 +2,10 @@
 //! `AgentUpgrade`), decided by pure functions, carried out by [`Handlers`], and reported in the
 //! operation's status.
 //!
-//! - [`decide`]: the decision layer (pure, table-tested): which operations are this node's,
-//!   parameter validation per kind, what to do given the operation and the local record;
-//! - [`record`]: the local record that keeps an operation from running twice;
+//! - [`decide`]: the decision layer (pure, table-tested; it lives in `flex_api::operations`
+//!   with the reasons and [`OperationResult`]): which operations are this node's, parameter
+//!   validation per kind, what to do given the operation and the local record;
+//! - [`record`]: the local record that keeps an operation from running twice, and its store;
 //! - [`handlers`]: the [`Handlers`] seam (real: [`HostHandlers`]; fake: [`RecordingHandlers`]),
 //!   [`execute`], and node-local runs ([`run_local`], [`render_result`]);
 //! - [`reconcile`]: the kube side: [`Reconciler::reconcile`] (GET, status PATCH with
@@ -15,24 +16,7 @@
 //!
 //! # Decisions
 //!
-//! [`decide::decide`] takes the operation, this node's facts (machine name, Node labels, whether
-//! the agent is containerized, the time) and the local record of the operation (by UID):
-//!
-//! | operation | local record | decision |
-//! |---|---|---|
-//! | a `Host*` kind (machina's controllers') | any | ignore |
-//! | `machineRef` names another machine, or the selector does not match the Node's labels (the Machine's when there is no Node), or neither is set | any | ignore, naming the target |
-//! | `Complete`/`Failed`, TTL set, `completedAt + ttl` reached | any | delete |
-//! | `Complete`/`Failed`, TTL not reached | any | wait (requeue at expiry) |
-//! | `Complete`/`Failed`, no TTL | any | ignore |
-//! | `Pending`/empty, being deleted | none | ignore |
-//! | `Pending`/empty | none, or `claiming` | parameters valid and kind supported: claim; else finish `Failed` without running (`UnknownKind`, `InvalidParameters`, `UnsupportedOperation`) |
-//! | `Pending`/empty or `InProgress` | `executing` | resume: finish `Failed`/`Interrupted`, or what [`Handlers::resume_interrupted`] says (an AgentUpgrade's result from the upgrade record; while its handoff is pending, leave it `InProgress`) |
-//! | `Pending`/empty or `InProgress` | `finished` | resume: finish with the recorded result |
-//! | `InProgress` | `claiming` with this `startedAt` | resume: run it (the handler never started) |
-//! | `InProgress` | `claiming` with another `startedAt` | forget the record (another agent claimed it) |
-//! | `InProgress` | none | ignore (claimed by another agent) |
-//! | unknown phase | any | ignore |
+//! The decision table is documented with [`decide::decide`] in `flex_api::operations`.
 //!
 //! # Never twice
 //!
@@ -45,12 +29,14 @@
 //! taken for this one's. AgentReset removes `/etc/aks-flex-node`, records included: its result
 //! is kept in memory until the status says it, and the record is not written again.
 
-pub mod decide;
 pub mod handlers;
 pub mod reconcile;
 pub mod record;
 
-use serde::{Deserialize, Serialize};
+pub use flex_api::operations::{
+    EXECUTION_FAILED, IN_PROGRESS, INTERRUPTED, INVALID_PARAMETERS, OperationResult, SUCCEEDED,
+    UNKNOWN_KIND, UNSUPPORTED_OPERATION, decide,
+};
 
 pub use decide::{Action, Decision, Facts, Failure, Resume, UpgradeRequest};
 pub use handlers::{
@@ -59,59 +45,6 @@ pub use handlers::{
 };
 pub use reconcile::{Outcome, ReconcileError, Reconciler, ReconcilerConfig, Taken, watch_stream};
 pub use record::{RECORDS_DIR, Record, RecordStore, Stage};
-
-use crate::machina::OperationPhase;
-
-/// Reason of a successful operation.
-pub const SUCCEEDED: &str = "Succeeded";
-/// Reason of a handler that failed.
-pub const EXECUTION_FAILED: &str = "ExecutionFailed";
-/// Reason of missing, unknown, malformed or conflicting parameters.
-pub const INVALID_PARAMETERS: &str = "InvalidParameters";
-/// Reason of a kind this agent knows but cannot carry out.
-pub const UNSUPPORTED_OPERATION: &str = "UnsupportedOperation";
-/// Reason of a kind nobody knows.
-pub const UNKNOWN_KIND: &str = "UnknownKind";
-/// Reason of an operation whose run the daemon's restart cut short (never run again).
-pub const INTERRUPTED: &str = "Interrupted";
-/// Reason of the `Completed` condition while an operation runs.
-pub const IN_PROGRESS: &str = "InProgress";
-
-/// How an operation ended, as its status records it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct OperationResult {
-    /// `Complete` or `Failed`.
-    pub phase: OperationPhase,
-    /// Machine-readable reason (`Succeeded`, `ExecutionFailed`, …).
-    pub reason: String,
-    /// For people.
-    pub message: String,
-}
-
-impl OperationResult {
-    /// A `Complete`/`Succeeded` result.
-    pub fn complete(message: impl Into<String>) -> Self {
-        Self {
-            phase: OperationPhase::Complete,
-            reason: SUCCEEDED.into(),
-            message: message.into(),
-        }
-    }
-
-    /// A `Failed` result.
-    pub fn failed(reason: impl Into<String>, message: impl Into<String>) -> Self {
-        Self {
-            phase: OperationPhase::Failed,
-            reason: reason.into(),
-            message: message.into(),
-        }
-    }
-
-    /// Whether the operation completed.
-    pub fn succeeded(&self) -> bool {
-        self.phase == OperationPhase::Complete
-    }
-}
 
 #[cfg(test)]
 mod tests;

@@ -4,47 +4,13 @@
 
 use std::path::{Path, PathBuf};
 
-use serde::{Deserialize, Serialize};
-
-use super::OperationResult;
 use crate::fs::HostFs;
 use crate::state::{JsonStore, StateError, checksum};
 
 /// Where the records live (reset removes them with the rest of `/etc/aks-flex-node`).
 pub const RECORDS_DIR: &str = "/etc/aks-flex-node/operations";
 
-/// How far this agent got with an operation.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Stage {
-    /// Written before the status says `InProgress`; the handler has not been called.
-    Claiming,
-    /// Written before the handler is called.
-    Executing,
-    /// Written with the result, before the status says it.
-    Finished,
-}
-
-/// One operation's record.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Record {
-    /// Format version (1).
-    pub version: u32,
-    /// The operation's UID.
-    pub uid: String,
-    /// The operation's name.
-    pub name: String,
-    /// Its kind.
-    pub kind: String,
-    /// How far this agent got.
-    pub stage: Stage,
-    /// The `startedAt` this agent's claim wrote (`%Y-%m-%dT%H:%M:%SZ`).
-    pub started_at: String,
-    /// The result, once [`Stage::Finished`].
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub result: Option<OperationResult>,
-}
+pub use flex_api::operations::record::{Record, Stage};
 
 /// The records under a directory.
 #[derive(Clone, Debug)]

@@ -1,78 +1,11 @@
-//! Tests of MachineOperations: the decision table, validation, records, handlers and local runs,
-//! and the reconciler against a fake API server (kube's `tower_test` mock).
+//! Tests of MachineOperations: records, handlers and local runs, and the reconciler against a
+//! fake API server (kube's `tower_test` mock). The decision table's tests are
+//! `flex-api`'s (`api/tests/operations_decide.rs`).
 
 mod api;
-mod decide;
 mod local;
 mod reconcile;
 
-use std::collections::BTreeMap;
-
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, Time};
-use k8s_openapi::jiff::Timestamp;
-use kube::api::ObjectMeta;
-
-use crate::machina::{MachineOperation, MachineOperationSpec, MachineOperationStatus};
-
-/// The tests' "now": 2027-01-15T08:00:00Z.
-pub(super) const NOW: i64 = 1_800_000_000;
-
-pub(super) fn at(second: i64) -> Timestamp {
-    Timestamp::from_second(second).unwrap()
-}
-
-pub(super) fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-    pairs
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect()
-}
-
-/// A Pending operation `name` (UID `uid-<name>`, resourceVersion 1) of `kind` for `machine`.
-pub(super) fn op(name: &str, kind: &str, machine: &str) -> MachineOperation {
-    let mut o = MachineOperation::new(
-        name,
-        MachineOperationSpec {
-            machine_ref: machine.into(),
-            operation_kind: kind.into(),
-            ..Default::default()
-        },
-    );
-    o.metadata = ObjectMeta {
-        name: Some(name.into()),
-        uid: Some(format!("uid-{name}")),
-        resource_version: Some("1".into()),
-        generation: Some(1),
-        ..Default::default()
-    };
-    o
-}
-
-pub(super) fn with_params(mut o: MachineOperation, params: &[(&str, &str)]) -> MachineOperation {
-    o.spec.parameters = labels(params);
-    o
-}
-
-pub(super) fn with_selector(mut o: MachineOperation, sel: &[(&str, &str)]) -> MachineOperation {
-    o.spec.machine_ref = String::new();
-    o.spec.machine_selector = Some(LabelSelector {
-        match_labels: Some(labels(sel)),
-        match_expressions: None,
-    });
-    o
-}
-
-pub(super) fn with_status(
-    mut o: MachineOperation,
-    phase: &str,
-    started: Option<i64>,
-    completed: Option<i64>,
-) -> MachineOperation {
-    o.status = Some(MachineOperationStatus {
-        phase: phase.into(),
-        started_at: started.map(|s| Time(at(s))),
-        completed_at: completed.map(|s| Time(at(s))),
-        ..Default::default()
-    });
-    o
-}
+pub(super) use flex_testkit::operations::{
+    NOW, at, labels, op, with_params, with_selector, with_status,
+};

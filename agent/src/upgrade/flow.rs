@@ -595,7 +595,16 @@ impl Upgrader {
     pub async fn recover(&self) -> anyhow::Result<RecoveryAction> {
         let mut rec = self.record();
         let unit = self.host.systemd.unit_state(AGENT_UNIT).await?;
-        let action = plan::recovery(rec.as_ref(), &unit);
+        let action = plan::recovery(
+            rec.as_ref(),
+            &plan::AgentUnit {
+                active_state: &unit.active_state,
+                sub_state: &unit.sub_state,
+                result: &unit.result,
+                n_restarts: unit.n_restarts,
+                exec_main_status: unit.exec_main_status,
+            },
+        );
         tracing::info!(?action, unit = ?unit, "recovery");
         match (&action, rec.as_mut()) {
             (RecoveryAction::Nothing, _) => {}

@@ -54,14 +54,14 @@
 
 pub mod flow;
 pub mod layout;
-pub mod plan;
+pub use flex_api::upgrade as plan;
 
 use std::time::Duration;
 
 pub use flow::{Started, Upgrader, restart_timer};
 pub use plan::{
-    DAEMON_FAILED, Mode, OperationRef, RESTART_SCHEDULED, RecoveryAction, Resumed, Stage,
-    StartAction, UpgradeRecord,
+    DAEMON_FAILED, Mode, OperationRef, RESTART_SCHEDULED, RecoveryAction, Resumed,
+    START_LIMIT_RESET_LOG, Stage, StartAction, UpgradeRecord,
 };
 
 /// The upgrade record (the signal file).
@@ -74,9 +74,5 @@ pub const RESTART_ACCURACY: Duration = Duration::from_millis(100);
 pub const RECOVERY_RESTART_DELAY: Duration = Duration::from_secs(30);
 /// How long a candidate's `version` check may take.
 pub const CHECK_TIMEOUT: Duration = Duration::from_secs(120);
-/// What recovery logs right after `systemctl reset-failed` of the agent's unit, which also
-/// resets its start limit (the harness reads it from the journal: the starts before it no
-/// longer count).
-pub const START_LIMIT_RESET_LOG: &str = "agent unit reset: failed state and start limit cleared";
 /// The binary inside the agent's image that the check runs.
 pub const IMAGE_AGENT_BINARY: &str = "/opt/aks-flex-node/bin/aks-flex-node";

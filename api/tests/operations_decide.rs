@@ -1,4 +1,7 @@
-//! The decision table, parameter validation and selector matching, case by case.
+//! The MachineOperation decision table, parameter validation and selector matching, case by
+//! case (pure functions; nothing faked).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure
 
 use std::time::Duration;
 
@@ -6,11 +9,11 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
     LabelSelector, LabelSelectorRequirement, Time,
 };
 
-use super::super::decide::*;
-use super::super::record::{Record, Stage};
-use super::super::{INTERRUPTED, OperationResult};
-use super::*;
-use crate::machina::MachineOperation;
+use flex_api::machina::MachineOperation;
+use flex_api::operations::decide::*;
+use flex_api::operations::record::{Record, Stage};
+use flex_api::operations::{INTERRUPTED, OperationResult};
+use flex_testkit::operations::*;
 
 const ME: &str = "node1";
 const DIGEST: &str = "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
@@ -506,7 +509,7 @@ fn a_valid_agent_upgrade_is_claimed() {
     let action = admit("AgentUpgrade", &params, true).unwrap();
     assert_eq!(
         action,
-        Action::AgentUpgrade(crate::operations::UpgradeRequest::Image(image.clone()))
+        Action::AgentUpgrade(flex_api::operations::UpgradeRequest::Image(image.clone()))
     );
     let o = with_params(op("op", "AgentUpgrade", ME), &[("image", &image)]);
     let facts = Facts {

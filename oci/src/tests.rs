@@ -4,11 +4,11 @@
 use std::path::Path;
 
 use super::*;
-use crate::oci::layer_builder::{LayerBuilder, gzip, zstd};
-use crate::oci::manifest::{ANNOTATION_REF_NAME, ANNOTATION_TITLE, Platform, media_type};
+use crate::layer_builder::{LayerBuilder, gzip, zstd};
+use crate::manifest::{ANNOTATION_REF_NAME, ANNOTATION_TITLE, Platform, media_type};
 
 fn client() -> RegistryClient {
-    RegistryClient::new(crate::http::client().unwrap())
+    RegistryClient::new(flex_host::http::client().unwrap())
 }
 
 /// Writes an image of `layers` (tar streams, compressed as given) into a layout, tagged `tag`,

@@ -1,4 +1,4 @@
-//! Unpack throughput: `aks_flex_node::oci::unpack` against `tar -xzf` on the same gzip layers.
+//! Unpack throughput: `flex_oci::unpack` against `tar -xzf` on the same gzip layers.
 //!
 //! Generates three layers in a temporary directory — 2000 small files, four 10 MiB files, and
 //! a mix of both — then, three times over, unpacks them into a fresh directory with our
@@ -12,10 +12,10 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use aks_flex_node::oci::layer_builder::{LayerBuilder, gzip};
-use aks_flex_node::oci::manifest::media_type;
-use aks_flex_node::oci::{LayerFile, UnpackOptions, unpack};
-use aks_flex_node::runner::{Cmd, ProcessRunner, Runner};
+use flex_host::runner::{Cmd, ProcessRunner, Runner};
+use flex_oci::layer_builder::{LayerBuilder, gzip};
+use flex_oci::manifest::media_type;
+use flex_oci::{LayerFile, UnpackOptions, unpack};
 
 const REPEATS: usize = 3;
 

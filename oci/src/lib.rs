@@ -29,12 +29,10 @@
 //! (writing layers, for tests and the harness), [`error`].
 
 pub(crate) mod confine;
-pub mod digest;
 pub mod error;
 pub mod layer_builder;
 pub mod layout;
 pub mod manifest;
-pub mod reference;
 pub mod registry;
 pub mod unpack;
 
@@ -44,6 +42,8 @@ use std::path::{Path, PathBuf};
 use futures::{StreamExt, TryStreamExt};
 use serde::{Deserialize, Serialize};
 use tracing::Instrument;
+
+pub use flex_api::image::{digest, reference};
 
 pub use digest::Digest;
 pub use error::OciError;
@@ -59,7 +59,7 @@ pub use unpack::{LayerFile, LayerStats, UnpackError, UnpackOptions, unpack, unpa
 pub const MARKER_FILE: &str = ".aks-flex-node-rootfs";
 
 /// Deepest nesting of indexes followed.
-pub(crate) const MAX_INDEX_DEPTH: usize = 4;
+pub const MAX_INDEX_DEPTH: usize = 4;
 
 /// An image manifest resolved for a platform.
 #[derive(Clone, Debug)]

@@ -22,6 +22,8 @@
 //!
 //! Errors name the 1-based line and never include a value (a value may be a secret).
 
+pub mod keys;
+
 use std::collections::BTreeMap;
 
 /// The prefix every key must have.

@@ -1,7 +1,7 @@
 //! An anonymous OCI distribution (registry v2) client: manifests, blobs, pushes.
 //!
-//! - **Transport**: the agent's `reqwest::Client` ([`crate::http::client`]). Plain HTTP exactly
-//!   when [`crate::http::allows_plain_http`] allows the registry host (localhost, loopback,
+//! - **Transport**: the agent's `reqwest::Client` ([`flex_host::http::client`]). Plain HTTP exactly
+//!   when [`flex_host::http::allows_plain_http`] allows the registry host (localhost, loopback,
 //!   private ranges); HTTPS otherwise.
 //! - **Auth**: anonymous only. A `401` with `WWW-Authenticate: Bearer realm=…,service=…,scope=…`
 //!   gets a token from the realm (`GET realm?service=…&scope=…`, no credentials), cached per
@@ -97,7 +97,7 @@ type Build<'a> = &'a (dyn Fn(&reqwest::Client) -> reqwest::RequestBuilder + Send
 
 /// `http` or `https` for a registry `host[:port]`.
 pub fn scheme_for(host: &str) -> &'static str {
-    if crate::http::allows_plain_http(host) {
+    if flex_host::http::allows_plain_http(host) {
         "http"
     } else {
         "https"
@@ -208,7 +208,7 @@ async fn error_detail(resp: reqwest::Response) -> String {
 }
 
 impl RegistryClient {
-    /// A client over `http` (normally [`crate::http::client`]) with the default retry policy.
+    /// A client over `http` (normally [`flex_host::http::client`]) with the default retry policy.
     pub fn new(http: reqwest::Client) -> Self {
         Self {
             http,

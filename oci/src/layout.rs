@@ -294,7 +294,7 @@ impl OciLayout {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::oci::manifest::{ImageManifest, Platform, media_type};
+    use crate::manifest::{ImageManifest, Platform, media_type};
 
     fn image(layout: &OciLayout, arch: &str) -> Descriptor {
         let cfg = layout

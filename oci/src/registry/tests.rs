@@ -9,9 +9,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::*;
-use crate::oci::layer_builder::{LayerBuilder, gzip};
-use crate::oci::manifest::{ImageIndex, Platform};
-use crate::oci::{ImageSource, PullOptions, pull_rootfs};
+use crate::layer_builder::{LayerBuilder, gzip};
+use crate::manifest::{ImageIndex, Platform};
+use crate::{ImageSource, PullOptions, pull_rootfs};
 
 struct Req {
     method: String,
@@ -155,7 +155,7 @@ fn fast() -> RetryPolicy {
 }
 
 fn client() -> RegistryClient {
-    RegistryClient::new(crate::http::client().unwrap()).with_retry(fast())
+    RegistryClient::new(flex_host::http::client().unwrap()).with_retry(fast())
 }
 
 /// A one-layer image: blobs by digest, and the manifest.
@@ -231,7 +231,7 @@ fn default_retry_policy_is_five_attempts_from_two_seconds() {
         REGISTRY_RETRY,
         RetryPolicy::new(5, Duration::from_secs(2), Duration::from_secs(30))
     );
-    let c = RegistryClient::new(crate::http::client().unwrap()).with_retry(RetryPolicy::new(
+    let c = RegistryClient::new(flex_host::http::client().unwrap()).with_retry(RetryPolicy::new(
         0,
         Duration::ZERO,
         Duration::ZERO,
@@ -544,11 +544,11 @@ async fn pinned_digest_must_match_what_is_served() {
 #[test]
 fn futures_are_send() {
     fn send<T: Send>(_: &T) {}
-    let c = RegistryClient::new(crate::http::client().unwrap());
+    let c = RegistryClient::new(flex_host::http::client().unwrap());
     let src = ImageSource::parse("localhost:1/a:b").unwrap();
     let p = std::path::Path::new("/nonexistent");
     let opts = PullOptions::default();
-    send(&crate::oci::pull_rootfs(&c, &src, p, &opts));
-    send(&crate::oci::fetch_artifact(&c, &src, p));
-    send(&crate::oci::manifest_reachable(&c, &src, Arch::host()));
+    send(&crate::pull_rootfs(&c, &src, p, &opts));
+    send(&crate::fetch_artifact(&c, &src, p));
+    send(&crate::manifest_reachable(&c, &src, Arch::host()));
 }

@@ -21,8 +21,7 @@
 
 use k8s_openapi::api::core::v1::Node;
 
-use crate::start::GoalState;
-use crate::state::DaemonState;
+use crate::goal::{DaemonState, GoalState};
 
 /// The taint that tells the agent its node is being deleted.
 pub const DELETION_TAINT_KEY: &str = "kubernetes.azure.com/flex-node-deleting";

@@ -7,7 +7,7 @@ use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use super::*;
-use crate::oci::layer_builder::{LayerBuilder, gzip, zstd};
+use crate::layer_builder::{LayerBuilder, gzip, zstd};
 
 fn is_root() -> bool {
     rustix::process::geteuid().is_root()
@@ -507,7 +507,7 @@ fn unpack_checks_diff_ids() {
     std::fs::create_dir(&root).unwrap();
     let lf = |diff_id| LayerFile {
         path: blob.clone(),
-        media_type: crate::oci::manifest::media_type::OCI_LAYER_GZIP.into(),
+        media_type: crate::manifest::media_type::OCI_LAYER_GZIP.into(),
         name: "sha256:layer".into(),
         diff_id,
     };
@@ -754,7 +754,7 @@ fn full_listing(root: &Path) -> Vec<String> {
 
 #[tokio::test]
 async fn gnu_tar_archives_unpack_like_gnu_tar() {
-    use crate::runner::{Cmd, ProcessRunner, Runner};
+    use flex_host::runner::{Cmd, ProcessRunner, Runner};
     let r = ProcessRunner::new();
     if r.which("tar").is_none() {
         eprintln!("skipped: no tar");

@@ -11,10 +11,10 @@ use super::record::{Record, Stage};
 use super::{
     INTERRUPTED, INVALID_PARAMETERS, OperationResult, UNKNOWN_KIND, UNSUPPORTED_OPERATION,
 };
+use crate::image::ImageRef;
 use crate::machina::{
     AGENT_RESET, AGENT_UPGRADE, HOST_KINDS, MachineOperation, NODE_REBOOT, OperationPhase,
 };
-use crate::oci::ImageRef;
 
 /// What an operation's agent upgrade names.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -380,7 +380,7 @@ pub enum Resume {
     /// The claim is recorded but the handler never started: run it now (the first time).
     Execute(Action),
     /// The handler started and the daemon stopped before its result was recorded: never run it
-    /// again; finish it as `Interrupted` (unless [`super::Handlers::resume_interrupted`] knows
+    /// again; finish it as `Interrupted` (unless the agent's `Handlers::resume_interrupted` knows
     /// better).
     Interrupted,
     /// The result is recorded: report it.

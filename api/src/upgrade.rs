@@ -1,11 +1,31 @@
-//! The upgrade and recovery state machines: pure functions from the upgrade record (the signal
-//! file), what runs now, and the agent unit's state to what to do. No I/O; the table tests are
-//! in this file. [`crate::upgrade`] describes the flow they drive.
+//! The agent upgrade's and recovery's state machines: pure functions from the upgrade record
+//! (the signal file), what runs now, and the agent unit's state to what to do. No I/O; the
+//! table tests are in this file. The agent's `upgrade` module describes the flow they drive.
 
 use serde::{Deserialize, Serialize};
 
 use crate::operations::OperationResult;
-use crate::systemd::UnitState;
+
+/// What recovery logs right after `systemctl reset-failed` of the agent's unit, which also
+/// resets its start limit (the harness reads it from the journal: the starts before it no
+/// longer count).
+pub const START_LIMIT_RESET_LOG: &str = "agent unit reset: failed state and start limit cleared";
+
+/// The agent unit's state as recovery reads it: systemd's properties of the same names (the
+/// agent reads them with its systemd manager).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AgentUnit<'a> {
+    /// `ActiveState`: `active`, `activating`, `failed`, `inactive`, …
+    pub active_state: &'a str,
+    /// `SubState`: `running`, `auto-restart`, `failed`, `dead`, …
+    pub sub_state: &'a str,
+    /// `Result`: `success`, `exit-code`, `start-limit-hit`, …
+    pub result: &'a str,
+    /// `NRestarts`: automatic restarts since the last manual start.
+    pub n_restarts: u32,
+    /// `ExecMainStatus`: the main process's exit status or signal number.
+    pub exec_main_status: i32,
+}
 
 /// Reason of an upgrade whose candidate failed to start and was rolled back by recovery.
 pub const DAEMON_FAILED: &str = "DaemonFailed";
@@ -155,25 +175,25 @@ pub fn on_start(record: Option<&UpgradeRecord>, running: Option<&str>) -> StartA
 
 /// Whether the unit is up or on its way up by itself (running, or starting but not waiting
 /// for an automatic restart).
-fn recovering_by_itself(u: &UnitState) -> bool {
-    (matches!(u.active_state.as_str(), "active" | "reloading") && u.sub_state != "exited")
+fn recovering_by_itself(u: &AgentUnit<'_>) -> bool {
+    (matches!(u.active_state, "active" | "reloading") && u.sub_state != "exited")
         || (u.active_state == "activating" && u.sub_state != "auto-restart")
 }
 
 /// Whether the last start was refused by the start limit before anything ran.
-fn refused_by_start_limit(u: &UnitState) -> bool {
+fn refused_by_start_limit(u: &AgentUnit<'_>) -> bool {
     u.result == "start-limit-hit" && u.n_restarts == 0
 }
 
 /// Whether the unit failed (or is between failing and an automatic restart).
-fn failed(u: &UnitState) -> bool {
+fn failed(u: &AgentUnit<'_>) -> bool {
     u.active_state == "failed"
         || u.sub_state == "auto-restart"
-        || (!matches!(u.result.as_str(), "" | "success") && u.active_state != "active")
+        || (!matches!(u.result, "" | "success") && u.active_state != "active")
 }
 
 /// The unit's failure in words, for the operation's message.
-pub fn describe(u: &UnitState) -> String {
+pub fn describe(u: &AgentUnit<'_>) -> String {
     let mut s = format!(
         "the agent's unit is {}/{} with result {}",
         u.active_state,
@@ -181,7 +201,7 @@ pub fn describe(u: &UnitState) -> String {
         if u.result.is_empty() {
             "unknown"
         } else {
-            &u.result
+            u.result
         }
     );
     if u.exec_main_status != 0 {
@@ -224,7 +244,7 @@ pub enum RecoveryAction {
 /// | `switched` | inactive without failure (stopped on purpose) | nothing |
 /// | none, `staged`, `finished` | failed (or auto-restart) | restart (resets the start limit) when `failed`; nothing while auto-restarting |
 /// | none, `staged`, `finished` | running or stopped | nothing |
-pub fn recovery(record: Option<&UpgradeRecord>, unit: &UnitState) -> RecoveryAction {
+pub fn recovery(record: Option<&UpgradeRecord>, unit: &AgentUnit<'_>) -> RecoveryAction {
     match record {
         Some(r) if r.unproven() => {
             if recovering_by_itself(unit) {
@@ -304,11 +324,16 @@ mod tests {
         }
     }
 
-    fn unit(active: &str, sub: &str, result: &str, restarts: u32) -> UnitState {
-        UnitState {
-            active_state: active.into(),
-            sub_state: sub.into(),
-            result: result.into(),
+    fn unit(
+        active: &'static str,
+        sub: &'static str,
+        result: &'static str,
+        restarts: u32,
+    ) -> AgentUnit<'static> {
+        AgentUnit {
+            active_state: active,
+            sub_state: sub,
+            result,
             n_restarts: restarts,
             exec_main_status: 1,
         }
@@ -373,7 +398,7 @@ mod tests {
     fn recovery_table() {
         let mut retried = record(Stage::Switched);
         retried.recovery_restarts = 1;
-        type Case<'a> = (&'a str, Option<UpgradeRecord>, UnitState, &'a str);
+        type Case<'a> = (&'a str, Option<UpgradeRecord>, AgentUnit<'a>, &'a str);
         let cases: Vec<Case> = vec![
             (
                 "candidate exits at start, systemd will restart it",
@@ -449,7 +474,7 @@ mod tests {
                 RecoveryAction::RetryCandidate => "retry",
                 RecoveryAction::RollBack { message } => {
                     assert!(message.contains("reg.example/agent@sha256:new"), "{name}");
-                    assert!(message.contains(&u.result), "{name}: {message}");
+                    assert!(message.contains(u.result), "{name}: {message}");
                     "roll back"
                 }
             };

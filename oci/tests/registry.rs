@@ -14,13 +14,13 @@ use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use aks_flex_node::oci::layer_builder::{LayerBuilder, gzip, zstd};
-use aks_flex_node::oci::manifest::{Platform, media_type};
-use aks_flex_node::oci::{
+use bytes::Bytes;
+use flex_oci::layer_builder::{LayerBuilder, gzip, zstd};
+use flex_oci::manifest::{Platform, media_type};
+use flex_oci::{
     Arch, Descriptor, Digest, ImageIndex, ImageRef, ImageSource, MARKER_FILE, PullOptions,
     RegistryClient, RetryPolicy, fetch_artifact, manifest_reachable, pull_rootfs,
 };
-use bytes::Bytes;
 
 const REGISTRY_BIN: &str = "/usr/bin/docker-registry";
 
@@ -79,7 +79,7 @@ impl Registry {
         .unwrap();
         let log = dir.path().join("registry.log");
         let mut child = spawn_registry(&config, &log);
-        let http = aks_flex_node::http::client().unwrap();
+        let http = flex_host::http::client().unwrap();
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             if let Some(status) = child.try_wait().unwrap() {
@@ -121,7 +121,7 @@ impl Registry {
 }
 
 fn client() -> RegistryClient {
-    RegistryClient::new(aks_flex_node::http::client().unwrap()).with_retry(RetryPolicy::new(
+    RegistryClient::new(flex_host::http::client().unwrap()).with_retry(RetryPolicy::new(
         3,
         Duration::from_millis(20),
         Duration::from_secs(1),
@@ -608,7 +608,7 @@ async fn real_registry_corrupted_blob_fails_digest_verification() {
     let c = client();
     // The registry itself refuses an upload whose bytes do not match the digest.
     let image = reg.image("flex/corrupt:v1");
-    let http = aks_flex_node::http::client().unwrap();
+    let http = flex_host::http::client().unwrap();
     let start = http
         .post(format!(
             "http://127.0.0.1:{}/v2/flex/corrupt/blobs/uploads/",
@@ -705,7 +705,7 @@ async fn real_registry_fetch_artifact_extracts_a_bundle() {
         )
         .await
         .unwrap();
-    let manifest = aks_flex_node::oci::ImageManifest::new(config, vec![layer, notes]);
+    let manifest = flex_oci::ImageManifest::new(config, vec![layer, notes]);
     let body = serde_json::to_vec(&manifest).unwrap();
     let digest = c
         .push_manifest(&image, "v1", media_type::OCI_MANIFEST, Bytes::from(body))
