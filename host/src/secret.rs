@@ -1,4 +1,5 @@
-//! A string that never shows in `Debug` output or logs: bootstrap tokens and client secrets.
+//! A string that never shows in `Debug` output or logs (bootstrap tokens, client secrets), and
+//! [`redact_url`] for URLs that may carry a token in their user info or query.
 
 use std::fmt;
 
@@ -30,6 +31,32 @@ impl Secret {
 impl fmt::Debug for Secret {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(crate::runner::REDACTED)
+    }
+}
+
+/// `url` for logs and errors: user info replaced by `***`, query and fragment replaced by
+/// `?***`/dropped (a mirror URL may carry a token there). A value that does not parse is shown
+/// only up to its first `?`.
+pub fn redact_url(url: &str) -> String {
+    match url::Url::parse(url) {
+        Ok(mut u) => {
+            let had_query = u.query().is_some_and(|q| !q.is_empty());
+            if !u.username().is_empty() || u.password().is_some() {
+                let _ = u.set_username("***");
+                let _ = u.set_password(None);
+            }
+            u.set_query(None);
+            u.set_fragment(None);
+            let mut s = u.to_string();
+            if had_query {
+                s.push_str("?***");
+            }
+            s
+        }
+        Err(_) => match url.split_once('?') {
+            Some((head, _)) => format!("{head}?***"),
+            None => url.to_string(),
+        },
     }
 }
 

@@ -14,6 +14,9 @@ use std::path::{Component, Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use sha2::{Digest as _, Sha256};
 
+/// Media type of a gzip-compressed tar layer.
+pub const MEDIA_TYPE_LAYER_GZIP: &str = "application/vnd.oci.image.layer.v1.tar+gzip";
+
 /// The content of a regular file in a layer.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Content {
@@ -246,7 +249,7 @@ impl Layer {
         let compressed = gz.finish().context("finish gzip")?;
         let (data, digest, size) = compressed.finish();
         Ok(LayerBlob {
-            media_type: crate::oci::MEDIA_TYPE_LAYER_GZIP.to_string(),
+            media_type: MEDIA_TYPE_LAYER_GZIP.to_string(),
             data,
             digest,
             size,

@@ -19,8 +19,7 @@ pub const MEDIA_TYPE_INDEX: &str = "application/vnd.oci.image.index.v1+json";
 pub const MEDIA_TYPE_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
 /// Media type of an OCI image config.
 pub const MEDIA_TYPE_CONFIG: &str = "application/vnd.oci.image.config.v1+json";
-/// Media type of a gzip-compressed tar layer.
-pub const MEDIA_TYPE_LAYER_GZIP: &str = "application/vnd.oci.image.layer.v1.tar+gzip";
+pub use crate::layer::MEDIA_TYPE_LAYER_GZIP;
 /// The annotation naming an image in an index (`org.opencontainers.image.ref.name`).
 pub const ANNOTATION_REF_NAME: &str = "org.opencontainers.image.ref.name";
 /// The annotation `ctr images import` names an image by without `--base-name`.

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use flate2::read::GzDecoder;
 
 use super::error::Failure;
-use super::plan::Members;
+use super::spec::Members;
 use crate::fs::HostFs;
 
 /// Mode of installed binaries.

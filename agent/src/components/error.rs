@@ -4,7 +4,7 @@
 
 use std::fmt;
 
-use super::plan::Component;
+use super::spec::Component;
 use crate::fs::FsError;
 
 /// What was being done when a component failed.

@@ -22,10 +22,8 @@ use super::archive::{self, BINARY_MODE, InstallMemberError};
 use super::download::{self, RetryPolicy};
 use super::error::{ComponentError, ComponentsError, Failure, Step};
 use super::offline::{self, ArtifactFetcher, BundleIndex, OciArtifactFetcher};
-use super::plan::{
-    Binary, Component, ComponentPlan, ComponentSpec, Location, Members, Payload, PlanSource,
-    SkipRule,
-};
+use super::plan::{ComponentPlan, PlanSource};
+use super::spec::{Binary, Component, ComponentSpec, Location, Members, Payload, SkipRule};
 use crate::context::Host;
 use crate::runner::Cmd;
 

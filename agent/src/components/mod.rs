@@ -30,6 +30,7 @@ mod offline;
 mod plan;
 mod reachability;
 mod sources;
+mod spec;
 mod versions;
 
 #[cfg(test)]
@@ -45,16 +46,16 @@ pub use install::{
 pub use offline::{
     ArtifactFetcher, OciArtifactFetcher, OfflineSource, SOURCE_FIELD, expand_source_template,
 };
-pub use plan::{
-    Binary, Component, ComponentPlan, ComponentSpec, Location, Members, Payload, PlanSource,
-    SkipRule, VersionMatch,
-};
+pub use plan::{ComponentPlan, PlanSource};
 pub use reachability::{
     CHECK_CNI, CHECK_CRI, CHECK_KUBERNETES, check_reachable, check_reachable_with,
 };
 pub use sources::{
     CNI_BASE_URL, CONTAINERD_BASE_URL, CRICTL_BASE_URL, DownloadSource, Downloads,
     KUBERNETES_BASE_URL, RUNC_BASE_URL, go_format, redact_url,
+};
+pub use spec::{
+    Binary, Component, ComponentSpec, Location, Members, Payload, SkipRule, VersionMatch,
 };
 pub use versions::{
     DEFAULT_CNI_VERSION, DEFAULT_CONTAINERD_VERSION, DEFAULT_RUNC_VERSION, RequestedVersions,

@@ -23,11 +23,11 @@ use async_trait::async_trait;
 
 use super::archive;
 use super::error::ComponentsError;
-use super::plan::{
+use super::sources::redact_url;
+use super::spec::{
     Component, ComponentSpec, KUBE_BINARIES, Location, cni_spec, containerd_spec, crictl_spec,
     kubernetes_spec, runc_spec,
 };
-use super::sources::redact_url;
 use super::versions::{RequestedVersions, is_version, strip_v};
 use crate::fs::HostFs;
 use crate::oci::{ImageSource, RegistryClient};

@@ -16,15 +16,11 @@ use futures::future::join_all;
 
 use super::archive;
 use super::offline::{self, ArtifactFetcher, BundleIndex, OciArtifactFetcher, OfflineSource};
-use super::plan::{Component, ComponentPlan, Location, Payload, PlanSource};
+use super::plan::{ComponentPlan, PlanSource};
+use super::spec::{Component, Location, Payload};
 use crate::fs::HostFs;
 
-/// Preflight check for the Kubernetes binaries.
-pub const CHECK_KUBERNETES: &str = "kubernetes-artifacts";
-/// Preflight check for containerd, runc and crictl.
-pub const CHECK_CRI: &str = "cri-artifacts";
-/// Preflight check for the CNI plugins.
-pub const CHECK_CNI: &str = "cni-artifacts";
+pub use super::spec::{CHECK_CNI, CHECK_CRI, CHECK_KUBERNETES};
 
 const CHECKS: [&str; 3] = [CHECK_KUBERNETES, CHECK_CRI, CHECK_CNI];
 

@@ -247,28 +247,4 @@ pub fn go_format(template: &str, args: &[&str]) -> Result<String, String> {
     Ok(out)
 }
 
-/// `url` for logs and errors: user info replaced by `***`, query and fragment replaced by
-/// `?***`/dropped (a mirror URL may carry a token there). A value that does not parse is shown
-/// only up to its first `?`.
-pub fn redact_url(url: &str) -> String {
-    match url::Url::parse(url) {
-        Ok(mut u) => {
-            let had_query = u.query().is_some_and(|q| !q.is_empty());
-            if !u.username().is_empty() || u.password().is_some() {
-                let _ = u.set_username("***");
-                let _ = u.set_password(None);
-            }
-            u.set_query(None);
-            u.set_fragment(None);
-            let mut s = u.to_string();
-            if had_query {
-                s.push_str("?***");
-            }
-            s
-        }
-        Err(_) => match url.split_once('?') {
-            Some((head, _)) => format!("{head}?***"),
-            None => url.to_string(),
-        },
-    }
-}
+pub use flex_host::secret::redact_url;
