@@ -1,44 +1,121 @@
-//! The host check groups, run against the VM `up` started. Every check runs shell commands in
-//! the guest as root over SSH, and the agent's own tools inside its container through
-//! `ctr tasks exec`, and says in its error what it saw. The cluster groups' checks are in
-//! [`crate::cluster::checks`]; without a cluster they are reported as skipped with the reason
-//! `up` recorded (`no cluster (no kind binary on PATH)`, `no cluster (not requested: up
-//! --cluster)`, …), and with one each starts by (re)starting the kubelet forward.
+//! The host check groups, run against the VM `up` started: each group's one definition
+//! ([`Group`]: name, description, needs and checks) and its checks. Every check runs shell
+//! commands in the guest as root over SSH, and the agent's own tools inside its container
+//! through `ctr tasks exec`, all through the context's runner, and says in its error what it
+//! saw. The cluster groups are in the cluster module's `checks`, the upgrade group in the
+//! upgrade module; the groups module lists them all in run order.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use crate::groups::{Group, Needs};
-use crate::report::{CheckReport, Checked, GroupReport, Outcome};
-use crate::ssh::Ssh;
-use crate::vm::{self, State};
-
-/// Marker of a hostile bootstrap input: if it exists on the host, bootstrap.env was evaluated.
-pub const PWNED_MARKER: &str = "/tmp/aks-flex-node-bootstrap-env-evaluated";
-
-/// The literal value the harness puts in `AKS_FLEX_NODE_LOCATION`.
-pub fn hostile_location() -> String {
-    format!("$(touch {PWNED_MARKER})`touch {PWNED_MARKER}`")
-}
+use crate::check::{Ctx, Group, Needs, check, ensure};
+use crate::guest_json::{self, AgentConfig, DaemonState};
+use crate::provision::{PWNED_MARKER, hostile_location};
+use crate::report::Outcome;
+use crate::vm;
 
 const T: Duration = Duration::from_secs(120);
 
-/// What checks can reach.
-pub struct Ctx<'a> {
-    /// The VM.
-    pub state: &'a State,
-    /// The guest.
-    pub ssh: &'a Ssh,
-    /// Whether a cluster is there.
-    pub cluster: bool,
-}
+/// The `machines` group.
+pub const MACHINES: Group = Group {
+    name: "machines",
+    description: "the active machine runs in machine.slice, is reachable from the agent's container, keeps running across a container restart and comes back after a reboot",
+    needs: Needs::Host,
+    checks: &[
+        check!("active machine runs in machine.slice", machine_in_slice),
+        check!(
+            "systemd-run --machine reaches it from the agent's container",
+            systemd_run_from_container
+        ),
+        check!(
+            "machinectl shell reaches it from the agent's container",
+            machinectl_shell_from_container
+        ),
+        check!(
+            "it keeps its leader while the agent's container restarts",
+            leader_survives_restart
+        ),
+        check!(
+            "operation run NodeReboot restarts it from the agent's container",
+            node_reboot_operation
+        ),
+        check!("it is back after a VM reboot", back_after_reboot),
+    ],
+};
+
+/// The `mounts` group.
+pub const MOUNTS: Group = Group {
+    name: "mounts",
+    description: "a host bpffs mount is unmounted from the agent's container; removing a machine leaves no mount",
+    needs: Needs::Host,
+    checks: &[
+        check!(
+            "a host bpffs mount is unmounted from the agent's container",
+            bpffs_unmount
+        ),
+        check!(
+            "removing a machine leaves no mount behind",
+            cleanup_leaves_no_mount
+        ),
+    ],
+};
+
+/// The `container` group.
+pub const CONTAINER: Group = Group {
+    name: "container",
+    description: "the agent's container is in aks-flex-agent.scope under system-aksflex.slice, its units wait for containerd, and its SELinux domain",
+    needs: Needs::Host,
+    checks: &[
+        check!(
+            "the agent's container is in aks-flex-agent.scope under system-aksflex.slice",
+            container_scope
+        ),
+        check!(
+            "the agent's units wait for containerd",
+            units_wait_for_containerd
+        ),
+        check!(
+            "the container's SELinux domain is the one its labels imply",
+            selinux_domain
+        ),
+    ],
+};
+
+/// The `bootstrap` group.
+pub const BOOTSTRAP: Group = Group {
+    name: "bootstrap",
+    description: "bootstrap.env is data; start runs once and saves state; a second bootstrap with a new config works",
+    needs: Needs::Host,
+    checks: &[
+        check!("bootstrap.env is data", bootstrap_env_is_data),
+        check!("start ran once and saved the state", start_ran_once),
+        check!(
+            "a second bootstrap with a new config works",
+            second_bootstrap
+        ),
+    ],
+};
+
+/// The `reset` group.
+pub const RESET: Group = Group {
+    name: "reset",
+    description: "reset leaves no unit, link, machine, mount or runtime dir behind, and the host bootstraps again",
+    needs: Needs::Host,
+    checks: &[
+        check!(
+            "reset leaves no unit, link, machine, mount or runtime dir",
+            reset_leaves_nothing
+        ),
+        check!("the host bootstraps again", bootstraps_again),
+    ],
+};
 
 impl Ctx<'_> {
     async fn sh(&self, script: &str) -> anyhow::Result<String> {
-        Ok(self.ssh.run(script, T).await?.trim().to_string())
+        Ok(self.run(script, T).await?.trim().to_string())
     }
 
     async fn sh_t(&self, script: &str, t: Duration) -> anyhow::Result<String> {
-        Ok(self.ssh.run(script, t).await?.trim().to_string())
+        Ok(self.run(script, t).await?.trim().to_string())
     }
 
     /// Runs a command in the agent's container.
@@ -49,21 +126,36 @@ impl Ctx<'_> {
         .await
     }
 
+    /// The daemon's active machine, from its state file.
     async fn active_machine(&self) -> anyhow::Result<String> {
-        let m = self
-            .sh("sed -n 's/.*\"activeMachine\": *\"\\([a-z0-9]*\\)\".*/\\1/p' /etc/aks-flex-node/daemon-state.json")
+        let text = self
+            .sh(&format!(
+                "cat {} 2>/dev/null; true",
+                guest_json::DAEMON_STATE
+            ))
             .await?;
-        if m.is_empty() {
-            anyhow::bail!("no activeMachine in /etc/aks-flex-node/daemon-state.json");
+        let state: DaemonState = if text.is_empty() {
+            DaemonState::default()
+        } else {
+            guest_json::parse(guest_json::DAEMON_STATE, &text)?
+        };
+        if state.active_machine.is_empty() {
+            anyhow::bail!("no activeMachine in {}", guest_json::DAEMON_STATE);
         }
-        Ok(m)
+        Ok(state.active_machine)
+    }
+
+    /// The agent's config.
+    async fn agent_config(&self) -> anyhow::Result<AgentConfig> {
+        let text = self.sh(&format!("cat {}", guest_json::CONFIG)).await?;
+        guest_json::parse(guest_json::CONFIG, &text)
     }
 
     /// Waits until `script` succeeds in the guest, polling every 2 s; a timeout names the last
     /// exit status and stderr (or the ssh failure) seen.
     async fn wait_for(&self, what: &str, script: &str, timeout: Duration) -> anyhow::Result<()> {
         flex_host::retry::wait_until(what, timeout, Duration::from_secs(2), || async {
-            match self.ssh.output(script, T).await {
+            match self.output(script, T).await {
                 Ok(o) if o.success() => Ok(()),
                 Ok(o) => Err(format!("exit {:?}: {}", o.code, o.stderr.trim())),
                 Err(e) => Err(format!("{e:#}")),
@@ -80,94 +172,6 @@ impl Ctx<'_> {
             Duration::from_secs(300),
         )
         .await
-    }
-}
-
-fn ensure(cond: bool, msg: impl FnOnce() -> String) -> anyhow::Result<()> {
-    if cond {
-        Ok(())
-    } else {
-        Err(anyhow::anyhow!(msg()))
-    }
-}
-
-/// A check: runs against the context, says how it ended (and, optionally, a detail).
-pub type CheckFn =
-    for<'a> fn(&'a Ctx<'a>) -> futures::future::BoxFuture<'a, anyhow::Result<Checked>>;
-
-macro_rules! check {
-    ($name:literal, $f:ident) => {
-        (
-            $name,
-            (|c| Box::pin(async move { $f(c).await.map(Checked::from) })) as CheckFn,
-        )
-    };
-}
-
-/// The checks of a group, in order.
-pub fn checks_of(group: &str) -> Vec<(&'static str, CheckFn)> {
-    match group {
-        "machines" => vec![
-            check!("active machine runs in machine.slice", machine_in_slice),
-            check!(
-                "systemd-run --machine reaches it from the agent's container",
-                systemd_run_from_container
-            ),
-            check!(
-                "machinectl shell reaches it from the agent's container",
-                machinectl_shell_from_container
-            ),
-            check!(
-                "it keeps its leader while the agent's container restarts",
-                leader_survives_restart
-            ),
-            check!(
-                "operation run NodeReboot restarts it from the agent's container",
-                node_reboot_operation
-            ),
-            check!("it is back after a VM reboot", back_after_reboot),
-        ],
-        "mounts" => vec![
-            check!(
-                "a host bpffs mount is unmounted from the agent's container",
-                bpffs_unmount
-            ),
-            check!(
-                "removing a machine leaves no mount behind",
-                cleanup_leaves_no_mount
-            ),
-        ],
-        "container" => vec![
-            check!(
-                "the agent's container is in aks-flex-agent.scope under system-aksflex.slice",
-                container_scope
-            ),
-            check!(
-                "the agent's units wait for containerd",
-                units_wait_for_containerd
-            ),
-            check!(
-                "the container's SELinux domain is the one its labels imply",
-                selinux_domain
-            ),
-        ],
-        "bootstrap" => vec![
-            check!("bootstrap.env is data", bootstrap_env_is_data),
-            check!("start ran once and saved the state", start_ran_once),
-            check!(
-                "a second bootstrap with a new config works",
-                second_bootstrap
-            ),
-        ],
-        "reset" => vec![
-            check!(
-                "reset leaves no unit, link, machine, mount or runtime dir",
-                reset_leaves_nothing
-            ),
-            check!("the host bootstraps again", bootstraps_again),
-        ],
-        "upgrade" => crate::upgrade::checks(),
-        _ => crate::cluster::checks::checks_of(group),
     }
 }
 
@@ -248,7 +252,6 @@ async fn node_reboot_operation(c: &Ctx<'_>) -> anyhow::Result<Outcome> {
         .sh(&format!("machinectl show {m} -p Leader --value"))
         .await?;
     let out = c
-        .ssh
         .run(
             "ctr -n aks-flex tasks exec --exec-id check-reboot-$$ aks-flex-agent aks-flex-node operation run NodeReboot",
             Duration::from_secs(600),
@@ -272,32 +275,34 @@ async fn node_reboot_operation(c: &Ctx<'_>) -> anyhow::Result<Outcome> {
 async fn back_after_reboot(c: &Ctx<'_>) -> anyhow::Result<Outcome> {
     let m = c.active_machine().await?;
     let boot_id = c.sh("cat /proc/sys/kernel/random/boot_id").await?;
-    let _ = c
-        .ssh
-        .output("systemctl reboot", Duration::from_secs(20))
-        .await;
-    let start = Instant::now();
-    loop {
-        tokio::time::sleep(Duration::from_secs(5)).await;
-        if let Ok(o) = c
-            .ssh
-            .output(
-                "cat /proc/sys/kernel/random/boot_id",
-                Duration::from_secs(20),
-            )
-            .await
-            && o.success()
-            && o.stdout.trim() != boot_id
-        {
-            break;
-        }
-        if start.elapsed() > Duration::from_secs(600) {
-            anyhow::bail!(
-                "the guest did not come back within 600s:\n{}",
-                vm::tail(&c.state.serial_log(), 20)
-            );
-        }
-    }
+    let _ = c.output("systemctl reboot", Duration::from_secs(20)).await;
+    // The guest takes a while to go down: the first look is after the first pause.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    flex_host::retry::wait_until(
+        "the guest to come back with a new boot id",
+        Duration::from_secs(600),
+        Duration::from_secs(5),
+        || async {
+            match c
+                .output(
+                    "cat /proc/sys/kernel/random/boot_id",
+                    Duration::from_secs(20),
+                )
+                .await
+            {
+                Ok(o) if o.success() && o.stdout.trim() != boot_id => Ok(()),
+                Ok(o) => Err(format!("boot id {:?}", o.stdout.trim())),
+                Err(e) => Err(format!("{e:#}")),
+            }
+        },
+    )
+    .await
+    .map_err(|_| {
+        anyhow::anyhow!(
+            "the guest did not come back within 600s:\n{}",
+            vm::tail(&c.state.serial_log(), 20)
+        )
+    })?;
     c.wait_for(
         &format!("machine {m} running after reboot"),
         &format!("test \"$(machinectl show {m} -p State --value)\" = running"),
@@ -315,7 +320,7 @@ async fn bpffs_unmount(c: &Ctx<'_>) -> anyhow::Result<Outcome> {
     ))
     .await?;
     c.in_agent(&format!("umount {p}")).await?;
-    let still = c.ssh.output(&format!("mountpoint -q {p}"), T).await?;
+    let still = c.output(&format!("mountpoint -q {p}"), T).await?;
     ensure(!still.success(), || {
         format!("the host still has {p} mounted")
     })?;
@@ -334,14 +339,12 @@ async fn cleanup_leaves_no_mount(c: &Ctx<'_>) -> anyhow::Result<Outcome> {
     c.in_agent(&format!("aks-flex-node debug cleanup-machine {other}"))
         .await?;
     let mounted = c
-        .ssh
         .output(&format!("grep -qs ' {p} ' /proc/mounts"), T)
         .await?;
     ensure(!mounted.success(), || {
         format!("{p} is still mounted on the host")
     })?;
     let left = c
-        .ssh
         .output(
             &format!("test -e /var/lib/machines/{other} || test -e {p}"),
             T,
@@ -396,7 +399,7 @@ async fn units_wait_for_containerd(c: &Ctx<'_>) -> anyhow::Result<Outcome> {
 }
 
 async fn selinux_domain(c: &Ctx<'_>) -> anyhow::Result<Outcome> {
-    let enforce = c.ssh.output("cat /sys/fs/selinux/enforce", T).await?;
+    let enforce = c.output("cat /sys/fs/selinux/enforce", T).await?;
     if !enforce.success() {
         return Ok(Outcome::Skipped("SELinux is off on this host".into()));
     }
@@ -419,15 +422,12 @@ async fn selinux_domain(c: &Ctx<'_>) -> anyhow::Result<Outcome> {
 }
 
 async fn bootstrap_env_is_data(c: &Ctx<'_>) -> anyhow::Result<Outcome> {
-    let evaluated = c.ssh.output(&format!("test -e {PWNED_MARKER}"), T).await?;
+    let evaluated = c.output(&format!("test -e {PWNED_MARKER}"), T).await?;
     ensure(!evaluated.success(), || {
         format!("{PWNED_MARKER} exists: bootstrap.env was evaluated")
     })?;
-    let cfg = c.sh("cat /etc/aks-flex-node/config.json").await?;
-    let v: serde_json::Value = serde_json::from_str(&cfg)?;
-    let loc = v["azure"]["targetCluster"]["location"]
-        .as_str()
-        .unwrap_or_default();
+    let cfg = c.agent_config().await?;
+    let loc = cfg.azure.target_cluster.location;
     ensure(loc == hostile_location(), || {
         format!("location in config.json is {loc:?}")
     })?;
@@ -469,8 +469,7 @@ async fn run_reset(c: &Ctx<'_>) -> anyhow::Result<()> {
 /// Writes bootstrap.env in the guest. The content goes on stdin, not in an argument: with a
 /// cluster it holds a real bootstrap token, which an error would otherwise show.
 async fn write_bootstrap_env(c: &Ctx<'_>, env: &str) -> anyhow::Result<()> {
-    let runner = flex_host::runner::ProcessRunner::new();
-    crate::cluster::kube::Guest::new(&runner, c.ssh)
+    c.guest()
         .sh_stdin(
             "mkdir -p /etc/aks-flex-node && umask 077 && cat > /etc/aks-flex-node/bootstrap.env",
             &flex_host::secret::Secret::new(env),
@@ -495,10 +494,11 @@ async fn second_bootstrap(c: &Ctx<'_>) -> anyhow::Result<Outcome> {
     let new_env = format!("{env}AKS_FLEX_NODE_LABELS=harness/second-bootstrap=true\n");
     write_bootstrap_env(c, &new_env).await?;
     bootstrap_and_wait(c).await?;
-    let cfg = c.sh("cat /etc/aks-flex-node/config.json").await?;
-    ensure(cfg.contains("harness/second-bootstrap"), || {
-        "the new config was not used".into()
-    })?;
+    let cfg = c.agent_config().await?;
+    ensure(
+        cfg.node.labels.contains_key("harness/second-bootstrap"),
+        || "the new config was not used".into(),
+    )?;
     Ok(Outcome::Passed)
 }
 
@@ -535,134 +535,96 @@ async fn bootstraps_again(c: &Ctx<'_>) -> anyhow::Result<Outcome> {
     Ok(Outcome::Passed)
 }
 
-/// Runs one group: restores the snapshot first when asked, then its checks in order; a failed
-/// check ends the group (later checks build on it) and the rest are reported skipped.
-pub async fn run_group(ctx: &Ctx<'_>, group: &Group, restore: bool) -> GroupReport {
-    let start = Instant::now();
-    let mut checks = Vec::new();
-    let list = checks_of(group.name);
-    if group.needs == Needs::Cluster && !ctx.cluster {
-        let why = crate::cluster::skip_reason(&ctx.state.work);
-        for name in list_or_placeholder(group, &list) {
-            checks.push(CheckReport {
-                name,
-                outcome: Outcome::Skipped(why.clone()),
-                duration: Duration::ZERO,
-                detail: None,
-            });
-        }
-        return GroupReport {
-            name: group.name.into(),
-            checks,
-            duration: start.elapsed(),
-        };
-    }
-    if group.needs == Needs::Cluster
-        && let Err(e) = crate::cluster::prepare_group(&ctx.state.work, ctx.ssh).await
-    {
-        checks.push(CheckReport {
-            name: "the kubelet forward for the API server".into(),
-            outcome: Outcome::Failed(format!("{e:#}")),
-            duration: start.elapsed(),
-            detail: None,
-        });
-        return GroupReport {
-            name: group.name.into(),
-            checks,
-            duration: start.elapsed(),
-        };
-    }
-    if restore && let Err(e) = vm::restore(ctx.state).await {
-        checks.push(CheckReport {
-            name: "restore the bootstrapped snapshot".into(),
-            outcome: Outcome::Failed(format!("{e:#}")),
-            duration: start.elapsed(),
-            detail: None,
-        });
-        return GroupReport {
-            name: group.name.into(),
-            checks,
-            duration: start.elapsed(),
-        };
-    }
-    let mut failed = false;
-    for (name, f) in list {
-        if failed {
-            checks.push(CheckReport {
-                name: name.into(),
-                outcome: Outcome::Skipped("an earlier check of this group failed".into()),
-                duration: Duration::ZERO,
-                detail: None,
-            });
-            continue;
-        }
-        let t = Instant::now();
-        let Checked { outcome, detail } = match f(ctx).await {
-            Ok(c) => c,
-            Err(e) => {
-                failed = true;
-                Outcome::Failed(format!("{e:#}")).into()
-            }
-        };
-        crate::vm::progress_line(&format!(
-            "  {} / {name}: {:?}{} ({:.1}s)",
-            group.name,
-            outcome,
-            detail
-                .as_deref()
-                .map(|d| format!(" {d}"))
-                .unwrap_or_default(),
-            t.elapsed().as_secs_f64()
-        ));
-        checks.push(CheckReport {
-            name: name.into(),
-            outcome,
-            duration: t.elapsed(),
-            detail,
-        });
-    }
-    GroupReport {
-        name: group.name.into(),
-        checks,
-        duration: start.elapsed(),
-    }
-}
-
-fn list_or_placeholder(group: &Group, list: &[(&'static str, CheckFn)]) -> Vec<String> {
-    if list.is_empty() {
-        vec![group.description.to_string()]
-    } else {
-        list.iter().map(|(n, _)| (*n).to_string()).collect()
-    }
-}
-
-/// The journal lines that explain a failure: the agent's units and the machines.
-pub async fn failure_journal(ssh: &Ssh) -> String {
-    ssh.output(
-        "journalctl -b --no-pager -o short-monotonic -n 120 -u 'aks-flex-node-*' -u 'systemd-nspawn@*' -u containerd.service 2>&1 | tail -n 120",
-        T,
-    )
-    .await
-    .map(|o| o.stdout)
-    .unwrap_or_else(|e| format!("(journal unavailable: {e})"))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::report::Checked;
+    use crate::ssh::Ssh;
+    use crate::vm::State;
+    use flex_host::runner::Output;
+    use flex_testkit::FakeRunner;
 
-    #[test]
-    fn every_group_has_checks() {
-        for g in crate::groups::GROUPS {
-            assert!(!checks_of(g.name).is_empty(), "{} has no checks", g.name);
+    fn state(ssh: &Ssh) -> State {
+        State {
+            work: "/w".into(),
+            qemu_pid: None,
+            registry: None,
+            ssh: ssh.clone(),
+            accel: "tcg".into(),
+            accel_reason: String::new(),
+            agent_image: String::new(),
+            machine_image: None,
+            bundle: None,
+            bootstrap_env: None,
+            snapshot: None,
+            timings: Vec::new(),
+            cluster: None,
         }
-        assert!(checks_of("no-such-group").is_empty());
     }
 
-    #[test]
-    fn hostile_location_has_no_newline_and_names_the_marker() {
-        let l = hostile_location();
-        assert!(!l.contains('\n'));
-        assert!(l.contains(PWNED_MARKER));
+    /// The argv prefix of a guest script starting with `start`.
+    fn guest(ssh: &Ssh, start: &str) -> String {
+        let base = ssh.cmd("x", Duration::ZERO).display_argv();
+        let base = base.strip_suffix(" 'x'").unwrap();
+        format!("{base} \"'{start}")
+    }
+
+    /// The first check of `machines`, as its group runs it, against a faked runner: the
+    /// scripted guest answers decide whether it passes or fails, and what it ran is recorded.
+    #[tokio::test]
+    async fn machine_in_slice_passes_and_fails_on_a_faked_runner() {
+        let ssh = Ssh {
+            port: 2222,
+            key: "/w/id".into(),
+        };
+        let st = state(&ssh);
+        let r = FakeRunner::new();
+        let ctx = Ctx {
+            state: &st,
+            ssh: &ssh,
+            cluster: false,
+            runner: &r,
+        };
+        let check = MACHINES.checks[0];
+        assert_eq!(check.name, "active machine runs in machine.slice");
+        r.on(
+            &guest(&ssh, "cat /etc/aks-flex-node/daemon-state.json"),
+            Output::ok(r#"{"activeMachine": "kube1", "appliedSettingsVersion": "harness-1"}"#),
+        );
+        r.on(
+            &guest(&ssh, "machinectl show kube1 -p State"),
+            Output::ok("running\n"),
+        );
+        r.on(
+            &guest(&ssh, "systemctl show systemd-nspawn@kube1.service"),
+            Output::ok("/machine.slice/systemd-nspawn@kube1.service\n"),
+        );
+        assert_eq!(
+            (check.run)(&ctx).await.unwrap(),
+            Checked::from(Outcome::Passed)
+        );
+        let calls = r.calls();
+        assert_eq!(calls.len(), 3, "{calls:?}");
+        assert!(calls.iter().all(|c| c.starts_with("ssh ")), "{calls:?}");
+
+        r.on(
+            &guest(&ssh, "systemctl show systemd-nspawn@kube1.service"),
+            Output::ok("/system.slice/systemd-nspawn@kube1.service\n"),
+        );
+        let e = (check.run)(&ctx).await.unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "machine kube1 is in /system.slice/systemd-nspawn@kube1.service"
+        );
+
+        r.on(
+            &guest(&ssh, "cat /etc/aks-flex-node/daemon-state.json"),
+            Output::ok(""),
+        );
+        let e = (check.run)(&ctx).await.unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "no activeMachine in /etc/aks-flex-node/daemon-state.json"
+        );
     }
 }

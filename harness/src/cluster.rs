@@ -8,7 +8,7 @@
 //! (through a kustomize overlay: the loaded image, the CSR approver on) and the harness's RBAC
 //! for the agent's daemon; registers the VM in `kube-system/aks-flex-machines`; creates a
 //! bootstrap token; and returns what the agent's bootstrap inputs need to join
-//! ([`Join`], rendered by [`crate::provision::cluster_bootstrap_env`]).
+//! ([`Join`], which the provision module renders into the bootstrap inputs).
 //!
 //! Two things make the VM's node a working node of a cluster it reaches only through QEMU's
 //! user network: kube-proxy and kindnet, which run on every node, are pointed at the control
@@ -250,11 +250,11 @@ pub fn skip_reason(work: &Path) -> String {
 
 /// Before a cluster group: (re)starts the kubelet forward, which a VM reboot or a snapshot
 /// restore drops.
-pub async fn prepare_group(work: &Path, ssh: &Ssh) -> anyhow::Result<()> {
+pub async fn prepare_group(r: &dyn Runner, work: &Path, ssh: &Ssh) -> anyhow::Result<()> {
     let Availability::Ready(info) = load(work)? else {
         anyhow::bail!("{}", skip_reason(work));
     };
-    ensure_tunnel(&flex_host::runner::ProcessRunner::new(), ssh, &info.tunnel).await?;
+    ensure_tunnel(r, ssh, &info.tunnel).await?;
     Ok(())
 }
 
@@ -294,72 +294,15 @@ pub fn free_port_any() -> std::io::Result<u16> {
         .port())
 }
 
-/// `up`'s cluster step, before the Ignition config is rendered: without a request, "not
-/// requested"; else [`up`], and with a cluster the bootstrap inputs that join it
-/// ([`crate::provision::cluster_bootstrap_env`]). Without one, `say` tells why and the VM boots
-/// offline.
-pub async fn up_step(
-    say: &dyn Fn(&str),
-    repo: &Path,
-    work: &Path,
-    request: Option<&Request>,
-    node_name: &str,
-    machine_image: &str,
-) -> (Availability, Option<String>) {
-    let Some(request) = request else {
-        return (Availability::unavailable(NOT_REQUESTED), None);
-    };
-    let (api_port, tunnel_port) = match (crate::registry::free_port(), free_port_any()) {
-        (Ok(a), Ok(t)) => (a, t),
-        (Err(e), _) | (_, Err(e)) => {
-            let reason = format!("no free port for the API server or the kubelet forward: {e}");
-            say(&format!("no cluster: {reason}"));
-            return (Availability::unavailable(reason), None);
-        }
-    };
-    let provider = provider();
-    let o = Options {
-        repo,
-        work,
-        controller_layout: request.controller_layout.as_deref(),
-        node_name,
-        api_port,
-        tunnel_port,
-        provider: provider.as_deref(),
-        say,
-    };
-    match up(&flex_host::runner::ProcessRunner::new(), &o).await {
-        Ok(c) => {
-            say(&format!(
-                "cluster {} ready (Kubernetes {}); the VM joins it at {}",
-                c.info.name, c.info.kubernetes_version, c.join.api_server
-            ));
-            let env = crate::provision::cluster_bootstrap_env(
-                &c.join,
-                machine_image,
-                &crate::checks::hostile_location(),
-            );
-            (Availability::Ready(Box::new(c.info)), Some(env))
-        }
-        Err(reason) => {
-            say(&format!(
-                "no cluster: {reason}; the VM boots offline and check reports the cluster groups skipped"
-            ));
-            (Availability::unavailable(reason), None)
-        }
-    }
-}
-
 /// `up`'s step once the host bootstrapped (before the snapshot): starts the kubelet forward
 /// and waits for the Node to be Ready. Failures are told, not fatal: `check`'s node-join group
 /// reports them with what it saw.
-pub async fn joined_step(say: &dyn Fn(&str), ssh: &Ssh, info: &ClusterInfo) {
-    let r = flex_host::runner::ProcessRunner::new();
-    if let Err(e) = ensure_tunnel(&r, ssh, &info.tunnel).await {
+pub async fn joined_step(say: &dyn Fn(&str), r: &dyn Runner, ssh: &Ssh, info: &ClusterInfo) {
+    if let Err(e) = ensure_tunnel(r, ssh, &info.tunnel).await {
         say(&format!("warning: {e:#}"));
     }
     say(&format!("waiting for Node {} to be Ready", info.node_name));
-    match wait_joined(&r, info, JOIN_TIMEOUT).await {
+    match wait_joined(r, info, JOIN_TIMEOUT).await {
         Ok(()) => say(&format!("Node {} is Ready", info.node_name)),
         Err(e) => say(&format!(
             "warning: {e:#} (check's node-join group will fail)"
@@ -495,6 +438,7 @@ pub async fn up(r: &dyn Runner, o: &Options<'_>) -> Result<Created, String> {
     }
 }
 
+/// Makes the cluster, step by step; each step's error names the step.
 async fn create(
     r: &dyn Runner,
     o: &Options<'_>,
@@ -503,13 +447,61 @@ async fn create(
     dir: &Path,
     kubeconfig: &Path,
 ) -> Result<Created, StepError> {
-    let say = o.say;
+    let k = Kubectl::new(r, kubeconfig);
+    start_kind(r, o, engine, dir, kubeconfig).await?;
+    let (version, ca) = read_cluster(&k, o.api_port).await?;
+    let image = load_controller(r, o, engine, layout, dir).await?;
+    deploy_controller(&k, o, dir, &image).await?;
+    let token = register_machine(&k, o, &version).await?;
+    let (control_plane_ip, gateway) = route_to_the_node(r, &k, o, engine).await?;
+    Ok(Created {
+        info: ClusterInfo {
+            name: CLUSTER_NAME.into(),
+            engine,
+            kubeconfig: kubeconfig.to_path_buf(),
+            api_port: o.api_port,
+            kubernetes_version: version.clone(),
+            node_name: o.node_name.into(),
+            settings_version: FIRST_SETTINGS_VERSION.into(),
+            token_id: token.id().into(),
+            control_plane_ip,
+            controller_image: image,
+            tunnel: Tunnel {
+                socket: dir.join(TUNNEL_SOCKET),
+                bind: gateway,
+                port: o.tunnel_port,
+            },
+        },
+        join: Join {
+            api_server: format!(
+                "https://{}:{}",
+                crate::registry::GUEST_HOST_ADDR,
+                o.api_port
+            ),
+            ca_cert_data: ca,
+            token,
+            kubernetes_version: version,
+            node_name: o.node_name.into(),
+            node_ip: GUEST_NODE_IP.into(),
+            dns_service_ip: render::DNS_SERVICE_IP.into(),
+        },
+    })
+}
+
+/// Deletes an earlier cluster and creates the kind cluster with its API server on
+/// `o.api_port`, its kubeconfig at `kubeconfig`.
+async fn start_kind(
+    r: &dyn Runner,
+    o: &Options<'_>,
+    engine: Engine,
+    dir: &Path,
+    kubeconfig: &Path,
+) -> Result<(), StepError> {
     std::fs::create_dir_all(dir).step("create the cluster directory")?;
     delete_cluster(r, engine, kubeconfig)
         .await
         .step("delete an earlier cluster")?;
-
-    say(&format!(
+    (o.say)(&format!(
         "cluster: kind create cluster {CLUSTER_NAME} ({}, API server on port {})",
         engine.program(),
         o.api_port
@@ -526,12 +518,16 @@ async fn create(
     )
     .await
     .step("kind create cluster")?;
-    let k = Kubectl::new(r, kubeconfig);
+    Ok(())
+}
+
+/// Points the kubeconfig at `127.0.0.1:<api_port>` and reads the cluster's version and CA.
+async fn read_cluster(k: &Kubectl<'_>, api_port: u16) -> Result<(String, String), StepError> {
     k.run([
         "config",
         "set-cluster",
         &format!("kind-{CLUSTER_NAME}"),
-        &format!("--server=https://127.0.0.1:{}", o.api_port),
+        &format!("--server=https://127.0.0.1:{api_port}"),
     ])
     .await
     .step("point the kubeconfig at 127.0.0.1")?;
@@ -545,8 +541,18 @@ async fn create(
         .await
         .and_then(|out| parse::kubeconfig_ca(&out))
         .step("read the cluster's CA")?;
+    Ok((version, ca))
+}
 
-    say("cluster: loading the controller's image");
+/// Loads the controller's image into the cluster; returns its name.
+async fn load_controller(
+    r: &dyn Runner,
+    o: &Options<'_>,
+    engine: Engine,
+    layout: &Path,
+    dir: &Path,
+) -> Result<String, StepError> {
+    (o.say)("cluster: loading the controller's image");
     let (archive, image) =
         controller_archive(layout, dir).step("prepare the controller's image archive")?;
     r.run(
@@ -558,8 +564,18 @@ async fn create(
     )
     .await
     .step("kind load image-archive")?;
+    Ok(image)
+}
 
-    say("cluster: deploy/crds, deploy/controller (CSR approver on, the daemons' RBAC)");
+/// Applies `deploy/crds`, waits for them, and applies `deploy/controller` through an overlay
+/// that names the loaded `image`.
+async fn deploy_controller(
+    k: &Kubectl<'_>,
+    o: &Options<'_>,
+    dir: &Path,
+    image: &str,
+) -> Result<(), StepError> {
+    (o.say)("cluster: deploy/crds, deploy/controller (CSR approver on, the daemons' RBAC)");
     let crds = o.repo.join("deploy/crds/machina.yaml");
     k.run(["apply", "--server-side", "-f", &crds.display().to_string()])
         .await
@@ -581,20 +597,29 @@ async fn create(
     );
     std::fs::write(
         overlay.join("kustomization.yaml"),
-        render::controller_kustomization(&base.display().to_string(), render::tag_of(&image)),
+        render::controller_kustomization(&base.display().to_string(), render::tag_of(image)),
     )
     .step("write the controller overlay")?;
     k.run(["apply", "-k", &overlay.display().to_string()])
         .await
         .step("apply deploy/controller")?;
+    Ok(())
+}
 
-    say(&format!(
+/// Registers the VM's machine with the controller, creates a bootstrap token and waits for the
+/// controller to roll out; returns the token.
+async fn register_machine(
+    k: &Kubectl<'_>,
+    o: &Options<'_>,
+    version: &str,
+) -> Result<BootstrapToken, StepError> {
+    (o.say)(&format!(
         "cluster: registering {} in {}/{} and creating a bootstrap token",
         o.node_name,
         render::NAMESPACE,
         render::MACHINES_CONFIG_MAP
     ));
-    let entry = render::machine_entry(o.node_name, &version, FIRST_SETTINGS_VERSION)
+    let entry = render::machine_entry(o.node_name, version, FIRST_SETTINGS_VERSION)
         .step("render the machine entry")?;
     k.apply(&render::machines_config_map(o.node_name, &entry))
         .await
@@ -616,8 +641,19 @@ async fn create(
     )
     .await
     .step("wait for the controller")?;
+    Ok(token)
+}
 
-    say("cluster: kube-proxy and kindnet reach the control plane by address; kubelet forward");
+/// Points kube-proxy and kindnet at the control plane's address and routes the API server's
+/// connections to the VM's kubelet to the forward's port; returns the control plane's address
+/// and its container's gateway (where the forward listens).
+async fn route_to_the_node(
+    r: &dyn Runner,
+    k: &Kubectl<'_>,
+    o: &Options<'_>,
+    engine: Engine,
+) -> Result<(String, String), StepError> {
+    (o.say)("cluster: kube-proxy and kindnet reach the control plane by address; kubelet forward");
     let cp_ip = k
         .get_json(&["node", CONTROL_PLANE])
         .await
@@ -680,39 +716,7 @@ async fn create(
     r.run(&engine.exec(&rule.iter().map(String::as_str).collect::<Vec<_>>()))
         .await
         .step("route the kubelet port to the forward")?;
-
-    Ok(Created {
-        info: ClusterInfo {
-            name: CLUSTER_NAME.into(),
-            engine,
-            kubeconfig: kubeconfig.to_path_buf(),
-            api_port: o.api_port,
-            kubernetes_version: version.clone(),
-            node_name: o.node_name.into(),
-            settings_version: FIRST_SETTINGS_VERSION.into(),
-            token_id: token.id().into(),
-            control_plane_ip: cp_ip,
-            controller_image: image,
-            tunnel: Tunnel {
-                socket: dir.join(TUNNEL_SOCKET),
-                bind: gateway,
-                port: o.tunnel_port,
-            },
-        },
-        join: Join {
-            api_server: format!(
-                "https://{}:{}",
-                crate::registry::GUEST_HOST_ADDR,
-                o.api_port
-            ),
-            ca_cert_data: ca,
-            token,
-            kubernetes_version: version,
-            node_name: o.node_name.into(),
-            node_ip: GUEST_NODE_IP.into(),
-            dns_service_ip: render::DNS_SERVICE_IP.into(),
-        },
-    })
+    Ok((cp_ip, gateway))
 }
 
 /// The `iptables` rule (for `op` `-I` or `-D`) in the control plane's container that sends

@@ -39,7 +39,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
 
-use flex_host::runner::{Cmd, ProcessRunner};
+use flex_host::runner::{Cmd, Runner};
 
 /// The fw_cfg key the dev host's Ignition reads its config from (Debian's Ignition 2.14 reads
 /// only this one).
@@ -395,6 +395,7 @@ pub fn mmdebstrap_args(suite: Suite, tree: &Path, hook: &Path, overlay: &Path) -
 /// yet (a few minutes; needs root and mmdebstrap, which is installed with apt-get on a Debian
 /// host). `progress` gets one line per step.
 pub async fn ensure(
+    runner: &dyn Runner,
     cache_root: &Path,
     suite: Suite,
     progress: &dyn Fn(&str),
@@ -412,9 +413,8 @@ pub async fn ensure(
         );
     }
     require_root("building the dev host image")?;
-    let runner = ProcessRunner::new();
-    ensure_tool(&runner, "mmdebstrap", "mmdebstrap", progress).await?;
-    ensure_tool(&runner, "mkfs.ext4", "e2fsprogs", progress).await?;
+    ensure_tool(runner, "mmdebstrap", "mmdebstrap", progress).await?;
+    ensure_tool(runner, "mkfs.ext4", "e2fsprogs", progress).await?;
     let parent = cache_root.join("devhost");
     let _lock = lock(&parent, progress).await?;
     if complete(&img) {
@@ -428,7 +428,7 @@ pub async fn ensure(
         "building the {suite} dev host image in {} (mmdebstrap, a few minutes)",
         work.display()
     ));
-    let info = build_into(&runner, &work, suite, &hash, progress)
+    let info = build_into(runner, &work, suite, &hash, progress)
         .await
         .with_context(|| {
             format!(
@@ -469,7 +469,7 @@ pub(crate) fn discard_incomplete(dir: &Path, progress: &dyn Fn(&str)) -> Result<
 /// Builds the image into `work`: tree, disk, kernel, initrd, `image.json`; the tree is
 /// removed at the end.
 async fn build_into(
-    runner: &ProcessRunner,
+    runner: &dyn Runner,
     work: &Path,
     suite: Suite,
     hash: &str,
@@ -822,9 +822,14 @@ mod tests {
             return;
         }
         let progress = |s: &str| println!("{s}");
-        let img = ensure(&default_cache_root(), Suite::Bookworm, &progress)
-            .await
-            .unwrap();
+        let img = ensure(
+            &flex_host::runner::ProcessRunner::new(),
+            &default_cache_root(),
+            Suite::Bookworm,
+            &progress,
+        )
+        .await
+        .unwrap();
         let info = build_info(&img).unwrap();
         println!("{img:#?}\n{info:#?}");
         assert_eq!(
@@ -840,9 +845,14 @@ mod tests {
         assert!(std::fs::metadata(&img.initrd).unwrap().len() > 1_000_000);
         // A second call finds it.
         assert_eq!(
-            ensure(&default_cache_root(), Suite::Bookworm, &|_| {})
-                .await
-                .unwrap(),
+            ensure(
+                &flex_host::runner::ProcessRunner::new(),
+                &default_cache_root(),
+                Suite::Bookworm,
+                &|_| {}
+            )
+            .await
+            .unwrap(),
             img
         );
     }

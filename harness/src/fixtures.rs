@@ -26,7 +26,7 @@ use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use flex_host::runner::{Cmd, ProcessRunner, Runner};
+use flex_host::runner::{Cmd, Runner};
 
 use crate::devhost::{
     DPKG_OPTIONS, RecipeHasher, Suite, build_dir, clean_stale_builds, discard_incomplete,
@@ -124,7 +124,7 @@ pub struct BundleVersions {
 impl BundleVersions {
     /// crictl's version, as the agent derives it: `<major>.<minor>.0` of Kubernetes.
     pub fn crictl(&self) -> Result<String> {
-        aks_flex_node::components::crictl_version_for(&self.kubernetes).map_err(anyhow::Error::msg)
+        flex_api::versions::crictl_version_for(&self.kubernetes).map_err(anyhow::Error::from)
     }
 }
 
@@ -295,27 +295,35 @@ pub fn bundle_mmdebstrap_args(dir: &Path) -> Vec<String> {
     a
 }
 
-async fn prepare(cache_root: &Path, what: &str, progress: &dyn Fn(&str)) -> Result<ProcessRunner> {
+async fn prepare(
+    runner: &dyn Runner,
+    cache_root: &Path,
+    what: &str,
+    progress: &dyn Fn(&str),
+) -> Result<()> {
     if std::env::consts::ARCH != "x86_64" {
         bail!("the {what} is amd64; build it on an x86_64 machine");
     }
     require_root(&format!("building the {what}"))?;
-    let runner = ProcessRunner::new();
-    ensure_tool(&runner, "mmdebstrap", "mmdebstrap", progress).await?;
-    ensure_tool(&runner, "dpkg-deb", "dpkg", progress).await?;
+    ensure_tool(runner, "mmdebstrap", "mmdebstrap", progress).await?;
+    ensure_tool(runner, "dpkg-deb", "dpkg", progress).await?;
     std::fs::create_dir_all(cache_root.join("fixtures"))
         .with_context(|| format!("creating {}", cache_root.join("fixtures").display()))?;
-    Ok(runner)
+    Ok(())
 }
 
 /// The nspawn machines' root file system tree (a directory), built on first use (about a
 /// minute; needs root and mmdebstrap).
-pub async fn machine_rootfs(cache_root: &Path) -> Result<PathBuf> {
-    machine_rootfs_with(cache_root, &|_| {}).await
+pub async fn machine_rootfs(runner: &dyn Runner, cache_root: &Path) -> Result<PathBuf> {
+    machine_rootfs_with(runner, cache_root, &|_| {}).await
 }
 
 /// [`machine_rootfs`] with progress lines.
-pub async fn machine_rootfs_with(cache_root: &Path, progress: &dyn Fn(&str)) -> Result<PathBuf> {
+pub async fn machine_rootfs_with(
+    runner: &dyn Runner,
+    cache_root: &Path,
+    progress: &dyn Fn(&str),
+) -> Result<PathBuf> {
     let tree = machine_rootfs_dir(cache_root);
     let done = |t: &Path| {
         t.join("usr/lib/systemd/systemd").exists() || t.join("lib/systemd/systemd").exists()
@@ -323,7 +331,7 @@ pub async fn machine_rootfs_with(cache_root: &Path, progress: &dyn Fn(&str)) -> 
     if done(&tree) {
         return Ok(tree);
     }
-    let runner = prepare(cache_root, "machine root file system", progress).await?;
+    prepare(runner, cache_root, "machine root file system", progress).await?;
     let parent = cache_root.join("fixtures");
     let _lock = lock(&parent, progress).await?;
     if done(&tree) {
@@ -348,7 +356,7 @@ pub async fn machine_rootfs_with(cache_root: &Path, progress: &dyn Fn(&str)) -> 
     let cmd = Cmd::new("mmdebstrap")
         .args(machine_mmdebstrap_args(&work.join("rootfs")))
         .timeout(Duration::from_secs(3600));
-    run_logged(&runner, &cmd, &work.join("build.log"))
+    run_logged(runner, &cmd, &work.join("build.log"))
         .await
         .with_context(|| {
             format!(
@@ -382,12 +390,16 @@ pub async fn machine_rootfs_with(cache_root: &Path, progress: &dyn Fn(&str)) -> 
 
 /// The offline component bundle directory and its versions, built on first use (seconds
 /// after the download; needs root and mmdebstrap).
-pub async fn offline_bundle(cache_root: &Path) -> Result<(PathBuf, BundleVersions)> {
-    offline_bundle_with(cache_root, &|_| {}).await
+pub async fn offline_bundle(
+    runner: &dyn Runner,
+    cache_root: &Path,
+) -> Result<(PathBuf, BundleVersions)> {
+    offline_bundle_with(runner, cache_root, &|_| {}).await
 }
 
 /// [`offline_bundle`] with progress lines.
 pub async fn offline_bundle_with(
+    runner: &dyn Runner,
     cache_root: &Path,
     progress: &dyn Fn(&str),
 ) -> Result<(PathBuf, BundleVersions)> {
@@ -399,7 +411,7 @@ pub async fn offline_bundle_with(
     if let Some(v) = read_record(&final_dir) {
         return Ok((bundle, v.versions));
     }
-    let runner = prepare(cache_root, "offline component bundle", progress).await?;
+    prepare(runner, cache_root, "offline component bundle", progress).await?;
     let parent = cache_root.join("fixtures");
     let _lock = lock(&parent, progress).await?;
     if let Some(v) = read_record(&final_dir) {
@@ -417,7 +429,7 @@ pub async fn offline_bundle_with(
         "building the offline component bundle from Debian {FIXTURE_SUITE} ({})",
         BUNDLE_PACKAGES.join(", ")
     ));
-    let record = build_bundle(&runner, &work, progress)
+    let record = build_bundle(runner, &work, progress)
         .await
         .with_context(|| format!("building the offline bundle in {}", work.display()))?;
     publish(&work, &final_dir)?;
@@ -451,7 +463,7 @@ pub struct BundleInputs {
 }
 
 async fn build_bundle(
-    runner: &ProcessRunner,
+    runner: &dyn Runner,
     work: &Path,
     progress: &dyn Fn(&str),
 ) -> Result<BundleRecord> {

@@ -1,77 +1,27 @@
-//! The check groups, in their usual order, and `--only` selection. Each group starts from a
-//! bootstrapped host and leaves one, so any can run alone; groups that need a Kubernetes
-//! cluster (`up --cluster`, [`crate::cluster`]) are, without one, reported as skipped with the
-//! reason `up` recorded.
+//! The check groups, in their usual order, `--only` selection, and running a group. Each group
+//! starts from a bootstrapped host and leaves one, so any can run alone; groups that need a
+//! Kubernetes cluster (`up --cluster`) are, without one, reported as skipped with the reason
+//! `up` recorded, and with one each starts by (re)starting the kubelet forward.
 
-/// What a group needs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Needs {
-    /// Only the VM (offline).
-    Host,
-    /// A cluster the node joins (kind with network access).
-    Cluster,
-}
+use std::time::{Duration, Instant};
 
-/// A check group.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Group {
-    /// Name used with `--only`.
-    pub name: &'static str,
-    /// What it checks.
-    pub description: &'static str,
-    /// What it needs.
-    pub needs: Needs,
-}
+pub use crate::check::{Check, Ctx, Group, Needs};
+use crate::report::{CheckReport, Checked, GroupReport, Outcome};
 
-/// Every group, in run order. `machines` runs first: it reboots the VM, which also resets the
-/// agent unit's start limit for the groups after it. `upgrade` follows it, with that limit to
-/// itself (it restarts the agent four times; see `docs/upgrade-checks.md`).
+/// Every group, in run order; each is defined once, beside its checks. `machines` runs first:
+/// it reboots the VM, which also resets the agent unit's start limit for the groups after it.
+/// `upgrade` follows it, with that limit to itself (it restarts the agent four times; see
+/// `docs/upgrade-checks.md`).
 pub const GROUPS: &[Group] = &[
-    Group {
-        name: "machines",
-        description: "the active machine runs in machine.slice, is reachable from the agent's container, keeps running across a container restart and comes back after a reboot",
-        needs: Needs::Host,
-    },
-    Group {
-        name: "upgrade",
-        description: "AgentUpgrade through operation run: an image named by tag alone is rejected, a good candidate is switched to, a broken one rolls back and is removed, a reboot mid-upgrade settles, and the agent ends on the install's image",
-        needs: Needs::Host,
-    },
-    Group {
-        name: "mounts",
-        description: "a host bpffs mount is unmounted from the agent's container; removing a machine leaves no mount",
-        needs: Needs::Host,
-    },
-    Group {
-        name: "container",
-        description: "the agent's container is in aks-flex-agent.scope under system-aksflex.slice, its units wait for containerd, and its SELinux domain",
-        needs: Needs::Host,
-    },
-    Group {
-        name: "bootstrap",
-        description: "bootstrap.env is data; start runs once and saves state; a second bootstrap with a new config works",
-        needs: Needs::Host,
-    },
-    Group {
-        name: "reset",
-        description: "reset leaves no unit, link, machine, mount or runtime dir behind, and the host bootstraps again",
-        needs: Needs::Host,
-    },
-    Group {
-        name: "node-join",
-        description: "the node joins the cluster and is Ready, the daemon's CSR is approved, the active machine runs, a pod runs on it and kubectl logs reaches it",
-        needs: Needs::Cluster,
-    },
-    Group {
-        name: "repave",
-        description: "a new settings version (eTag) and a deleted Node move the node to the other machine: a new Ready Node, the old machine and its bpffs mount removed, a pod runs",
-        needs: Needs::Cluster,
-    },
-    Group {
-        name: "machine-operations",
-        description: "NodeReboot and AgentReset MachineOperations through the API finish Complete; the node is Ready after the reboot, and joins again after the reset and a fresh bootstrap",
-        needs: Needs::Cluster,
-    },
+    crate::checks::MACHINES,
+    crate::upgrade::GROUP,
+    crate::checks::MOUNTS,
+    crate::checks::CONTAINER,
+    crate::checks::BOOTSTRAP,
+    crate::checks::RESET,
+    crate::cluster::checks::NODE_JOIN,
+    crate::cluster::checks::REPAVE,
+    crate::cluster::checks::MACHINE_OPERATIONS,
 ];
 
 /// Why a selection is refused.
@@ -127,6 +77,108 @@ pub fn render_list() -> String {
         .collect()
 }
 
+/// Runs one group: restores the snapshot first when asked, then its checks in order; a failed
+/// check ends the group (later checks build on it) and the rest are reported skipped.
+pub async fn run_group(ctx: &Ctx<'_>, group: &Group, restore: bool) -> GroupReport {
+    let start = Instant::now();
+    let mut checks = Vec::new();
+    let list = group.checks;
+    if group.needs == Needs::Cluster && !ctx.cluster {
+        let why = crate::cluster::skip_reason(&ctx.state.work);
+        for name in list_or_placeholder(group, list) {
+            checks.push(CheckReport {
+                name,
+                outcome: Outcome::Skipped(why.clone()),
+                duration: Duration::ZERO,
+                detail: None,
+            });
+        }
+        return GroupReport {
+            name: group.name.into(),
+            checks,
+            duration: start.elapsed(),
+        };
+    }
+    if group.needs == Needs::Cluster
+        && let Err(e) = crate::cluster::prepare_group(ctx.runner, &ctx.state.work, ctx.ssh).await
+    {
+        checks.push(CheckReport {
+            name: "the kubelet forward for the API server".into(),
+            outcome: Outcome::Failed(format!("{e:#}")),
+            duration: start.elapsed(),
+            detail: None,
+        });
+        return GroupReport {
+            name: group.name.into(),
+            checks,
+            duration: start.elapsed(),
+        };
+    }
+    if restore && let Err(e) = crate::vm::restore(ctx.runner, ctx.state).await {
+        checks.push(CheckReport {
+            name: "restore the bootstrapped snapshot".into(),
+            outcome: Outcome::Failed(format!("{e:#}")),
+            duration: start.elapsed(),
+            detail: None,
+        });
+        return GroupReport {
+            name: group.name.into(),
+            checks,
+            duration: start.elapsed(),
+        };
+    }
+    let mut failed = false;
+    for check in list {
+        let name = check.name;
+        if failed {
+            checks.push(CheckReport {
+                name: name.into(),
+                outcome: Outcome::Skipped("an earlier check of this group failed".into()),
+                duration: Duration::ZERO,
+                detail: None,
+            });
+            continue;
+        }
+        let t = Instant::now();
+        let Checked { outcome, detail } = match (check.run)(ctx).await {
+            Ok(c) => c,
+            Err(e) => {
+                failed = true;
+                Outcome::Failed(format!("{e:#}")).into()
+            }
+        };
+        crate::vm::progress_line(&format!(
+            "  {} / {name}: {:?}{} ({:.1}s)",
+            group.name,
+            outcome,
+            detail
+                .as_deref()
+                .map(|d| format!(" {d}"))
+                .unwrap_or_default(),
+            t.elapsed().as_secs_f64()
+        ));
+        checks.push(CheckReport {
+            name: name.into(),
+            outcome,
+            duration: t.elapsed(),
+            detail,
+        });
+    }
+    GroupReport {
+        name: group.name.into(),
+        checks,
+        duration: start.elapsed(),
+    }
+}
+
+fn list_or_placeholder(group: &Group, list: &[Check]) -> Vec<String> {
+    if list.is_empty() {
+        vec![group.description.to_string()]
+    } else {
+        list.iter().map(|c| c.name.to_string()).collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -161,6 +213,13 @@ mod tests {
             GROUPS[1].name, "upgrade",
             "upgrade runs right after machines"
         );
+    }
+
+    #[test]
+    fn every_group_has_checks() {
+        for g in GROUPS {
+            assert!(!g.checks.is_empty(), "{} has no checks", g.name);
+        }
     }
 
     #[test]

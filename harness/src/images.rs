@@ -5,8 +5,8 @@
 
 use std::path::Path;
 
-use aks_flex_node::oci::{ImageRef, OciLayout, RegistryClient};
 use bytes::Bytes;
+use flex_oci::{ImageRef, OciLayout, RegistryClient};
 
 /// Pushes the (single-platform) image of an OCI layout as `reference`; returns the manifest
 /// digest.
@@ -23,7 +23,7 @@ pub async fn push_layout(
         .first()
         .ok_or_else(|| anyhow::anyhow!("{}: empty index", layout_dir.display()))?;
     let manifest_bytes = layout.read_blob(desc, "manifest")?;
-    let manifest: aks_flex_node::oci::ImageManifest = serde_json::from_slice(&manifest_bytes)?;
+    let manifest: flex_oci::ImageManifest = serde_json::from_slice(&manifest_bytes)?;
     let config = layout.read_blob(&manifest.config, "config")?;
     client
         .push_blob(&image, &manifest.config.media_type, Bytes::from(config))
@@ -46,16 +46,16 @@ pub async fn push_layout(
 /// digest. The layer is made with GNU tar (ownership, hard links and modes kept; names sorted;
 /// mtimes clamped to `epoch`) and `gzip -n`, so the same tree gives the same digest.
 pub async fn push_tree_image(
+    r: &dyn flex_host::runner::Runner,
     client: &RegistryClient,
     tree: &Path,
     reference: &str,
     epoch: u64,
     work: &Path,
 ) -> anyhow::Result<String> {
-    use flex_host::runner::{Cmd, ProcessRunner, Runner};
+    use flex_host::runner::Cmd;
     use sha2::{Digest as _, Sha256};
     let tar_path = work.join("layer.tar");
-    let r = ProcessRunner::new();
     r.run(
         &Cmd::new("tar")
             .args([
@@ -124,7 +124,7 @@ pub async fn push_appended(
     created_by: &str,
     work: &Path,
 ) -> anyhow::Result<String> {
-    use aks_flex_node::oci::manifest::Manifest;
+    use flex_oci::manifest::Manifest;
     let image = ImageRef::parse(base)?;
     let digest = image
         .digest
@@ -170,7 +170,7 @@ pub async fn push_appended(
 /// Whether the registry still has the manifest `reference` names (`registry/repo@sha256:…`):
 /// `false` when it answers 404, an error when it cannot be asked.
 pub async fn manifest_present(client: &RegistryClient, reference: &str) -> anyhow::Result<bool> {
-    use aks_flex_node::oci::OciError;
+    use flex_oci::OciError;
     let image = ImageRef::parse(reference)?;
     let digest = image
         .digest

@@ -5,17 +5,21 @@
 //! check groups. `xtask` is a thin CLI over this library.
 //!
 //! Modules: [`acl`] (ACL from the compute gallery, and how it boots), [`qemu`] (QEMU's argv),
-//! [`qmp`] (the control socket), [`kvm`] (accelerator choice), [`groups`] (check groups and
-//! selection), [`report`] (timing table, JUnit), [`registry`] (the local registry), [`ssh`]
+//! [`qmp`] (the control socket), [`kvm`] (accelerator choice), [`check`] (what a check and a
+//! group are, and the context they run against), [`checks`] (the host groups), [`groups`]
+//! (every group in run order, selection, running a group), [`guest_json`] (the guest's JSON
+//! files, typed), [`report`] (timing table, JUnit), [`registry`] (the local registry), [`ssh`]
 //! (commands in the guest), [`upgrade`] (the AgentUpgrade group, its candidate images and the
 //! start-limit wait), [`cluster`] (the kind cluster of `up --cluster` and the cluster groups).
 
 pub mod acl;
+pub mod check;
 pub mod checks;
 pub mod cluster;
 pub mod devhost;
 pub mod fixtures;
 pub mod groups;
+pub mod guest_json;
 pub mod images;
 pub mod kvm;
 pub mod provision;

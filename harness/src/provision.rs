@@ -10,6 +10,14 @@ use flex_ignition::{SpecVersion, merge, parse_butane, to_ignition_json};
 
 use crate::ssh::USER;
 
+/// Marker of a hostile bootstrap input: if it exists on the host, bootstrap.env was evaluated.
+pub const PWNED_MARKER: &str = "/tmp/aks-flex-node-bootstrap-env-evaluated";
+
+/// The literal value the harness puts in `AKS_FLEX_NODE_LOCATION`.
+pub fn hostile_location() -> String {
+    format!("$(touch {PWNED_MARKER})`touch {PWNED_MARKER}`")
+}
+
 /// What the harness adds to the host's provisioning.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Additions {
@@ -123,6 +131,13 @@ pub fn render(repo: &Path, a: &Additions, spec: SpecVersion) -> anyhow::Result<S
 mod tests {
     use super::*;
 
+    #[test]
+    fn hostile_location_has_no_newline_and_names_the_marker() {
+        let l = hostile_location();
+        assert!(!l.contains('\n'));
+        assert!(l.contains(PWNED_MARKER));
+    }
+
     fn repo() -> std::path::PathBuf {
         Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
     }
@@ -186,7 +201,7 @@ mod tests {
         let text = cluster_bootstrap_env(
             &join(),
             "10.0.2.2:5000/aks-flex/machine@sha256:00",
-            &crate::checks::hostile_location(),
+            &hostile_location(),
         );
         let entries = env::parse(&text).unwrap();
         let inputs = Inputs::from_sources(None, &entries, Vec::new()).unwrap();
@@ -199,7 +214,7 @@ mod tests {
         assert_eq!(c.agent.node_name, "flex-dev-node");
         assert_eq!(
             c.azure.target_cluster.as_ref().unwrap().location,
-            crate::checks::hostile_location()
+            hostile_location()
         );
         let json: serde_json::Value = serde_json::from_slice(rendered.bytes()).unwrap();
         assert_eq!(

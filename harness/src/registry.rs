@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use flex_host::runner::{Cmd, ProcessRunner, Runner};
+use flex_host::runner::{Cmd, Runner};
 
 /// The host as QEMU's user network shows it to the guest.
 pub const GUEST_HOST_ADDR: &str = "10.0.2.2";
@@ -56,9 +56,8 @@ pub fn free_port() -> std::io::Result<u16> {
         .port())
 }
 
-/// Starts a registry in `dir` (data starts empty) and waits until `/v2/` answers.
-pub async fn start(dir: &Path) -> anyhow::Result<Registry> {
-    let r = ProcessRunner::new();
+/// Starts a registry in `dir` (data starts empty) with `r` and waits until it listens.
+pub async fn start(r: &dyn Runner, dir: &Path) -> anyhow::Result<Registry> {
     if r.which("docker-registry").is_none() {
         anyhow::bail!("docker-registry is not installed: apt-get install docker-registry");
     }
@@ -80,28 +79,29 @@ pub async fn start(dir: &Path) -> anyhow::Result<Registry> {
             .arg(config.display().to_string()),
     )
     .await?;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        if tokio::net::TcpStream::connect(("127.0.0.1", port))
-            .await
-            .is_ok()
-        {
-            return Ok(reg);
-        }
-        if tokio::time::Instant::now() > deadline {
-            let log = std::fs::read_to_string(reg.log()).unwrap_or_default();
-            let _ = stop(&reg).await;
-            anyhow::bail!(
-                "registry did not listen on 127.0.0.1:{port} within 30s; its log:\n{log}"
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+    let listening = flex_host::retry::wait_until(
+        "the registry to listen",
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        || async {
+            tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .map(drop)
+                .map_err(|e| e.to_string())
+        },
+    )
+    .await;
+    if listening.is_err() {
+        let log = std::fs::read_to_string(reg.log()).unwrap_or_default();
+        let _ = stop(r, &reg).await;
+        anyhow::bail!("registry did not listen on 127.0.0.1:{port} within 30s; its log:\n{log}");
     }
+    Ok(reg)
 }
 
-/// Stops the registry (no error when it is not running).
-pub async fn stop(reg: &Registry) -> anyhow::Result<()> {
-    let out = ProcessRunner::new()
+/// Stops the registry with `r` (no error when it is not running).
+pub async fn stop(r: &dyn Runner, reg: &Registry) -> anyhow::Result<()> {
+    let out = r
         .output(
             &Cmd::new("start-stop-daemon")
                 .args([
@@ -137,7 +137,8 @@ mod tests {
     #[tokio::test]
     async fn real_registry_starts_and_stops() {
         let d = tempfile::tempdir().unwrap();
-        let reg = match start(d.path()).await {
+        let r = flex_host::runner::ProcessRunner::new();
+        let reg = match start(&r, d.path()).await {
             Ok(r) => r,
             Err(e) if e.to_string().contains("not installed") => {
                 panic!("{e} (CI installs it)")
@@ -154,8 +155,8 @@ mod tests {
             buf.starts_with("HTTP/1.0 200") || buf.starts_with("HTTP/1.1 200"),
             "{buf}"
         );
-        stop(&reg).await.unwrap();
+        stop(&r, &reg).await.unwrap();
         assert!(tokio::net::TcpStream::connect(&addr).await.is_err());
-        stop(&reg).await.unwrap();
+        stop(&r, &reg).await.unwrap();
     }
 }

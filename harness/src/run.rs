@@ -1,19 +1,22 @@
-//! The harness's entry points, as `cargo xtask` calls them: [`up`], [`check`] and [`down`].
+//! The harness's entry points, as `cargo xtask` calls them: [`up`], [`check`] and [`down`],
+//! each given the [`Runner`] every command goes through (the binary's one `ProcessRunner`).
+//! `up` is a list of named steps, each a function here.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use flex_host::runner::{ProcessRunner, Runner};
+use flex_host::runner::Runner;
 
 use crate::acl::{self, AclBoot};
-use crate::checks::{self, Ctx};
+use crate::check::Ctx;
+use crate::cluster::Availability;
 use crate::devhost::{self, Suite};
 use crate::fixtures;
 use crate::groups::{self, Needs};
 use crate::images;
 use crate::provision::{self, Additions};
 use crate::qemu::{Accel, Boot};
-use crate::registry;
+use crate::registry::{self, Registry};
 use crate::report::{self, RunReport};
 use crate::ssh::{self, Ssh};
 use crate::vm::{self, OsImage, Progress, State, UpOptions};
@@ -27,7 +30,7 @@ const OFFLINE_CA: &str = "LS0tLS1CRUdJTiBDRVJUSUZJQ0FURS0tLS0tCk1JSUJ4ekNDQVcyZ0
 
 /// The bootstrap inputs for an offline host.
 pub fn offline_bootstrap_env(machine_image: &str, bundle: &str, kubernetes: &str) -> String {
-    let loc = checks::hostile_location().replace('\'', "");
+    let loc = provision::hostile_location().replace('\'', "");
     [
         "# Written by cargo xtask up: an offline node (there is no cluster to join).".to_string(),
         "AKS_FLEX_NODE_CLUSTER_RESOURCE_ID=/subscriptions/00000000-0000-0000-0000-000000000000/resourceGroups/offline/providers/Microsoft.ContainerService/managedClusters/offline".into(),
@@ -46,11 +49,10 @@ pub fn offline_bootstrap_env(machine_image: &str, bundle: &str, kubernetes: &str
     .join("\n")
 }
 
-/// Checks that what `up` needs is installed, naming the missing packages otherwise. `cargo
-/// xtask up` installs them before it builds the harness (xtask/src/deps.rs: the one place the
-/// project installs packages).
-pub async fn ensure_tools(_progress: &Progress) -> anyhow::Result<()> {
-    let r = ProcessRunner::new();
+/// Checks, with `r`, that what `up` needs is installed, naming the missing packages otherwise.
+/// `cargo xtask up` installs them before it builds the harness (xtask/src/deps.rs: the one
+/// place the project installs packages).
+pub async fn ensure_tools(r: &dyn Runner, _progress: &Progress) -> anyhow::Result<()> {
     let wanted: &[(&str, &str)] = &[
         ("qemu-system-x86_64", "qemu-system-x86"),
         ("qemu-img", "qemu-utils"),
@@ -75,41 +77,63 @@ pub async fn ensure_tools(_progress: &Progress) -> anyhow::Result<()> {
 }
 
 /// Stops what a failed `up` started, unless disarmed.
-struct Cleanup {
+struct Cleanup<'a> {
     work: PathBuf,
+    runner: &'a dyn Runner,
     armed: bool,
 }
 
-impl Drop for Cleanup {
+impl Drop for Cleanup<'_> {
     fn drop(&mut self) {
         if !self.armed {
             return;
         }
         eprintln!("up failed: stopping the VM, the registry and the kind cluster it started");
-        let work = self.work.clone();
+        let (work, r) = (&self.work, self.runner);
         // Drop cannot await: run `down` on a fresh single-threaded runtime in its own thread.
-        let _ = std::thread::spawn(move || {
-            if let Ok(rt) = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            {
-                let _ = rt.block_on(async {
-                    let provider = crate::cluster::provider();
-                    let _ = crate::cluster::down(&ProcessRunner::new(), &work, provider.as_deref())
-                        .await;
-                    vm::down(&work).await
-                });
-            }
-        })
-        .join();
+        std::thread::scope(|s| {
+            let _ = s
+                .spawn(move || {
+                    if let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()
+                    {
+                        let _ = rt.block_on(down(r, work));
+                    }
+                })
+                .join();
+        });
     }
 }
 
-/// `up`: boots the VM with the agent bootstrapped in its container. `agent_layout` is the
-/// agent's OCI image layout (`cargo xtask image`). With `cluster` (`up --cluster`), the VM
-/// joins a kind cluster made first ([`crate::cluster`]); where none can be made, it boots
-/// offline and the reason is recorded for `check`.
+/// The time each of `up`'s phases took.
+struct Laps {
+    timings: Vec<(String, f64)>,
+    phase: Instant,
+}
+
+impl Laps {
+    fn new() -> Self {
+        Self {
+            timings: Vec::new(),
+            phase: Instant::now(),
+        }
+    }
+
+    /// Ends the phase `name`.
+    fn lap(&mut self, name: &str) {
+        self.timings
+            .push((name.to_string(), self.phase.elapsed().as_secs_f64()));
+        self.phase = Instant::now();
+    }
+}
+
+/// `up`: boots the VM with the agent bootstrapped in its container, every command through `r`.
+/// `agent_layout` is the agent's OCI image layout (`cargo xtask image`). With `cluster` (`up
+/// --cluster`), the VM joins a kind cluster made first ([`crate::cluster`]); where none can be
+/// made, it boots offline and the reason is recorded for `check`.
 pub async fn up(
+    r: &dyn Runner,
     repo: &Path,
     work: &Path,
     agent_layout: &Path,
@@ -117,53 +141,135 @@ pub async fn up(
     cluster: Option<&crate::cluster::Request>,
 ) -> anyhow::Result<State> {
     let p = Progress::new();
-    let mut timings: Vec<(String, f64)> = Vec::new();
-    let mut phase = Instant::now();
-    let mut lap = |name: &str, timings: &mut Vec<(String, f64)>| {
-        timings.push((name.to_string(), phase.elapsed().as_secs_f64()));
-        phase = Instant::now();
+    let mut laps = Laps::new();
+    ensure_tools(r, &p).await?;
+    replace_earlier_up(r, &p, work).await?;
+    let mut guard = Cleanup {
+        work: work.to_path_buf(),
+        runner: r,
+        armed: true,
     };
-    ensure_tools(&p).await?;
+    let cache = devhost::default_cache_root();
+    let os = os_image(r, &p, work, &cache, opts).await?;
+    laps.lap("os image");
+    let images = push_images(r, &p, work, &cache, agent_layout).await?;
+    laps.lap("registry and images");
+    let pubkey = ssh::ensure_key(r, &work.join("id_ed25519")).await?;
+    let (availability, cluster_env) = cluster_step(
+        &|m| p.say(m),
+        r,
+        repo,
+        work,
+        cluster,
+        HOSTNAME,
+        &images.machine,
+    )
+    .await;
+    if cluster.is_some() {
+        laps.lap("kind cluster");
+    }
+    let env = cluster_env.unwrap_or_else(|| {
+        offline_bootstrap_env(&images.machine, &images.bundle, &images.kubernetes)
+    });
+    write_ignition(repo, work, opts, &os, &images, pubkey, &env)?;
+    vm::create_overlay(r, &os.base, &work.join("disk.qcow2")).await?;
+    let (accel, reason) = accelerator(r, &p, work, &os, opts).await;
+    laps.lap("kvm probe");
+    let later_append = os.later_append.clone();
+    let (mut state, mut qspec) =
+        first_boot(r, &p, work, opts, os, accel, reason, images, env).await?;
+    laps.lap("first boot");
+    wait_first_bootstrap(r, &p, &state, opts).await?;
+    laps.lap("bootstrap");
+    if let Some(append) = later_append {
+        restart_for_later_boots(r, &p, &mut state, &mut qspec, append, opts).await?;
+        laps.lap("restart (later boots' cmdline)");
+    }
+    if let Some(info) = availability.info() {
+        crate::cluster::joined_step(&|m| p.say(m), r, &state.ssh, info).await;
+        laps.lap("node joined");
+    }
+    if opts.snapshot {
+        let secs = vm::save_snapshot(&mut state).await?;
+        p.say(&format!(
+            "snapshot {} saved in {secs:.2}s",
+            vm::READY_SNAPSHOT
+        ));
+        laps.lap("savevm");
+    }
+    state.timings = laps.timings;
+    state.save()?;
+    crate::cluster::record(work, &availability)?;
+    guard.armed = false;
+    p.say("up: the host is bootstrapped and the agent runs in its container");
+    for (n, s) in &state.timings {
+        eprintln!("  {n:<22} {s:>7.1}s");
+    }
+    Ok(state)
+}
+
+/// Stops the VM, registry and kind cluster of an earlier `up`, if any, and makes `work`.
+async fn replace_earlier_up(r: &dyn Runner, p: &Progress, work: &Path) -> anyhow::Result<()> {
     if vm::State::load(work)?.is_some() {
         p.say("replacing the VM of an earlier up");
     }
     let provider = crate::cluster::provider();
-    if let Err(e) = crate::cluster::down(&ProcessRunner::new(), work, provider.as_deref()).await {
+    if let Err(e) = crate::cluster::down(r, work, provider.as_deref()).await {
         p.say(&format!(
             "warning: the kind cluster of an earlier up stays: {e:#}"
         ));
     }
-    vm::down(work).await?;
+    vm::down(r, work).await?;
     std::fs::create_dir_all(work)?;
-    let mut guard = Cleanup {
-        work: work.to_path_buf(),
-        armed: true,
-    };
-    let cache = devhost::default_cache_root();
+    Ok(())
+}
 
-    // A direct kernel boot of ACL runs Ignition on its first boot only; the later boots'
-    // command line (without `flatcar.first_boot`) replaces it once the host is bootstrapped.
-    let mut later_append: Option<String> = None;
-    let (base, boot, fw_key, spec, kernel_for_probe) = match &opts.os {
+/// The OS image and how it boots.
+struct OsBoot {
+    /// The pristine disk the overlay is made of.
+    base: PathBuf,
+    /// How the first boot boots.
+    boot: Boot,
+    /// The fw_cfg key the Ignition config goes under.
+    fw_key: &'static str,
+    /// The Ignition spec the OS reads.
+    spec: flex_ignition::SpecVersion,
+    /// The kernel the KVM probe boots, if there is one.
+    kernel_for_probe: Option<PathBuf>,
+    /// A direct kernel boot of ACL runs Ignition on its first boot only; the later boots'
+    /// command line (without `flatcar.first_boot`) replaces it once the host is bootstrapped.
+    later_append: Option<String>,
+}
+
+/// Finds or builds the OS image: the dev host (built once per recipe), or ACL (UEFI, or its
+/// kernel booted directly).
+async fn os_image(
+    r: &dyn Runner,
+    p: &Progress,
+    work: &Path,
+    cache: &Path,
+    opts: &UpOptions,
+) -> anyhow::Result<OsBoot> {
+    match &opts.os {
         OsImage::DevHost => {
             let img = p
                 .try_wait(
                     "dev host image (built once per recipe, cached)",
-                    devhost::ensure(&cache, Suite::Bookworm, &|m| p.say(m)),
+                    devhost::ensure(r, cache, Suite::Bookworm, &|m| p.say(m)),
                 )
                 .await?;
-            let boot = Boot::Kernel {
-                kernel: img.kernel.clone(),
-                initrd: Some(img.initrd.clone()),
-                append: crate::qemu::dev_host_append(&[]),
-            };
-            (
-                img.disk.clone(),
-                boot,
-                devhost::FWCFG_IGNITION_KEY,
-                flex_ignition::SpecVersion::V3_3_0,
-                Some(img.kernel.clone()),
-            )
+            Ok(OsBoot {
+                base: img.disk.clone(),
+                boot: Boot::Kernel {
+                    kernel: img.kernel.clone(),
+                    initrd: Some(img.initrd.clone()),
+                    append: crate::qemu::dev_host_append(&[]),
+                },
+                fw_key: devhost::FWCFG_IGNITION_KEY,
+                spec: flex_ignition::SpecVersion::V3_3_0,
+                kernel_for_probe: Some(img.kernel.clone()),
+                later_append: None,
+            })
         }
         OsImage::Acl {
             image,
@@ -177,7 +283,7 @@ pub async fn up(
             let decided = p
                 .try_wait(
                     "reading the ACL image's boot configuration",
-                    acl::boot::prepare(&ProcessRunner::new(), image, &work.join("acl-boot"), mode),
+                    acl::boot::prepare(r, image, &work.join("acl-boot"), mode),
                 )
                 .await?;
             match decided {
@@ -187,16 +293,17 @@ pub async fn up(
                     std::fs::copy(ovmf_vars, &vars).map_err(|e| {
                         anyhow::anyhow!("copying the OVMF variables {}: {e}", ovmf_vars.display())
                     })?;
-                    (
-                        image.clone(),
-                        Boot::Uefi {
+                    Ok(OsBoot {
+                        base: image.clone(),
+                        boot: Boot::Uefi {
                             code: ovmf_code.clone(),
                             vars,
                         },
-                        crate::qemu::FWCFG_FLATCAR,
-                        flex_ignition::SpecVersion::V3_4_0,
-                        None,
-                    )
+                        fw_key: crate::qemu::FWCFG_FLATCAR,
+                        spec: flex_ignition::SpecVersion::V3_4_0,
+                        kernel_for_probe: None,
+                        later_append: None,
+                    })
                 }
                 AclBoot::Kernel {
                     kernel,
@@ -206,26 +313,49 @@ pub async fn up(
                     why,
                 } => {
                     p.say(&format!("ACL boots its kernel directly: {why}"));
-                    later_append = Some(append);
-                    (
-                        image.clone(),
-                        Boot::Kernel {
+                    Ok(OsBoot {
+                        base: image.clone(),
+                        boot: Boot::Kernel {
                             kernel: kernel.clone(),
                             initrd,
                             append: first_boot_append,
                         },
-                        crate::qemu::FWCFG_FLATCAR,
-                        flex_ignition::SpecVersion::V3_4_0,
-                        Some(kernel),
-                    )
+                        fw_key: crate::qemu::FWCFG_FLATCAR,
+                        spec: flex_ignition::SpecVersion::V3_4_0,
+                        kernel_for_probe: Some(kernel),
+                        later_append: Some(append),
+                    })
                 }
             }
         }
-    };
-    lap("os image", &mut timings);
+    }
+}
 
+/// What `up` pushed to the registry it started.
+struct Pushed {
+    /// The registry.
+    registry: Registry,
+    /// The agent's image, pinned, as the guest sees it.
+    agent: String,
+    /// The machine rootfs image, pinned.
+    machine: String,
+    /// The component bundle, pinned.
+    bundle: String,
+    /// The bundle's Kubernetes version.
+    kubernetes: String,
+}
+
+/// Starts the registry and pushes the agent's image, the machine rootfs and the component
+/// bundle (both fixtures, built once and cached).
+async fn push_images(
+    r: &dyn Runner,
+    p: &Progress,
+    work: &Path,
+    cache: &Path,
+    agent_layout: &Path,
+) -> anyhow::Result<Pushed> {
     p.say("starting the registry");
-    let reg = vm::start_registry(work).await?;
+    let reg = vm::start_registry(r, work).await?;
     let client = vm::registry_client()?;
     let epoch = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)?
@@ -242,11 +372,12 @@ pub async fn up(
     let tree = p
         .try_wait(
             "machine rootfs (fixture, built once and cached)",
-            fixtures::machine_rootfs_with(&cache, &|m| p.say(m)),
+            fixtures::machine_rootfs_with(r, cache, &|m| p.say(m)),
         )
         .await?;
     let tmp = tempfile::tempdir_in(work)?;
     let machine_digest = images::push_tree_image(
+        r,
         &client,
         &tree,
         &format!("{}/aks-flex/machine:dev", reg.host_addr()),
@@ -257,11 +388,12 @@ pub async fn up(
     let (bundle_dir, versions) = p
         .try_wait(
             "component bundle (fixture, built once and cached)",
-            fixtures::offline_bundle_with(&cache, &|m| p.say(m)),
+            fixtures::offline_bundle_with(r, cache, &|m| p.say(m)),
         )
         .await?;
     let tmp2 = tempfile::tempdir_in(work)?;
     let bundle_digest = images::push_tree_image(
+        r,
         &client,
         &bundle_dir,
         &format!("{}/aks-flex/bundle:dev", reg.host_addr()),
@@ -269,69 +401,160 @@ pub async fn up(
         tmp2.path(),
     )
     .await?;
-    let machine_image = images::pinned(
-        &format!("{guest_registry}/aks-flex/machine"),
-        &machine_digest,
-    );
-    let bundle = images::pinned(&format!("{guest_registry}/aks-flex/bundle"), &bundle_digest);
-    lap("registry and images", &mut timings);
+    Ok(Pushed {
+        registry: reg,
+        agent: agent_image,
+        machine: images::pinned(
+            &format!("{guest_registry}/aks-flex/machine"),
+            &machine_digest,
+        ),
+        bundle: images::pinned(&format!("{guest_registry}/aks-flex/bundle"), &bundle_digest),
+        kubernetes: versions.kubernetes,
+    })
+}
 
-    let key = work.join("id_ed25519");
-    let pubkey = ssh::ensure_key(&key).await?;
-    let (availability, cluster_env) =
-        crate::cluster::up_step(&|m| p.say(m), repo, work, cluster, HOSTNAME, &machine_image).await;
-    if cluster.is_some() {
-        lap("kind cluster", &mut timings);
+/// `up`'s cluster step, before the Ignition config is rendered: without a request, "not
+/// requested"; else [`crate::cluster::up`], and with a cluster the bootstrap inputs that join it
+/// ([`crate::provision::cluster_bootstrap_env`]). Without one, `say` tells why and the VM boots
+/// offline.
+pub async fn cluster_step(
+    say: &dyn Fn(&str),
+    r: &dyn Runner,
+    repo: &Path,
+    work: &Path,
+    request: Option<&crate::cluster::Request>,
+    node_name: &str,
+    machine_image: &str,
+) -> (Availability, Option<String>) {
+    let Some(request) = request else {
+        return (
+            Availability::unavailable(crate::cluster::NOT_REQUESTED),
+            None,
+        );
+    };
+    let (api_port, tunnel_port) = match (registry::free_port(), crate::cluster::free_port_any()) {
+        (Ok(a), Ok(t)) => (a, t),
+        (Err(e), _) | (_, Err(e)) => {
+            let reason = format!("no free port for the API server or the kubelet forward: {e}");
+            say(&format!("no cluster: {reason}"));
+            return (Availability::unavailable(reason), None);
+        }
+    };
+    let provider = crate::cluster::provider();
+    let o = crate::cluster::Options {
+        repo,
+        work,
+        controller_layout: request.controller_layout.as_deref(),
+        node_name,
+        api_port,
+        tunnel_port,
+        provider: provider.as_deref(),
+        say,
+    };
+    match crate::cluster::up(r, &o).await {
+        Ok(c) => {
+            say(&format!(
+                "cluster {} ready (Kubernetes {}); the VM joins it at {}",
+                c.info.name, c.info.kubernetes_version, c.join.api_server
+            ));
+            let env = crate::provision::cluster_bootstrap_env(
+                &c.join,
+                machine_image,
+                &provision::hostile_location(),
+            );
+            (Availability::Ready(Box::new(c.info)), Some(env))
+        }
+        Err(reason) => {
+            say(&format!(
+                "no cluster: {reason}; the VM boots offline and check reports the cluster groups skipped"
+            ));
+            (Availability::unavailable(reason), None)
+        }
     }
-    let env = cluster_env
-        .unwrap_or_else(|| offline_bootstrap_env(&machine_image, &bundle, &versions.kubernetes));
+}
+
+/// Renders the Ignition config (the harness's additions with `env` as the bootstrap inputs)
+/// into `<work>/config.ign`.
+fn write_ignition(
+    repo: &Path,
+    work: &Path,
+    opts: &UpOptions,
+    os: &OsBoot,
+    images: &Pushed,
+    ssh_public_key: String,
+    env: &str,
+) -> anyhow::Result<()> {
     let json = provision::render(
         repo,
         &Additions {
-            ssh_public_key: pubkey,
+            ssh_public_key,
             hostname: HOSTNAME.into(),
-            agent_image: agent_image.clone(),
+            agent_image: images.agent.clone(),
             pull_args: "--plain-http".into(),
-            bootstrap_env: Some(env.clone()),
+            bootstrap_env: Some(env.to_string()),
             label_containerd: opts.label_containerd,
         },
-        spec,
+        os.spec,
     )?;
     std::fs::write(work.join("config.ign"), json)?;
-    vm::create_overlay(&base, &work.join("disk.qcow2")).await?;
+    Ok(())
+}
 
-    let (accel, reason) = match &kernel_for_probe {
+/// KVM when a probe boot of the OS's kernel shows it works (and it was asked for), else TCG;
+/// and why.
+async fn accelerator(
+    r: &dyn Runner,
+    p: &Progress,
+    work: &Path,
+    os: &OsBoot,
+    opts: &UpOptions,
+) -> (Accel, String) {
+    let (accel, reason) = match &os.kernel_for_probe {
         Some(k) => {
-            p.wait("KVM probe boot", vm::choose_accel(work, k, opts.try_kvm))
+            p.wait("KVM probe boot", vm::choose_accel(r, work, k, opts.try_kvm))
                 .await
         }
         None if opts.try_kvm => (Accel::Kvm, "ACL boots with UEFI; KVM asked for".into()),
         None => (Accel::Tcg, "TCG requested".into()),
     };
     p.say(&reason);
-    lap("kvm probe", &mut timings);
+    (accel, reason)
+}
 
+/// Boots QEMU, records the VM's state and waits for the guest to answer SSH.
+#[allow(clippy::too_many_arguments)]
+async fn first_boot(
+    r: &dyn Runner,
+    p: &Progress,
+    work: &Path,
+    opts: &UpOptions,
+    os: OsBoot,
+    accel: Accel,
+    accel_reason: String,
+    images: Pushed,
+    env: String,
+) -> anyhow::Result<(State, crate::qemu::QemuSpec)> {
     let ssh_port = registry::free_port()?;
-    let mut qspec = vm::qemu_spec(work, accel, opts, boot, fw_key, ssh_port);
+    let qspec = vm::qemu_spec(work, accel, opts, os.boot, os.fw_key, ssh_port);
     p.say(&format!(
         "booting ({})",
         if accel == Accel::Kvm { "kvm" } else { "tcg" }
     ));
-    let pid = vm::boot(&qspec).await?;
+    let pid = vm::boot(r, &qspec).await?;
     let ssh = Ssh {
         port: ssh_port,
-        key,
+        key: work.join("id_ed25519"),
     };
-    let mut state = State {
+    let state = State {
         work: work.to_path_buf(),
         qemu_pid: Some(pid),
-        registry: Some(reg),
+        registry: Some(images.registry),
         ssh: ssh.clone(),
         accel: if accel == Accel::Kvm { "kvm" } else { "tcg" }.into(),
-        accel_reason: reason,
-        agent_image,
-        machine_image: Some(machine_image),
-        bundle: Some(bundle),
+        accel_reason,
+        agent_image: images.agent,
+        machine_image: Some(images.machine),
+        bundle: Some(images.bundle),
         bootstrap_env: Some(env),
         snapshot: None,
         timings: Vec::new(),
@@ -340,56 +563,36 @@ pub async fn up(
     state.save()?;
     p.try_wait(
         "first boot: waiting for the guest to answer SSH",
-        vm::wait_ssh(&ssh, &state.serial_log(), pid, opts.boot_timeout),
+        vm::wait_ssh(r, &ssh, &state.serial_log(), pid, opts.boot_timeout),
     )
     .await?;
-    lap("first boot", &mut timings);
+    Ok((state, qspec))
+}
 
-    let ctx = Ctx {
-        state: &state,
-        ssh: &ssh,
-        cluster: false,
-    };
+/// Waits for the agent's bootstrap after the first boot; a failure carries the bootstrap's and
+/// the agent's journal.
+async fn wait_first_bootstrap(
+    r: &dyn Runner,
+    p: &Progress,
+    state: &State,
+    opts: &UpOptions,
+) -> anyhow::Result<()> {
     let waited = p
         .try_wait(
             "waiting for the agent's bootstrap (pull, machine, kubelet stand-in)",
-            wait_bootstrapped(&ctx, opts.bootstrap_timeout),
+            wait_bootstrapped(r, &state.ssh, opts.bootstrap_timeout),
         )
         .await;
     if let Err(e) = waited {
-        let journal = ssh
-            .output("journalctl -b --no-pager -n 150 -u aks-flex-node-bootstrap.service -u aks-flex-node-agent.service", Duration::from_secs(60))
+        let journal = state
+            .ssh
+            .output(r, "journalctl -b --no-pager -n 150 -u aks-flex-node-bootstrap.service -u aks-flex-node-agent.service", Duration::from_secs(60))
             .await
             .map(|o| o.stdout)
             .unwrap_or_default();
         anyhow::bail!("{e:#}\njournal:\n{journal}");
     }
-    lap("bootstrap", &mut timings);
-    if let Some(append) = later_append {
-        restart_for_later_boots(&p, &mut state, &mut qspec, append, opts).await?;
-        lap("restart (later boots' cmdline)", &mut timings);
-    }
-    if let Some(info) = availability.info() {
-        crate::cluster::joined_step(&|m| p.say(m), &state.ssh, info).await;
-        lap("node joined", &mut timings);
-    }
-    if opts.snapshot {
-        let secs = vm::save_snapshot(&mut state).await?;
-        p.say(&format!(
-            "snapshot {} saved in {secs:.2}s",
-            vm::READY_SNAPSHOT
-        ));
-        lap("savevm", &mut timings);
-    }
-    state.timings = timings;
-    state.save()?;
-    crate::cluster::record(work, &availability)?;
-    guard.armed = false;
-    p.say("up: the host is bootstrapped and the agent runs in its container");
-    for (n, s) in &state.timings {
-        eprintln!("  {n:<22} {s:>7.1}s");
-    }
-    Ok(state)
+    Ok(())
 }
 
 /// After the first boot of a direct-kernel ACL: powers the guest off and starts QEMU again
@@ -397,6 +600,7 @@ pub async fn up(
 /// (QEMU keeps `-append` across resets) does not run Ignition again; then waits for SSH and
 /// the agent as after the first boot. The first boot's console log is kept beside the new one.
 async fn restart_for_later_boots(
+    r: &dyn Runner,
     p: &Progress,
     state: &mut State,
     qspec: &mut crate::qemu::QemuSpec,
@@ -412,58 +616,77 @@ async fn restart_for_later_boots(
         async {
             let _ = state
                 .ssh
-                .output("systemctl poweroff", Duration::from_secs(20))
+                .output(r, "systemctl poweroff", Duration::from_secs(20))
                 .await;
-            let deadline = Instant::now() + Duration::from_secs(180);
-            while Path::new(&format!("/proc/{old}")).exists() && Instant::now() < deadline {
-                tokio::time::sleep(Duration::from_secs(1)).await;
-            }
+            // Still running after the wait: killed below.
+            let _ = flex_host::retry::wait_until(
+                "QEMU to exit after the poweroff",
+                Duration::from_secs(180),
+                Duration::from_secs(1),
+                || async {
+                    if Path::new(&format!("/proc/{old}")).exists() {
+                        Err(format!("QEMU {old} runs"))
+                    } else {
+                        Ok(())
+                    }
+                },
+            )
+            .await;
             vm::kill_qemu(old).await;
             let serial = state.serial_log();
             let _ = std::fs::rename(&serial, state.work.join("serial-first-boot.log"));
-            let pid = vm::boot(qspec).await?;
+            let pid = vm::boot(r, qspec).await?;
             state.qemu_pid = Some(pid);
             state.save()?;
             let state: &State = state;
-            vm::wait_ssh(&state.ssh, &serial, pid, opts.boot_timeout).await?;
-            let ctx = Ctx {
-                state,
-                ssh: &state.ssh,
-                cluster: false,
-            };
-            wait_bootstrapped(&ctx, opts.bootstrap_timeout).await
+            vm::wait_ssh(r, &state.ssh, &serial, pid, opts.boot_timeout).await?;
+            wait_bootstrapped(r, &state.ssh, opts.bootstrap_timeout).await
         },
     )
     .await
 }
 
-async fn wait_bootstrapped(ctx: &Ctx<'_>, timeout: Duration) -> anyhow::Result<()> {
-    let start = Instant::now();
-    loop {
-        let o = ctx
-            .ssh
-            .output(
-                "systemctl is-failed --quiet aks-flex-node-bootstrap.service && echo FAILED; \
-                 test -s /etc/aks-flex-node/daemon-state.json && systemctl is-active --quiet aks-flex-node-agent.service && echo READY; true",
-                Duration::from_secs(60),
-            )
-            .await?;
-        if o.stdout.contains("READY") {
-            return Ok(());
-        }
-        if o.stdout.contains("FAILED") {
-            anyhow::bail!("aks-flex-node-bootstrap.service failed");
-        }
-        if start.elapsed() > timeout {
-            anyhow::bail!("the host did not bootstrap within {timeout:?}");
-        }
-        tokio::time::sleep(Duration::from_secs(5)).await;
-    }
+/// Waits until the host bootstrapped (the daemon's state saved, the agent's unit active),
+/// looking every 5 s; fails at once when the bootstrap unit failed or the guest cannot be
+/// asked.
+async fn wait_bootstrapped(r: &dyn Runner, ssh: &Ssh, timeout: Duration) -> anyhow::Result<()> {
+    flex_host::retry::wait_until(
+        "the host to bootstrap",
+        timeout,
+        Duration::from_secs(5),
+        || async {
+            // `Ok(Err(…))` ends the wait with that error.
+            let o = match ssh
+                .output(
+                    r,
+                    "systemctl is-failed --quiet aks-flex-node-bootstrap.service && echo FAILED; \
+                     test -s /etc/aks-flex-node/daemon-state.json && systemctl is-active --quiet aks-flex-node-agent.service && echo READY; true",
+                    Duration::from_secs(60),
+                )
+                .await
+            {
+                Ok(o) => o,
+                Err(e) => return Ok(Err(e)),
+            };
+            if o.stdout.contains("READY") {
+                return Ok(Ok(()));
+            }
+            if o.stdout.contains("FAILED") {
+                return Ok(Err(anyhow::anyhow!(
+                    "aks-flex-node-bootstrap.service failed"
+                )));
+            }
+            Err(o.stdout.trim().to_string())
+        },
+    )
+    .await
+    .map_err(|_| anyhow::anyhow!("the host did not bootstrap within {timeout:?}"))?
 }
 
 /// `check`: runs the selected groups, prints the timing table, writes JUnit, and on failure
 /// prints the journal lines that explain it. Returns whether everything passed.
 pub async fn check(
+    r: &dyn Runner,
     work: &Path,
     only: Option<&str>,
     no_snapshot: bool,
@@ -478,6 +701,7 @@ pub async fn check(
         state: &state,
         ssh: &state.ssh,
         cluster,
+        runner: r,
     };
     let use_snapshot = !no_snapshot && state.snapshot.is_some();
     let p = Progress::new();
@@ -487,7 +711,7 @@ pub async fn check(
         let report = p
             .wait(
                 &format!("group {}", g.name),
-                checks::run_group(&ctx, g, restore),
+                groups::run_group(&ctx, g, restore),
             )
             .await;
         run.groups.push(report);
@@ -497,7 +721,7 @@ pub async fn check(
     if !run.success() {
         eprintln!(
             "journal of the agent's units:\n{}",
-            checks::failure_journal(&state.ssh).await
+            crate::check::failure_journal(r, &state.ssh).await
         );
     }
     print!("{table}");
@@ -506,12 +730,12 @@ pub async fn check(
 }
 
 /// `down`: deletes the kind cluster of `up --cluster` (and stops its kubelet forward), then
-/// stops the VM and the registry; a cluster that could not be deleted is an error, after the
-/// VM is down.
-pub async fn down(work: &Path) -> anyhow::Result<()> {
+/// stops the VM and the registry, every command through `r`; a cluster that could not be
+/// deleted is an error, after the VM is down.
+pub async fn down(r: &dyn Runner, work: &Path) -> anyhow::Result<()> {
     let provider = crate::cluster::provider();
-    let cluster = crate::cluster::down(&ProcessRunner::new(), work, provider.as_deref()).await;
-    vm::down(work).await?;
+    let cluster = crate::cluster::down(r, work, provider.as_deref()).await;
+    vm::down(r, work).await?;
     cluster
 }
 
@@ -526,12 +750,12 @@ mod tests {
             "10.0.2.100:5000/aks-flex/bundle@sha256:11",
             "1.35.0",
         );
-        let vars = aks_flex_node::bootstrap::env::parse(&env).unwrap();
+        let vars = flex_api::bootstrap_env::parse(&env).unwrap();
         let loc = vars
             .iter()
             .find(|e| e.key == "AKS_FLEX_NODE_LOCATION")
             .map(|e| e.value.clone())
             .unwrap();
-        assert_eq!(loc, checks::hostile_location());
+        assert_eq!(loc, provision::hostile_location());
     }
 }

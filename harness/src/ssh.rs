@@ -1,14 +1,19 @@
 //! Commands in the guest over SSH: the harness's own key, a forwarded loopback port, no host
 //! key checking (the VM is new every `up`), batch mode, and a deadline per command. Commands
-//! run as root through `sudo -n`.
+//! run as root through `sudo -n`, through the [`Runner`] the caller hands in ([`Guest`] bundles
+//! the two), so tests drive them with a recording fake.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use flex_host::runner::{Cmd, Output, ProcessRunner, Runner};
+use flex_host::runner::{Cmd, Output, Runner};
+use flex_host::secret::Secret;
 
 /// The harness user created by the Ignition config.
 pub const USER: &str = "flexadm";
+
+/// How long one guest command may take, unless the caller says otherwise.
+pub const GUEST_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// How to reach the guest.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -55,19 +60,93 @@ impl Ssh {
             .timeout(timeout)
     }
 
-    /// Runs `script` as root in the guest; the output whatever the exit code.
-    pub async fn output(&self, script: &str, timeout: Duration) -> anyhow::Result<Output> {
-        Ok(ProcessRunner::new()
-            .output(&self.cmd(script, timeout))
-            .await?)
+    /// Runs `script` as root in the guest through `r`; the output whatever the exit code.
+    pub async fn output(
+        &self,
+        r: &dyn Runner,
+        script: &str,
+        timeout: Duration,
+    ) -> anyhow::Result<Output> {
+        Ok(r.output(&self.cmd(script, timeout)).await?)
     }
 
-    /// Runs `script`; fails unless it exits 0.
+    /// Runs `script` through `r`; fails unless it exits 0.
+    pub async fn run(
+        &self,
+        r: &dyn Runner,
+        script: &str,
+        timeout: Duration,
+    ) -> anyhow::Result<String> {
+        Ok(r.run(&self.cmd(script, timeout)).await?.stdout)
+    }
+}
+
+/// A root shell in the VM, over the harness's SSH, through a [`Runner`].
+#[derive(Clone, Copy)]
+pub struct Guest<'a> {
+    runner: &'a dyn Runner,
+    ssh: &'a Ssh,
+}
+
+impl<'a> Guest<'a> {
+    /// The guest `ssh` reaches.
+    pub fn new(runner: &'a dyn Runner, ssh: &'a Ssh) -> Self {
+        Self { runner, ssh }
+    }
+
+    /// Runs `script`; its output whatever the exit code.
+    pub async fn output(&self, script: &str, timeout: Duration) -> anyhow::Result<Output> {
+        self.ssh.output(self.runner, script, timeout).await
+    }
+
+    /// Runs `script` with a deadline; its stdout (untrimmed), or an error unless it exits 0.
     pub async fn run(&self, script: &str, timeout: Duration) -> anyhow::Result<String> {
-        Ok(ProcessRunner::new()
-            .run(&self.cmd(script, timeout))
-            .await?
-            .stdout)
+        self.ssh.run(self.runner, script, timeout).await
+    }
+
+    /// Runs `script`; its trimmed stdout, or an error unless it exits 0.
+    pub async fn sh(&self, script: &str) -> anyhow::Result<String> {
+        self.sh_t(script, GUEST_TIMEOUT).await
+    }
+
+    /// [`Guest::sh`] with a deadline.
+    pub async fn sh_t(&self, script: &str, timeout: Duration) -> anyhow::Result<String> {
+        Ok(self.run(script, timeout).await?.trim().to_string())
+    }
+
+    /// Runs `script` with `data` on its stdin (for content that must not be in an argument,
+    /// such as a bootstrap.env with a token); an error unless it exits 0, with each of `hide`
+    /// replaced by `***REDACTED***`.
+    pub async fn sh_stdin(
+        &self,
+        script: &str,
+        data: &Secret,
+        hide: &[&str],
+    ) -> anyhow::Result<String> {
+        let cmd = self
+            .ssh
+            .cmd(script, GUEST_TIMEOUT)
+            .stdin(data.expose().as_bytes().to_vec());
+        match self.runner.run(&cmd).await {
+            Ok(o) => Ok(o.stdout.trim().to_string()),
+            Err(e) => {
+                let mut text = e.to_string();
+                for h in hide.iter().filter(|h| !h.is_empty()) {
+                    text = text.replace(h, flex_host::runner::REDACTED);
+                }
+                Err(anyhow::anyhow!(text))
+            }
+        }
+    }
+
+    /// The SSH access.
+    pub fn ssh(&self) -> &Ssh {
+        self.ssh
+    }
+
+    /// The runner its commands go through.
+    pub fn runner(&self) -> &'a dyn Runner {
+        self.runner
     }
 }
 
@@ -76,26 +155,25 @@ pub fn shell_quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', "'\\''"))
 }
 
-/// Generates an ed25519 key pair at `path` (and `path.pub`) unless it exists; returns the
-/// public key line.
-pub async fn ensure_key(path: &Path) -> anyhow::Result<String> {
+/// Generates an ed25519 key pair at `path` (and `path.pub`) unless it exists, with `r`;
+/// returns the public key line.
+pub async fn ensure_key(r: &dyn Runner, path: &Path) -> anyhow::Result<String> {
     if !path.exists() {
-        ProcessRunner::new()
-            .run(
-                &Cmd::new("ssh-keygen")
-                    .args([
-                        "-q",
-                        "-t",
-                        "ed25519",
-                        "-N",
-                        "",
-                        "-C",
-                        "aks-flex-node-harness",
-                        "-f",
-                    ])
-                    .arg(path.display().to_string()),
-            )
-            .await?;
+        r.run(
+            &Cmd::new("ssh-keygen")
+                .args([
+                    "-q",
+                    "-t",
+                    "ed25519",
+                    "-N",
+                    "",
+                    "-C",
+                    "aks-flex-node-harness",
+                    "-f",
+                ])
+                .arg(path.display().to_string()),
+        )
+        .await?;
     }
     let mut pubp = path.as_os_str().to_owned();
     pubp.push(".pub");
@@ -130,10 +208,11 @@ mod tests {
     async fn key_generation() {
         let d = tempfile::tempdir().unwrap();
         let k = d.path().join("id");
-        let pubkey = ensure_key(&k).await.unwrap();
+        let r = flex_host::runner::ProcessRunner::new();
+        let pubkey = ensure_key(&r, &k).await.unwrap();
         assert!(pubkey.starts_with("ssh-ed25519 "), "{pubkey}");
         assert_eq!(
-            ensure_key(&k).await.unwrap(),
+            ensure_key(&r, &k).await.unwrap(),
             pubkey,
             "kept, not regenerated"
         );

@@ -20,9 +20,10 @@ pub mod candidates;
 pub mod startlimit;
 pub mod status;
 
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use crate::checks::{CheckFn, Ctx};
+use crate::check::{CheckFn, Ctx, Group, Needs, check, ensure, secs};
 use crate::report::{Checked, Outcome};
 use crate::ssh::shell_quote;
 use candidates::{Kind, Record};
@@ -57,48 +58,59 @@ const NO_RESTART_WATCH: Duration = Duration::from_secs(5);
 /// The tag `up` pushes the agent's image with.
 const AGENT_TAG: &str = "dev";
 
-macro_rules! check {
-    ($name:literal, $f:ident) => {
-        (
-            $name,
-            (|c| Box::pin(async move { explain(c, $f(c).await).await })) as CheckFn,
-        )
-    };
-}
-
-/// The group's checks, in order.
-pub fn checks() -> Vec<(&'static str, CheckFn)> {
-    vec![
+/// The `upgrade` group.
+pub const GROUP: Group = Group {
+    name: "upgrade",
+    description: "AgentUpgrade through operation run: an image named by tag alone is rejected, a good candidate is switched to, a broken one rolls back and is removed, a reboot mid-upgrade settles, and the agent ends on the install's image",
+    needs: Needs::Host,
+    checks: &[
         check!(
             "candidate images (good, broken) are in the local registry",
-            candidates_ready
+            candidates_ready,
+            via explained
         ),
         check!(
             "an image named by tag alone is rejected and nothing restarts",
-            tag_alone_rejected
+            tag_alone_rejected,
+            via explained
         ),
         check!(
             "upgrade to a good candidate completes and the agent runs it",
-            good_upgrade
+            good_upgrade,
+            via explained
         ),
         check!(
             "a broken candidate rolls back to the previous image",
-            broken_rolls_back
+            broken_rolls_back,
+            via explained
         ),
         check!(
             "the broken candidate's image is removed from the host",
-            broken_image_removed
+            broken_image_removed,
+            via explained
         ),
-        check!("upgrade back to the install's image", back_to_install),
+        check!(
+            "upgrade back to the install's image",
+            back_to_install,
+            via explained
+        ),
         check!(
             "a reboot during an upgrade ends with the agent on the image its record names",
-            reboot_mid_upgrade
+            reboot_mid_upgrade,
+            via explained
         ),
         check!(
             "the group leaves the agent on the install's image",
-            back_to_install
+            back_to_install,
+            via explained
         ),
-    ]
+    ],
+};
+
+/// Runs the check `f` and, should it fail, [`explain`]s (the `via` of every check of the
+/// group).
+async fn explained(c: &Ctx<'_>, f: CheckFn) -> anyhow::Result<Checked> {
+    explain(c, f(c).await).await
 }
 
 /// On a failure, prints the journal lines that explain it: the harness's usual selection (the
@@ -106,9 +118,8 @@ pub fn checks() -> Vec<(&'static str, CheckFn)> {
 /// debug output may push out of the former.
 async fn explain(c: &Ctx<'_>, r: anyhow::Result<Checked>) -> anyhow::Result<Checked> {
     if r.is_err() {
-        let journal = crate::checks::failure_journal(c.ssh).await;
+        let journal = crate::check::failure_journal(c.runner, c.ssh).await;
         let recovery = c
-            .ssh
             .output(
                 &format!(
                     "journalctl -b --no-pager -o short-monotonic -n 60 -u {RECOVERY_UNIT} -u {AGENT_UNIT} 2>&1 | grep -v ' DEBUG ' | tail -n 60"
@@ -125,20 +136,8 @@ async fn explain(c: &Ctx<'_>, r: anyhow::Result<Checked>) -> anyhow::Result<Chec
     r
 }
 
-fn ensure(cond: bool, msg: impl FnOnce() -> String) -> anyhow::Result<()> {
-    if cond {
-        Ok(())
-    } else {
-        Err(anyhow::anyhow!(msg()))
-    }
-}
-
-fn secs(d: Duration) -> String {
-    format!("{:.1}s", d.as_secs_f64())
-}
-
 async fn probe(c: &Ctx<'_>) -> anyhow::Result<Probe> {
-    let o = c.ssh.output(&status::probe_script(), T).await?;
+    let o = c.output(&status::probe_script(), T).await?;
     Ok(status::parse_probe(&o.stdout))
 }
 
@@ -198,10 +197,7 @@ fn expect_scheduled(
 /// Waits, if it must, so that `needed` starts of the agent's unit stay within its start limit;
 /// returns the wait.
 async fn wait_start_limit(c: &Ctx<'_>, needed: u32, step: &str) -> anyhow::Result<Duration> {
-    let text = c
-        .ssh
-        .run(&startlimit::snapshot_script(AGENT_UNIT), T)
-        .await?;
+    let text = c.run(&startlimit::snapshot_script(AGENT_UNIT), T).await?;
     let (limit, starts, now) = startlimit::parse_snapshot(&text, AGENT_UNIT)?;
     let wait = startlimit::wait_needed(limit, &starts, needed, now)
         .map_err(|e| anyhow::anyhow!("{step}: {e}"))?;
@@ -274,36 +270,40 @@ async fn wait_settled(
     before: Option<UpgradeRecord>,
     t0: Instant,
 ) -> anyhow::Result<Settled> {
-    let mut tracker = Tracker::new(target, before);
-    let mut candidate_running = None;
-    let start = Instant::now();
-    loop {
-        let last = match probe(c).await {
-            Ok(p) => {
-                if candidate_running.is_none() && p.runs(target) {
-                    candidate_running = Some(t0.elapsed());
-                }
-                if let Some(record) = tracker.observe(&p) {
-                    return Ok(Settled {
-                        record,
-                        probe: p,
-                        candidate_running,
-                        at: t0.elapsed(),
-                    });
-                }
-                p.to_string()
+    // The probe's future outlives each call of the closure: the tracker is shared with it.
+    let tracker = Mutex::new((Tracker::new(target, before), None::<Duration>));
+    let tracker = &tracker;
+    flex_host::retry::wait_until(
+        "the upgrade to finish with the agent running the image its record names",
+        SETTLE_TIMEOUT,
+        POLL,
+        || async move {
+            let p = probe(c).await.map_err(|e| format!("no answer ({e:#})"))?;
+            let mut t = tracker.lock().unwrap_or_else(|e| e.into_inner());
+            let (tracker, candidate_running) = &mut *t;
+            if candidate_running.is_none() && p.runs(target) {
+                *candidate_running = Some(t0.elapsed());
             }
-            Err(e) => format!("no answer ({e:#})"),
-        };
-        if start.elapsed() > SETTLE_TIMEOUT {
-            anyhow::bail!(
-                "timed out after {} waiting for the upgrade to {} to finish with the agent running the image its record names; last seen: {last}",
-                secs(SETTLE_TIMEOUT),
-                short(target)
-            );
-        }
-        tokio::time::sleep(POLL).await;
-    }
+            match tracker.observe(&p) {
+                Some(record) => Ok(Settled {
+                    record,
+                    probe: p,
+                    candidate_running: *candidate_running,
+                    at: t0.elapsed(),
+                }),
+                None => Err(p.to_string()),
+            }
+        },
+    )
+    .await
+    .map_err(|e| {
+        anyhow::anyhow!(
+            "timed out after {} waiting for the upgrade to {} to finish with the agent running the image its record names; last seen: {}",
+            secs(SETTLE_TIMEOUT),
+            short(target),
+            e.last_seen
+        )
+    })
 }
 
 /// The agent's state before a step: it must run.
@@ -347,7 +347,6 @@ async fn tag_alone_rejected(c: &Ctx<'_>) -> anyhow::Result<Checked> {
     let tagged = format!("{}/{repo}:{AGENT_TAG}", reg.guest_addr());
     let before = running_agent(c).await?;
     let out = c
-        .ssh
         .output(&upgrade_command(&tagged), OPERATION_TIMEOUT)
         .await?;
     let r = status::parse_op_result(&out.stdout);
@@ -390,7 +389,6 @@ async fn good_upgrade(c: &Ctx<'_>) -> anyhow::Result<Checked> {
     })?;
     let t0 = Instant::now();
     let out = c
-        .ssh
         .output(&upgrade_command(&target), OPERATION_TIMEOUT)
         .await?;
     expect_scheduled(out.code, &out.stdout, &out.stderr, &target)?;
@@ -428,7 +426,6 @@ async fn broken_rolls_back(c: &Ctx<'_>) -> anyhow::Result<Checked> {
     let previous = before.image.clone().unwrap_or_default();
     let t0 = Instant::now();
     let out = c
-        .ssh
         .output(&upgrade_command(&target), OPERATION_TIMEOUT)
         .await?;
     expect_scheduled(out.code, &out.stdout, &out.stderr, &target)?;
@@ -462,57 +459,67 @@ async fn broken_rolls_back(c: &Ctx<'_>) -> anyhow::Result<Checked> {
 
 async fn broken_image_removed(c: &Ctx<'_>) -> anyhow::Result<Checked> {
     let broken = record(c)?.reference(Kind::Broken).to_string();
-    let start = Instant::now();
-    loop {
-        let list = c.ssh.run("ctr -n aks-flex images ls -q", T).await?;
-        if !status::images_list_has(&list, &broken) {
-            return Ok(Outcome::Passed.into());
-        }
-        if start.elapsed() > REMOVAL_TIMEOUT {
-            anyhow::bail!(
-                "timed out after {} waiting for the broken candidate {} to leave `ctr -n aks-flex images ls -q`:\n{}",
-                secs(REMOVAL_TIMEOUT),
-                short(&broken),
-                list.trim()
-            );
-        }
-        tokio::time::sleep(POLL).await;
-    }
+    let b = broken.as_str();
+    // A failed listing ends the wait at once (`Ok(Err(…))`); a listing with the image goes on.
+    flex_host::retry::wait_until(
+        "the broken candidate to leave the host's images",
+        REMOVAL_TIMEOUT,
+        POLL,
+        || async move {
+            match c.run("ctr -n aks-flex images ls -q", T).await {
+                Ok(list) if status::images_list_has(&list, b) => Err(list.trim().to_string()),
+                Ok(_) => Ok(Ok(Outcome::Passed.into())),
+                Err(e) => Ok(Err(e)),
+            }
+        },
+    )
+    .await
+    .map_err(|e| {
+        anyhow::anyhow!(
+            "timed out after {} waiting for the broken candidate {} to leave `ctr -n aks-flex images ls -q`:\n{}",
+            secs(REMOVAL_TIMEOUT),
+            short(&broken),
+            e.last_seen
+        )
+    })?
 }
 
 async fn boot_id(c: &Ctx<'_>) -> anyhow::Result<String> {
-    Ok(c.ssh
-        .run("cat /proc/sys/kernel/random/boot_id", T)
+    Ok(c.run("cat /proc/sys/kernel/random/boot_id", T)
         .await?
         .trim()
         .to_string())
 }
 
 async fn wait_new_boot(c: &Ctx<'_>, old: &str) -> anyhow::Result<()> {
-    let start = Instant::now();
-    loop {
-        if let Ok(o) = c
-            .ssh
-            .output(
-                "cat /proc/sys/kernel/random/boot_id",
-                Duration::from_secs(20),
-            )
-            .await
-            && o.success()
-            && !o.stdout.trim().is_empty()
-            && o.stdout.trim() != old
-        {
-            return Ok(());
-        }
-        if start.elapsed() > REBOOT_TIMEOUT {
-            anyhow::bail!(
-                "timed out after {} waiting for the guest to come back from the reboot with a new boot id; last console lines:\n{}",
-                secs(REBOOT_TIMEOUT),
-                crate::vm::tail(&c.state.serial_log(), 20)
-            );
-        }
-        tokio::time::sleep(POLL).await;
-    }
+    flex_host::retry::wait_until(
+        "the guest to come back from the reboot with a new boot id",
+        REBOOT_TIMEOUT,
+        POLL,
+        || async move {
+            match c
+                .output(
+                    "cat /proc/sys/kernel/random/boot_id",
+                    Duration::from_secs(20),
+                )
+                .await
+            {
+                Ok(o) if o.success() && !o.stdout.trim().is_empty() && o.stdout.trim() != old => {
+                    Ok(())
+                }
+                Ok(o) => Err(format!("boot id {:?}", o.stdout.trim())),
+                Err(e) => Err(format!("{e:#}")),
+            }
+        },
+    )
+    .await
+    .map_err(|_| {
+        anyhow::anyhow!(
+            "timed out after {} waiting for the guest to come back from the reboot with a new boot id; last console lines:\n{}",
+            secs(REBOOT_TIMEOUT),
+            crate::vm::tail(&c.state.serial_log(), 20)
+        )
+    })
 }
 
 async fn reboot_mid_upgrade(c: &Ctx<'_>) -> anyhow::Result<Checked> {
@@ -532,7 +539,7 @@ async fn reboot_mid_upgrade(c: &Ctx<'_>) -> anyhow::Result<Checked> {
         "{}; echo harness-rc=$?; systemctl --no-block reboot",
         upgrade_command(&target)
     );
-    let out = c.ssh.output(&script, OPERATION_TIMEOUT).await;
+    let out = c.output(&script, OPERATION_TIMEOUT).await;
     wait_new_boot(c, &boot).await?;
     let rebooted = t0.elapsed();
     // The operation's result, if its output arrived before the connection went.
@@ -572,7 +579,6 @@ async fn back_to_install(c: &Ctx<'_>) -> anyhow::Result<Checked> {
         wait_start_limit(c, STARTS_BACK, "the upgrade back to the install's image").await?;
     let t0 = Instant::now();
     let out = c
-        .ssh
         .output(&upgrade_command(&target), OPERATION_TIMEOUT)
         .await?;
     expect_scheduled(out.code, &out.stdout, &out.stderr, &target)?;
@@ -732,9 +738,10 @@ mod tests {
 
     #[test]
     fn the_group_is_registered_with_its_checks() {
-        let names: Vec<&str> = checks().iter().map(|(n, _)| *n).collect();
+        let names: Vec<&str> = GROUP.checks.iter().map(|c| c.name).collect();
         assert_eq!(names.len(), 8);
-        assert_eq!(crate::checks::checks_of("upgrade").len(), names.len());
+        let registered = crate::groups::select(Some("upgrade")).unwrap();
+        assert_eq!(registered[0].checks.len(), names.len());
         assert!(names.iter().any(|n| n.contains("tag alone")));
         assert!(names.iter().any(|n| n.contains("reboot")));
     }

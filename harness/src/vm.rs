@@ -13,8 +13,8 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use aks_flex_node::oci::RegistryClient;
-use flex_host::runner::{Cmd, ProcessRunner, Runner};
+use flex_host::runner::{Cmd, Runner};
+use flex_oci::RegistryClient;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressState, ProgressStyle};
 use serde::{Deserialize, Serialize};
 
@@ -106,8 +106,8 @@ pub struct State {
     pub snapshot: Option<String>,
     /// Seconds per `up` phase.
     pub timings: Vec<(String, f64)>,
-    /// The kind cluster, as [`crate::cluster::record`] writes it (kept as JSON so every save
-    /// of the state keeps it).
+    /// The kind cluster, as the cluster module's `record` writes it (kept as JSON so every
+    /// save of the state keeps it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cluster: Option<serde_json::Value>,
 }
@@ -401,33 +401,45 @@ pub async fn kill_qemu(pid: u32) {
         return;
     };
     let _ = rustix::process::kill_process(p, rustix::process::Signal::TERM);
-    for _ in 0..100 {
-        if !pid_alive(pid).await {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+    let exited = flex_host::retry::wait_until(
+        "QEMU to exit on SIGTERM",
+        Duration::from_secs(10),
+        Duration::from_millis(100),
+        || async {
+            if pid_alive(pid).await {
+                Err(format!("QEMU {pid} runs"))
+            } else {
+                Ok(())
+            }
+        },
+    )
+    .await;
+    if exited.is_err() {
+        let _ = rustix::process::kill_process(p, rustix::process::Signal::KILL);
     }
-    let _ = rustix::process::kill_process(p, rustix::process::Signal::KILL);
 }
 
-/// `down`: stops QEMU and the registry and removes the VM's disk and runtime files (the SSH
-/// key and the cached OS images stay). Nothing is left running.
-pub async fn down(work: &Path) -> anyhow::Result<()> {
+/// `down`: stops QEMU and the registry (through `r`) and removes the VM's disk and runtime
+/// files (the SSH key and the cached OS images stay). Nothing is left running.
+pub async fn down(r: &dyn Runner, work: &Path) -> anyhow::Result<()> {
     if let Some(state) = State::load(work)? {
         if let Some(pid) = state.qemu_pid {
             kill_qemu(pid).await;
         }
         if let Some(reg) = &state.registry {
-            registry::stop(reg).await?;
+            registry::stop(r, reg).await?;
         }
     }
     // A registry started by an `up` that failed before it saved its state has a PID file only.
     let reg_dir = work.join("registry");
     if reg_dir.join("registry.pid").exists() {
-        registry::stop(&Registry {
-            port: 0,
-            dir: reg_dir,
-        })
+        registry::stop(
+            r,
+            &Registry {
+                port: 0,
+                dir: reg_dir,
+            },
+        )
         .await?;
     }
     // A QEMU from a crashed `up` may have written its PID file only.
@@ -450,8 +462,13 @@ pub async fn down(work: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Runs the short KVM probe boot of `kernel` and decides the accelerator.
-pub async fn choose_accel(work: &Path, kernel: &Path, try_kvm: bool) -> (Accel, String) {
+/// Runs the short KVM probe boot of `kernel` through `r` and decides the accelerator.
+pub async fn choose_accel(
+    r: &dyn Runner,
+    work: &Path,
+    kernel: &Path,
+    try_kvm: bool,
+) -> (Accel, String) {
     let probe = if !try_kvm {
         Probe::NotRun("not requested".into())
     } else if !Path::new("/dev/kvm").exists() {
@@ -472,7 +489,7 @@ pub async fn choose_accel(work: &Path, kernel: &Path, try_kvm: bool) -> (Accel, 
             ])
             .arg(format!("file:{}", console.display()))
             .timeout(Duration::from_secs(25));
-        match ProcessRunner::new().output(&cmd).await {
+        match r.output(&cmd).await {
             Ok(out) => Probe::Exited {
                 code: out.code,
                 console: format!(
@@ -490,67 +507,81 @@ pub async fn choose_accel(work: &Path, kernel: &Path, try_kvm: bool) -> (Accel, 
     kvm::decide(try_kvm, &probe)
 }
 
-/// Waits until `ssh true` succeeds; on timeout, the last console lines are in the error.
+/// Waits until `ssh true` succeeds; fails at once when QEMU exits, and on timeout, with the
+/// last console lines in the error.
 pub async fn wait_ssh(
+    r: &dyn Runner,
     ssh: &Ssh,
     serial: &Path,
     qemu_pid: u32,
     timeout: Duration,
 ) -> anyhow::Result<()> {
-    let start = Instant::now();
-    loop {
-        if let Ok(o) = ssh.output("true", Duration::from_secs(20)).await
-            && o.success()
-        {
-            return Ok(());
-        }
-        if !pid_alive(qemu_pid).await {
-            anyhow::bail!(
-                "QEMU exited before the guest answered SSH; last console lines:\n{}",
-                tail(serial, 30)
-            );
-        }
-        if start.elapsed() > timeout {
-            anyhow::bail!(
-                "the guest did not answer SSH within {timeout:?}; last console lines:\n{}",
-                tail(serial, 30)
-            );
-        }
-        tokio::time::sleep(Duration::from_secs(2)).await;
-    }
+    flex_host::retry::wait_until(
+        "the guest to answer SSH",
+        timeout,
+        Duration::from_secs(2),
+        || async {
+            match ssh.output(r, "true", Duration::from_secs(20)).await {
+                Ok(o) if o.success() => Ok(Ok(())),
+                Ok(o) => {
+                    if !pid_alive(qemu_pid).await {
+                        return Ok(Err(()));
+                    }
+                    Err(format!("exit {:?}: {}", o.code, o.stderr.trim()))
+                }
+                Err(e) => {
+                    if !pid_alive(qemu_pid).await {
+                        return Ok(Err(()));
+                    }
+                    Err(format!("{e:#}"))
+                }
+            }
+        },
+    )
+    .await
+    .map_err(|_| {
+        anyhow::anyhow!(
+            "the guest did not answer SSH within {timeout:?}; last console lines:\n{}",
+            tail(serial, 30)
+        )
+    })?
+    .map_err(|()| {
+        anyhow::anyhow!(
+            "QEMU exited before the guest answered SSH; last console lines:\n{}",
+            tail(serial, 30)
+        )
+    })
 }
 
-/// Creates a qcow2 overlay of `base`.
-pub async fn create_overlay(base: &Path, overlay: &Path) -> anyhow::Result<()> {
+/// Creates a qcow2 overlay of `base` with `r`.
+pub async fn create_overlay(r: &dyn Runner, base: &Path, overlay: &Path) -> anyhow::Result<()> {
     let _ = std::fs::remove_file(overlay);
     let format = if base.extension().is_some_and(|e| e == "qcow2") {
         "qcow2"
     } else {
         "raw"
     };
-    ProcessRunner::new()
-        .run(
-            &Cmd::new("qemu-img")
-                .args(["create", "-q", "-f", "qcow2", "-F", format, "-b"])
-                .arg(base.display().to_string())
-                .arg(overlay.display().to_string()),
-        )
-        .await?;
+    r.run(
+        &Cmd::new("qemu-img")
+            .args(["create", "-q", "-f", "qcow2", "-F", format, "-b"])
+            .arg(base.display().to_string())
+            .arg(overlay.display().to_string()),
+    )
+    .await?;
     Ok(())
 }
 
-/// Boots QEMU detached and returns its PID.
-pub async fn boot(spec: &QemuSpec) -> anyhow::Result<u32> {
+/// Boots QEMU detached with `r` and returns its PID.
+pub async fn boot(r: &dyn Runner, spec: &QemuSpec) -> anyhow::Result<u32> {
     let _ = std::fs::remove_file(&spec.pidfile);
     let _ = std::fs::remove_file(&spec.serial_log);
     let _ = std::fs::remove_file(&spec.qmp_socket);
-    ProcessRunner::new()
-        .run(
-            &Cmd::new("qemu-system-x86_64")
-                .args(qemu::args(spec))
-                .timeout(Duration::from_secs(60)),
-        )
-        .await?;
+    r.run(
+        &Cmd::new("qemu-system-x86_64")
+            .args(qemu::args(spec))
+            .timeout(Duration::from_secs(60)),
+    )
+    .await?;
     let pid: u32 = std::fs::read_to_string(&spec.pidfile)?.trim().parse()?;
     Ok(pid)
 }
@@ -560,8 +591,9 @@ pub async fn qmp(state: &State) -> anyhow::Result<QmpClient> {
     Ok(QmpClient::connect(&state.qmp_socket(), Duration::from_secs(120)).await?)
 }
 
-/// Restores the ready snapshot, sets the guest's clock and waits for SSH.
-pub async fn restore(state: &State) -> anyhow::Result<()> {
+/// Restores the ready snapshot, sets the guest's clock and waits for SSH (commands through
+/// `r`).
+pub async fn restore(r: &dyn Runner, state: &State) -> anyhow::Result<()> {
     let Some(name) = &state.snapshot else {
         anyhow::bail!("no snapshot was saved by up");
     };
@@ -573,6 +605,7 @@ pub async fn restore(state: &State) -> anyhow::Result<()> {
         .as_secs();
     let pid = state.qemu_pid.unwrap_or_default();
     wait_ssh(
+        r,
         &state.ssh,
         &state.serial_log(),
         pid,
@@ -582,6 +615,7 @@ pub async fn restore(state: &State) -> anyhow::Result<()> {
     state
         .ssh
         .run(
+            r,
             &format!("date -s @{now} >/dev/null"),
             Duration::from_secs(30),
         )
@@ -603,9 +637,9 @@ pub fn registry_client() -> anyhow::Result<RegistryClient> {
     Ok(RegistryClient::new(flex_host::http::client()?))
 }
 
-/// Starts the registry under `work`.
-pub async fn start_registry(work: &Path) -> anyhow::Result<Registry> {
-    registry::start(&work.join("registry")).await
+/// Starts the registry under `work`, with `r`.
+pub async fn start_registry(r: &dyn Runner, work: &Path) -> anyhow::Result<Registry> {
+    registry::start(r, &work.join("registry")).await
 }
 
 /// The QEMU spec for the state's VM.
@@ -678,10 +712,13 @@ mod tests {
     #[tokio::test]
     async fn down_stops_a_registry_without_state() {
         let d = tempfile::tempdir().unwrap();
-        let reg = registry::start(&d.path().join("registry")).await.unwrap();
+        let r = flex_host::runner::ProcessRunner::new();
+        let reg = registry::start(&r, &d.path().join("registry"))
+            .await
+            .unwrap();
         let addr = reg.host_addr();
         assert!(tokio::net::TcpStream::connect(&addr).await.is_ok());
-        down(d.path()).await.unwrap();
+        down(&r, d.path()).await.unwrap();
         assert!(
             tokio::net::TcpStream::connect(&addr).await.is_err(),
             "registry still runs"
@@ -752,6 +789,8 @@ mod tests {
     #[tokio::test]
     async fn down_without_state_is_fine() {
         let d = tempfile::tempdir().unwrap();
-        down(d.path()).await.unwrap();
+        down(&flex_host::runner::ProcessRunner::new(), d.path())
+            .await
+            .unwrap();
     }
 }

@@ -452,10 +452,10 @@ pub async fn ensure(
     Ok(dest)
 }
 
-/// [`ensure`] with the real runner and download: what `cargo xtask up --acl-gallery` runs.
-pub async fn export(opts: &GalleryOptions, p: &Progress) -> Result<PathBuf> {
+/// [`ensure`] with `runner` and the real download: what `cargo xtask up --acl-gallery` runs.
+pub async fn export(runner: &dyn Runner, opts: &GalleryOptions, p: &Progress) -> Result<PathBuf> {
     let fetch = super::download::HttpFetch::new()?;
-    ensure(&flex_host::runner::ProcessRunner::new(), &fetch, opts, p).await
+    ensure(runner, &fetch, opts, p).await
 }
 
 struct Export<'a> {

@@ -19,13 +19,14 @@
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use flex_host::runner::{ProcessRunner, Runner};
 use flex_host::secret::Secret;
+use futures::future::BoxFuture;
 
-use super::kube::{Guest, Kubectl, Pace, Seen, poll};
-use super::{ClusterInfo, parse, render};
-use crate::checks::{CheckFn, Ctx};
-use crate::report::Checked;
+use crate::check::{Ctx, Group, Needs, check, secs};
+use crate::cluster::kube::{GUEST_TIMEOUT, Guest, Kubectl, Pace, Seen, poll};
+use crate::cluster::{Availability, ClusterInfo, parse, render};
+use crate::guest_json::{self, AgentConfig};
+use crate::report::{Checked, Outcome};
 
 const NODE_READY_TIMEOUT: Duration = Duration::from_secs(600);
 const CERT_TIMEOUT: Duration = Duration::from_secs(180);
@@ -41,7 +42,7 @@ const BOOTSTRAP_TIMEOUT: Duration = Duration::from_secs(1800);
 const AGENT_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// The daemon's state on the host.
-pub const DAEMON_STATE: &str = "/etc/aks-flex-node/daemon-state.json";
+pub use crate::guest_json::DAEMON_STATE;
 /// The daemon's client certificate, once the CSR approver approved it.
 pub const DAEMON_CERT: &str = "/etc/aks-flex-node/daemon-credentials/cert.pem";
 /// The label the re-bootstrap after AgentReset adds to the bootstrap inputs (a fresh config).
@@ -58,7 +59,7 @@ pub struct RepaveMemo {
     pub settings_version: String,
 }
 
-static REPAVE: Mutex<Option<RepaveMemo>> = Mutex::new(None);
+static REPAVE_MEMO: Mutex<Option<RepaveMemo>> = Mutex::new(None);
 
 /// What the checks work with.
 pub struct Env<'a> {
@@ -79,11 +80,11 @@ pub struct Env<'a> {
 }
 
 impl<'a> Env<'a> {
-    /// The environment of a real run, for `info` (see [`cluster_of`]).
-    pub fn new(c: &'a Ctx<'a>, r: &'a dyn Runner, info: &'a ClusterInfo) -> Self {
+    /// The environment of a real run, for `info` (see [`cluster_of`]), through `c`'s runner.
+    pub fn new(c: &'a Ctx<'a>, info: &'a ClusterInfo) -> Self {
         Self {
-            kubectl: Kubectl::new(r, &info.kubeconfig),
-            guest: Guest::new(r, c.ssh),
+            kubectl: Kubectl::new(c.runner, &info.kubeconfig),
+            guest: c.guest(),
             info,
             bootstrap_env: c.state.bootstrap_env.as_deref().unwrap_or_default(),
             pace: Pace::REAL,
@@ -91,7 +92,7 @@ impl<'a> Env<'a> {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map(|d| d.as_secs())
                 .unwrap_or_default(),
-            memo: &REPAVE,
+            memo: &REPAVE_MEMO,
         }
     }
 
@@ -110,78 +111,102 @@ impl<'a> Env<'a> {
 
 /// The cluster `up` recorded beside the VM's state; an error (the skip reason) without one.
 pub fn cluster_of(c: &Ctx<'_>) -> anyhow::Result<ClusterInfo> {
-    match super::load(&c.state.work)? {
-        super::Availability::Ready(info) => Ok(*info),
+    match crate::cluster::load(&c.state.work)? {
+        Availability::Ready(info) => Ok(*info),
         a => Err(anyhow::anyhow!("{}", a.skip_reason())),
     }
 }
 
-macro_rules! check {
-    ($name:literal, $f:ident) => {
-        (
-            $name,
-            (|c| {
-                Box::pin(async move {
-                    let r = ProcessRunner::new();
-                    let info = cluster_of(c)?;
-                    let env = Env::new(c, &r, &info);
-                    $f(&env).await
-                })
-            }) as CheckFn,
-        )
-    };
+/// A cluster check: runs against the [`Env`] of a real run.
+pub type EnvCheck = for<'e> fn(&'e Env<'e>) -> BoxFuture<'e, anyhow::Result<Checked>>;
+
+/// Runs the cluster check `f` against the environment of `c`'s cluster (the `via` of every
+/// cluster group's [`check!`]).
+pub async fn in_cluster(c: &Ctx<'_>, f: EnvCheck) -> anyhow::Result<Checked> {
+    let info = cluster_of(c)?;
+    let env = Env::new(c, &info);
+    f(&env).await
 }
 
-/// The checks of a cluster group, in order (none for another group).
-pub fn checks_of(group: &str) -> Vec<(&'static str, CheckFn)> {
-    match group {
-        "node-join" => vec![
-            check!("the Node is Ready", node_ready),
-            check!(
-                "the daemon got its client certificate (the controller's CSR approver)",
-                daemon_certificate
-            ),
-            check!("the active machine runs", active_machine_runs),
-            check!(
-                "a probe pod runs on the node and kubectl logs reaches it",
-                probe_pod_runs
-            ),
-        ],
-        "repave" => vec![
-            check!(
-                "a new settings version and a deleted Node start the other machine",
-                repave_starts_other_machine
-            ),
-            check!("a new Node is Ready", new_node_ready),
-            check!(
-                "the old machine is removed with its bpffs mount",
-                old_machine_removed
-            ),
-            check!("a pod runs on the repaved node", probe_pod_runs),
-        ],
-        "machine-operations" => vec![
-            check!(
-                "a NodeReboot MachineOperation completes and the machine restarts",
-                node_reboot
-            ),
-            check!("the node is Ready again", node_ready),
-            check!("an AgentReset MachineOperation completes", agent_reset),
-            check!(
-                "AgentReset leaves no machine, bpffs mount, config, state or agent unit",
-                agent_reset_leaves_nothing
-            ),
-            check!(
-                "the bootstrap unit with a fresh config joins the node again",
-                rejoin_after_reset
-            ),
-        ],
-        _ => Vec::new(),
-    }
-}
+/// The `node-join` group.
+pub const NODE_JOIN: Group = Group {
+    name: "node-join",
+    description: "the node joins the cluster and is Ready, the daemon's CSR is approved, the active machine runs, a pod runs on it and kubectl logs reaches it",
+    needs: Needs::Cluster,
+    checks: &[
+        check!("the Node is Ready", node_ready, via in_cluster),
+        check!(
+            "the daemon got its client certificate (the controller's CSR approver)",
+            daemon_certificate,
+            via in_cluster
+        ),
+        check!(
+            "the active machine runs",
+            active_machine_runs,
+            via in_cluster
+        ),
+        check!(
+            "a probe pod runs on the node and kubectl logs reaches it",
+            probe_pod_runs,
+            via in_cluster
+        ),
+    ],
+};
 
-fn secs(d: Duration) -> String {
-    format!("{:.1}s", d.as_secs_f64())
-}
+/// The `repave` group.
+pub const REPAVE: Group = Group {
+    name: "repave",
+    description: "a new settings version (eTag) and a deleted Node move the node to the other machine: a new Ready Node, the old machine and its bpffs mount removed, a pod runs",
+    needs: Needs::Cluster,
+    checks: &[
+        check!(
+            "a new settings version and a deleted Node start the other machine",
+            repave_starts_other_machine,
+            via in_cluster
+        ),
+        check!("a new Node is Ready", new_node_ready, via in_cluster),
+        check!(
+            "the old machine is removed with its bpffs mount",
+            old_machine_removed,
+            via in_cluster
+        ),
+        check!(
+            "a pod runs on the repaved node",
+            probe_pod_runs,
+            via in_cluster
+        ),
+    ],
+};
+
+/// The `machine-operations` group.
+pub const MACHINE_OPERATIONS: Group = Group {
+    name: "machine-operations",
+    description: "NodeReboot and AgentReset MachineOperations through the API finish Complete; the node is Ready after the reboot, and joins again after the reset and a fresh bootstrap",
+    needs: Needs::Cluster,
+    checks: &[
+        check!(
+            "a NodeReboot MachineOperation completes and the machine restarts",
+            node_reboot,
+            via in_cluster
+        ),
+        check!("the node is Ready again", node_ready, via in_cluster),
+        check!(
+            "an AgentReset MachineOperation completes",
+            agent_reset,
+            via in_cluster
+        ),
+        check!(
+            "AgentReset leaves no machine, bpffs mount, config, state or agent unit",
+            agent_reset_leaves_nothing,
+            via in_cluster
+        ),
+        check!(
+            "the bootstrap unit with a fresh config joins the node again",
+            rejoin_after_reset,
+            via in_cluster
+        ),
+    ],
+};
 
 /// Waits for the Node to be Ready (and, with `other_than`, to be a Node with another uid).
 async fn wait_node_ready(
@@ -228,7 +253,7 @@ async fn daemon_certificate(e: &Env<'_>) -> anyhow::Result<Checked> {
             let o = g
                 .output(
                     &format!("test -s {DAEMON_CERT} && echo present"),
-                    super::kube::GUEST_TIMEOUT,
+                    GUEST_TIMEOUT,
                 )
                 .await?;
             Ok(if o.stdout.contains("present") {
@@ -239,7 +264,7 @@ async fn daemon_certificate(e: &Env<'_>) -> anyhow::Result<Checked> {
         },
     )
     .await?;
-    Ok(Checked::from(crate::report::Outcome::Passed))
+    Ok(Checked::from(Outcome::Passed))
 }
 
 async fn daemon_state(g: Guest<'_>) -> anyhow::Result<parse::DaemonStateView> {
@@ -554,7 +579,7 @@ async fn agent_reset_leaves_nothing(e: &Env<'_>) -> anyhow::Result<Checked> {
         },
     )
     .await?;
-    Ok(Checked::from(crate::report::Outcome::Passed))
+    Ok(Checked::from(Outcome::Passed))
 }
 
 /// The bootstrap inputs of the re-bootstrap: `up`'s, plus [`REJOIN_LABEL`].
@@ -565,17 +590,17 @@ pub fn rejoin_env(env: &str) -> Secret {
     }
     s.push_str(&format!(
         "{}={REJOIN_LABEL}\n",
-        aks_flex_node::bootstrap::inputs::LABELS
+        flex_api::bootstrap_env::keys::LABELS
     ));
     Secret::new(s)
 }
 
 fn token_in(env: &str) -> Option<String> {
-    aks_flex_node::bootstrap::env::parse(env)
+    flex_api::bootstrap_env::parse(env)
         .ok()?
         .into_iter()
         .rev()
-        .find(|e| e.key == aks_flex_node::bootstrap::inputs::BOOTSTRAP_TOKEN)
+        .find(|e| e.key == flex_api::bootstrap_env::keys::BOOTSTRAP_TOKEN)
         .map(|e| e.value)
 }
 
@@ -610,7 +635,7 @@ async fn rejoin_after_reset(e: &Env<'_>) -> anyhow::Result<Checked> {
                 .output(
                     "systemctl is-active aks-flex-node-agent.service; \
                      ctr -n aks-flex tasks ls 2>/dev/null | grep -q '^aks-flex-agent .*RUNNING' && echo task-running; true",
-                    super::kube::GUEST_TIMEOUT,
+                    GUEST_TIMEOUT,
                 )
                 .await?;
             Ok(if o.stdout.lines().next() == Some("active") && o.stdout.contains("task-running") {
@@ -621,9 +646,12 @@ async fn rejoin_after_reset(e: &Env<'_>) -> anyhow::Result<Checked> {
         },
     )
     .await?;
-    let config = e.guest.sh("cat /etc/aks-flex-node/config.json").await?;
+    let config: AgentConfig = guest_json::parse(
+        guest_json::CONFIG,
+        &e.guest.sh(&format!("cat {}", guest_json::CONFIG)).await?,
+    )?;
     let label = REJOIN_LABEL.split('=').next().unwrap_or_default();
-    if !config.contains(label) {
+    if !config.node.labels.contains_key(label) {
         anyhow::bail!(
             "the fresh config was not used: /etc/aks-flex-node/config.json lacks {label}"
         );
@@ -934,7 +962,7 @@ mod tests {
     #[test]
     fn the_rejoin_env_adds_a_label_to_ups_inputs() {
         let env = rejoin_env("AKS_FLEX_NODE_NODE_NAME=n");
-        let entries = aks_flex_node::bootstrap::env::parse(env.expose()).unwrap();
+        let entries = flex_api::bootstrap_env::parse(env.expose()).unwrap();
         assert_eq!(entries.last().unwrap().value, REJOIN_LABEL);
         assert_eq!(
             token_in("AKS_FLEX_NODE_BOOTSTRAP_TOKEN='abcdef.0123456789abcdef'\n").as_deref(),
@@ -943,13 +971,10 @@ mod tests {
     }
 
     #[test]
-    fn every_cluster_group_has_checks() {
-        for g in crate::groups::GROUPS
-            .iter()
-            .filter(|g| g.needs == crate::groups::Needs::Cluster)
-        {
-            assert!(!checks_of(g.name).is_empty(), "{}", g.name);
+    fn every_cluster_group_needs_the_cluster() {
+        for g in [NODE_JOIN, REPAVE, MACHINE_OPERATIONS] {
+            assert_eq!(g.needs, Needs::Cluster, "{}", g.name);
+            assert!(!g.checks.is_empty(), "{}", g.name);
         }
-        assert!(checks_of("machines").is_empty());
     }
 }

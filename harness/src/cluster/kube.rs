@@ -6,17 +6,16 @@
 
 use std::future::Future;
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
 
-use flex_host::runner::{Cmd, Output, Runner};
+use flex_host::runner::{Cmd, Runner};
 use flex_host::secret::Secret;
 
-use crate::ssh::Ssh;
+pub use crate::ssh::{GUEST_TIMEOUT, Guest};
 
 /// How long one `kubectl` call may take.
 pub const KUBECTL_TIMEOUT: Duration = Duration::from_secs(120);
-/// How long one guest command may take, unless the caller says otherwise.
-pub const GUEST_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// The kind cluster's `kubectl`.
 #[derive(Clone, Copy)]
@@ -107,71 +106,6 @@ impl<'a> Kubectl<'a> {
     }
 }
 
-/// A root shell in the VM, over the harness's SSH, through a [`Runner`].
-#[derive(Clone, Copy)]
-pub struct Guest<'a> {
-    runner: &'a dyn Runner,
-    ssh: &'a Ssh,
-}
-
-impl<'a> Guest<'a> {
-    /// The guest `ssh` reaches.
-    pub fn new(runner: &'a dyn Runner, ssh: &'a Ssh) -> Self {
-        Self { runner, ssh }
-    }
-
-    /// Runs `script`; its output whatever the exit code.
-    pub async fn output(&self, script: &str, timeout: Duration) -> anyhow::Result<Output> {
-        Ok(self.runner.output(&self.ssh.cmd(script, timeout)).await?)
-    }
-
-    /// Runs `script`; its trimmed stdout, or an error unless it exits 0.
-    pub async fn sh(&self, script: &str) -> anyhow::Result<String> {
-        self.sh_t(script, GUEST_TIMEOUT).await
-    }
-
-    /// [`Guest::sh`] with a deadline.
-    pub async fn sh_t(&self, script: &str, timeout: Duration) -> anyhow::Result<String> {
-        Ok(self
-            .runner
-            .run(&self.ssh.cmd(script, timeout))
-            .await?
-            .stdout
-            .trim()
-            .to_string())
-    }
-
-    /// Runs `script` with `data` on its stdin (for content that must not be in an argument,
-    /// such as a bootstrap.env with a token); an error unless it exits 0, with each of `hide`
-    /// replaced by `***REDACTED***`.
-    pub async fn sh_stdin(
-        &self,
-        script: &str,
-        data: &Secret,
-        hide: &[&str],
-    ) -> anyhow::Result<String> {
-        let cmd = self
-            .ssh
-            .cmd(script, GUEST_TIMEOUT)
-            .stdin(data.expose().as_bytes().to_vec());
-        match self.runner.run(&cmd).await {
-            Ok(o) => Ok(o.stdout.trim().to_string()),
-            Err(e) => {
-                let mut text = e.to_string();
-                for h in hide.iter().filter(|h| !h.is_empty()) {
-                    text = text.replace(h, flex_host::runner::REDACTED);
-                }
-                Err(anyhow::anyhow!(text))
-            }
-        }
-    }
-
-    /// The SSH access.
-    pub fn ssh(&self) -> &Ssh {
-        self.ssh
-    }
-}
-
 /// One look of a [`poll`].
 #[derive(Debug)]
 pub enum Seen<T> {
@@ -214,7 +148,8 @@ impl Pace {
 
 /// Looks with `probe` every `pace.every` until it is [`Seen::Done`]; fails on
 /// [`Seen::Fail`], or after `timeout` (scaled), naming `what` and the last thing seen (an
-/// error of a look counts as seen, and the wait goes on).
+/// error of a look counts as seen, and the wait goes on). The waiting is
+/// [`flex_host::retry::wait_until`]'s.
 pub async fn poll<T, F, Fut>(
     what: &str,
     timeout: Duration,
@@ -225,24 +160,32 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = anyhow::Result<Seen<T>>>,
 {
-    let start = Instant::now();
     let timeout = pace.timeout(timeout);
-    let mut looks = 0u32;
-    loop {
-        looks += 1;
-        let last = match probe().await {
-            Ok(Seen::Done(v)) => return Ok(v),
-            Ok(Seen::Not(s)) => s,
-            Ok(Seen::Fail(s)) => anyhow::bail!("{what}: {s}"),
-            Err(e) => format!("no answer ({e:#})"),
-        };
-        if start.elapsed() >= timeout {
-            anyhow::bail!(
-                "timed out after {:.0}s ({looks} looks) waiting for {what}; last seen: {last}",
-                timeout.as_secs_f64()
-            );
+    let looks = AtomicU32::new(0);
+    let looks = &looks;
+    // A look that says it never will be ends the wait with `Ok(Err(…))`.
+    let seen = flex_host::retry::wait_until(what, timeout, pace.every, || {
+        looks.fetch_add(1, Ordering::Relaxed);
+        let look = probe();
+        async move {
+            match look.await {
+                Ok(Seen::Done(v)) => Ok(Ok(v)),
+                Ok(Seen::Not(s)) => Err(s),
+                Ok(Seen::Fail(s)) => Ok(Err(s)),
+                Err(e) => Err(format!("no answer ({e:#})")),
+            }
         }
-        tokio::time::sleep(pace.every).await;
+    })
+    .await;
+    match seen {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(s)) => anyhow::bail!("{what}: {s}"),
+        Err(t) => anyhow::bail!(
+            "timed out after {:.0}s ({} looks) waiting for {what}; last seen: {}",
+            timeout.as_secs_f64(),
+            looks.load(Ordering::Relaxed),
+            t.last_seen
+        ),
     }
 }
 
@@ -254,6 +197,8 @@ pub fn cluster_dir(work: &std::path::Path) -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ssh::Ssh;
+    use flex_host::runner::Output;
     use flex_testkit::FakeRunner;
 
     #[tokio::test]

@@ -263,23 +263,16 @@ pub fn default_gateway(text: &str) -> Option<String> {
 }
 
 /// The daemon's state file (`/etc/aks-flex-node/daemon-state.json`), as the checks read it.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct DaemonStateView {
-    /// `activeMachine`.
-    pub active_machine: String,
-    /// `appliedSettingsVersion`.
-    pub applied_settings_version: String,
-}
+pub use crate::guest_json::DaemonState as DaemonStateView;
 
 /// Parses the daemon's state file; an empty text is "no state".
 pub fn daemon_state(text: &str) -> anyhow::Result<Option<DaemonStateView>> {
-    let Some(v) = parse_opt(text, "daemon-state.json")? else {
+    if text.trim().is_empty() {
         return Ok(None);
-    };
-    Ok(Some(DaemonStateView {
-        active_machine: s(&v, "/activeMachine"),
-        applied_settings_version: s(&v, "/appliedSettingsVersion"),
-    }))
+    }
+    serde_json::from_str(text)
+        .map(Some)
+        .map_err(|e| anyhow::anyhow!("daemon-state.json: not JSON ({e})"))
 }
 
 #[cfg(test)]

@@ -1,4 +1,4 @@
-//! Building blocks shared by the cached image builds ([`super`] and [`crate::fixtures`]):
+//! Building blocks shared by the cached image builds ([`super`] and the fixtures module):
 //! recipe hashing, the root and tool checks, the cache lock, build directories that appear
 //! under their final name only when complete, removal that never descends into a mount, and
 //! running a build command with its output kept in a log file.
@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use sha2::{Digest, Sha256};
 
-use flex_host::runner::{Cmd, ProcessRunner, Runner};
+use flex_host::runner::{Cmd, Runner};
 
 /// SHA-256 over labelled, length-prefixed parts, so that moving bytes from one part to the
 /// next changes the hash.
@@ -47,7 +47,7 @@ pub(crate) fn require_root(what: &str) -> Result<()> {
 /// Makes sure `program` is on `PATH`, or fails naming the Debian `package` that provides it
 /// (`cargo xtask up` installs it before the harness runs).
 pub(crate) async fn ensure_tool(
-    runner: &ProcessRunner,
+    runner: &dyn Runner,
     program: &str,
     package: &str,
     _progress: &dyn Fn(&str),
@@ -231,7 +231,7 @@ pub(crate) fn sh_quote(s: &str) -> String {
 
 /// Runs `cmd`, appending its argv, stdout and stderr to `log`; on failure the error names the
 /// log and quotes the last lines of stderr.
-pub(crate) async fn run_logged(runner: &ProcessRunner, cmd: &Cmd, log: &Path) -> Result<()> {
+pub(crate) async fn run_logged(runner: &dyn Runner, cmd: &Cmd, log: &Path) -> Result<()> {
     use std::io::Write;
     let out = runner.output(cmd).await?;
     let mut f = File::options()

@@ -16,8 +16,8 @@
 
 use std::path::{Path, PathBuf};
 
-use aks_flex_node::oci::RegistryClient;
 use flex_image::{Layer, LayerBlob};
+use flex_oci::RegistryClient;
 
 use crate::images;
 
@@ -450,7 +450,8 @@ mod tests {
     #[tokio::test]
     async fn pushed_then_reused_then_rebuilt() {
         let d = tempfile::tempdir().unwrap();
-        let reg = crate::registry::start(&d.path().join("registry"))
+        let runner = flex_host::runner::ProcessRunner::new();
+        let reg = crate::registry::start(&runner, &d.path().join("registry"))
             .await
             .unwrap();
         let client = crate::vm::registry_client().unwrap();
@@ -510,13 +511,12 @@ mod tests {
         assert!(why.starts_with("reused"), "{why}");
 
         // The pushed broken candidate: the base's layer, then the entrypoint replaced.
-        let image =
-            aks_flex_node::oci::ImageRef::parse(&first.broken.replacen(guest, &host, 1)).unwrap();
+        let image = flex_oci::ImageRef::parse(&first.broken.replacen(guest, &host, 1)).unwrap();
         let fetched = client
             .fetch_manifest(&image, image.digest.as_ref().unwrap().as_str(), None)
             .await
             .unwrap();
-        let aks_flex_node::oci::manifest::Manifest::Image(m) = fetched.manifest else {
+        let flex_oci::manifest::Manifest::Image(m) = fetched.manifest else {
             panic!("not an image manifest");
         };
         assert_eq!(m.layers.len(), 2);
@@ -527,8 +527,8 @@ mod tests {
         );
 
         // A new registry (as after `up`): missing there, so pushed again, same digests.
-        crate::registry::stop(&reg).await.unwrap();
-        let reg2 = crate::registry::start(&d.path().join("registry2"))
+        crate::registry::stop(&runner, &reg).await.unwrap();
+        let reg2 = crate::registry::start(&runner, &d.path().join("registry2"))
             .await
             .unwrap();
         let host2 = reg2.host_addr();
@@ -553,6 +553,6 @@ mod tests {
             .await
             .unwrap()
         );
-        crate::registry::stop(&reg2).await.unwrap();
+        crate::registry::stop(&runner, &reg2).await.unwrap();
     }
 }

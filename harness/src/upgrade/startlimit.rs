@@ -14,7 +14,7 @@
 //!
 //! systemd's limiter is a fixed window that `systemctl reset-failed` also resets. systemd does
 //! not log a reset, but the agent's recovery does, right after it resets the unit
-//! ([`aks_flex_node::upgrade::START_LIMIT_RESET_LOG`] in the recovery unit's journal): starts
+//! ([`flex_api::upgrade::START_LIMIT_RESET_LOG`] in the recovery unit's journal): starts
 //! before the last such line no longer count. The wait is otherwise the sliding-window bound:
 //! no more than `burst` starts in any `interval`, counting the new ones as happening now. That
 //! bound holds whatever windows systemd had, so it is never too short; it may be longer than
@@ -213,7 +213,7 @@ pub const RECOVERY_UNIT: &str = "aks-flex-node-recovery.service";
 
 /// The times (monotonic, since boot) of the recovery's start-limit resets in
 /// `journalctl -o json` lines: entries whose `MESSAGE` contains
-/// [`aks_flex_node::upgrade::START_LIMIT_RESET_LOG`].
+/// [`flex_api::upgrade::START_LIMIT_RESET_LOG`].
 pub fn parse_resets(journal_json: &str) -> Vec<Duration> {
     journal_json
         .lines()
@@ -221,7 +221,7 @@ pub fn parse_resets(journal_json: &str) -> Vec<Duration> {
         .filter(|v| {
             v.get("MESSAGE")
                 .and_then(|m| m.as_str())
-                .is_some_and(|m| m.contains(aks_flex_node::upgrade::START_LIMIT_RESET_LOG))
+                .is_some_and(|m| m.contains(flex_api::upgrade::START_LIMIT_RESET_LOG))
         })
         .filter_map(|v| {
             v.get("__MONOTONIC_TIMESTAMP")
@@ -291,7 +291,7 @@ mod tests {
     fn starts_before_the_last_recovery_reset_do_not_count() {
         let resets = parse_resets(&format!(
             "{{\"MESSAGE\":\"2026-12-02T18:00:00Z INFO {}\",\"__MONOTONIC_TIMESTAMP\":\"50000000\"}}\n{{\"MESSAGE\":\"other\",\"__MONOTONIC_TIMESTAMP\":\"90000000\"}}\n",
-            aks_flex_node::upgrade::START_LIMIT_RESET_LOG
+            flex_api::upgrade::START_LIMIT_RESET_LOG
         ));
         assert_eq!(resets, [s(50)]);
         assert_eq!(

@@ -1,4 +1,5 @@
-//! `cargo xtask up | check | down`: thin wrappers over `flex_harness::run`.
+//! `cargo xtask up | check | down`: thin wrappers over `flex_harness::run`, which make the
+//! one `ProcessRunner` every command of the harness goes through.
 
 #[cfg(test)]
 use std::path::Path;
@@ -7,6 +8,7 @@ use std::time::Duration;
 
 use flex_harness::acl::gallery::{self, GalleryOptions};
 use flex_harness::vm::{OsImage, Progress, UpOptions};
+use flex_host::runner::ProcessRunner;
 
 /// The harness's work directory.
 pub fn work_dir() -> PathBuf {
@@ -151,6 +153,7 @@ fn os_source(a: &UpArgs, version_env: Option<&str>) -> anyhow::Result<(OsSource,
 pub async fn up(a: UpArgs) -> anyhow::Result<()> {
     let work = work_dir();
     let (source, note) = os_source(&a, std::env::var("ACL_IMAGE_VERSION").ok().as_deref())?;
+    let runner = ProcessRunner::new();
     let progress = Progress::new();
     if let Some(n) = note {
         progress.say(&n);
@@ -159,7 +162,7 @@ pub async fn up(a: UpArgs) -> anyhow::Result<()> {
     let acl_image = match source {
         OsSource::DevHost => None,
         OsSource::Image(p) => Some(p),
-        OsSource::Gallery(g) => Some(gallery::export(&g, &progress).await?),
+        OsSource::Gallery(g) => Some(gallery::export(&runner, &g, &progress).await?),
     };
     let (info, _, _) = progress
         .try_wait(
@@ -168,7 +171,7 @@ pub async fn up(a: UpArgs) -> anyhow::Result<()> {
         )
         .await?;
     let cluster = if a.cluster {
-        Some(cluster_request(&progress).await?)
+        Some(cluster_request(&runner, &progress).await?)
     } else {
         None
     };
@@ -191,6 +194,7 @@ pub async fn up(a: UpArgs) -> anyhow::Result<()> {
         bootstrap_timeout: Duration::from_secs(1800),
     };
     let state = flex_harness::run::up(
+        &runner,
         &crate::project_root(),
         &work,
         &info.layout_dir,
@@ -211,10 +215,12 @@ pub async fn up(a: UpArgs) -> anyhow::Result<()> {
 /// `--cluster`: builds the controller's image (`cargo xtask image --controller`) where a
 /// cluster can be made (kind, kubectl, podman or docker); elsewhere nothing is built, and `up`
 /// records what is missing and boots the VM offline.
-async fn cluster_request(progress: &Progress) -> anyhow::Result<flex_harness::cluster::Request> {
-    let runner = flex_host::runner::ProcessRunner::new();
+async fn cluster_request(
+    runner: &ProcessRunner,
+    progress: &Progress,
+) -> anyhow::Result<flex_harness::cluster::Request> {
     let provider = flex_harness::cluster::provider();
-    match flex_harness::cluster::tools(&runner, provider.as_deref()) {
+    match flex_harness::cluster::tools(runner, provider.as_deref()) {
         Ok(engine) => {
             let out = crate::project_root().join("target/image");
             progress.say(&format!(
@@ -245,7 +251,14 @@ pub async fn check(a: CheckArgs) -> anyhow::Result<()> {
     }
     let work = work_dir();
     let junit = a.junit.unwrap_or_else(|| work.join("check-junit.xml"));
-    let ok = flex_harness::run::check(&work, a.only.as_deref(), a.no_snapshot, &junit).await?;
+    let ok = flex_harness::run::check(
+        &ProcessRunner::new(),
+        &work,
+        a.only.as_deref(),
+        a.no_snapshot,
+        &junit,
+    )
+    .await?;
     if !ok {
         anyhow::bail!("some checks failed");
     }
@@ -254,7 +267,7 @@ pub async fn check(a: CheckArgs) -> anyhow::Result<()> {
 
 /// `cargo xtask down`.
 pub async fn down() -> anyhow::Result<()> {
-    flex_harness::run::down(&work_dir()).await?;
+    flex_harness::run::down(&ProcessRunner::new(), &work_dir()).await?;
     println!("VM, registry and kind cluster stopped; nothing of the harness runs");
     Ok(())
 }

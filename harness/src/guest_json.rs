@@ -1,0 +1,91 @@
+//! The JSON files the checks read from the guest, as typed views (serde): the daemon's state
+//! (`/etc/aks-flex-node/daemon-state.json`) and the agent's config
+//! (`/etc/aks-flex-node/config.json`). Each view names only the fields the checks look at;
+//! others are ignored, and a missing field reads as empty.
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+
+/// The daemon's state on the host.
+pub const DAEMON_STATE: &str = "/etc/aks-flex-node/daemon-state.json";
+/// The agent's config on the host.
+pub const CONFIG: &str = "/etc/aks-flex-node/config.json";
+
+/// What the checks read of the daemon's state.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct DaemonState {
+    /// The machine that runs the node (`kube1` or `kube2`).
+    pub active_machine: String,
+    /// The settings version (eTag) the daemon applied.
+    pub applied_settings_version: String,
+}
+
+/// What the checks read of the agent's config.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(default)]
+pub struct AgentConfig {
+    /// `azure`.
+    pub azure: Azure,
+    /// `node`.
+    pub node: Node,
+}
+
+/// `azure` of the agent's config.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct Azure {
+    /// `azure.targetCluster`.
+    pub target_cluster: TargetCluster,
+}
+
+/// `azure.targetCluster` of the agent's config.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(default)]
+pub struct TargetCluster {
+    /// The cluster's location, as the bootstrap inputs gave it.
+    pub location: String,
+}
+
+/// `node` of the agent's config.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(default)]
+pub struct Node {
+    /// The node's labels.
+    pub labels: BTreeMap<String, String>,
+}
+
+/// Parses `text`, the content of the guest's `file`, as `T`; the error names the file.
+pub fn parse<T: serde::de::DeserializeOwned>(file: &str, text: &str) -> anyhow::Result<T> {
+    serde_json::from_str(text).map_err(|e| anyhow::anyhow!("{file} is not what it should be ({e})"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn views_read_their_fields_and_ignore_the_rest() {
+        let s: DaemonState = parse(
+            DAEMON_STATE,
+            r#"{"activeMachine": "kube2", "appliedSettingsVersion": "harness-2", "x": 1}"#,
+        )
+        .unwrap();
+        assert_eq!(s.active_machine, "kube2");
+        assert_eq!(s.applied_settings_version, "harness-2");
+        let empty: DaemonState = parse(DAEMON_STATE, "{}").unwrap();
+        assert_eq!(empty, DaemonState::default());
+
+        let c: AgentConfig = parse(
+            CONFIG,
+            r#"{"azure": {"targetCluster": {"location": "x$(y)", "resourceId": "/s"}},
+                "node": {"labels": {"harness/a": "true"}}, "agent": {}}"#,
+        )
+        .unwrap();
+        assert_eq!(c.azure.target_cluster.location, "x$(y)");
+        assert!(c.node.labels.contains_key("harness/a"));
+        let e = parse::<AgentConfig>(CONFIG, "not json").unwrap_err();
+        assert!(e.to_string().starts_with(CONFIG), "{e}");
+    }
+}
