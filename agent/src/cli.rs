@@ -10,8 +10,8 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::config;
 use crate::context::Host;
+use crate::flows::preflight::{self, OutputFormat};
 use crate::hostinfo::{HostInfo, RealHostInfo};
-use crate::preflight::{self, OutputFormat};
 
 /// `aks-flex-node`.
 #[derive(Debug, Parser)]
@@ -133,35 +133,35 @@ async fn run_operation(cmd: OperationCommand) -> anyhow::Result<()> {
         } => (kind, params, config),
         OperationCommand::Status => {
             let host = Host::real().await?;
-            let Some(r) = crate::upgrade::Upgrader::new(host).record() else {
+            let Some(r) = crate::flows::upgrade::Upgrader::new(host).record() else {
                 anyhow::bail!(
                     "no AgentUpgrade recorded in {}",
-                    crate::upgrade::RECORD_PATH
+                    crate::flows::upgrade::RECORD_PATH
                 );
             };
-            print!("{}", crate::upgrade::flow::render_record(&r));
+            print!("{}", crate::flows::upgrade::flow::render_record(&r));
             return Ok(());
         }
     };
     require_root("operation run")?;
-    let params = crate::operations::parse_params(&params).map_err(|e| anyhow::anyhow!(e))?;
+    let params = crate::flows::operations::parse_params(&params).map_err(|e| anyhow::anyhow!(e))?;
     let host = Host::real().await?;
-    if let Err(f) = crate::operations::decide::admit(&kind, &params, host.containerized()) {
+    if let Err(f) = crate::flows::operations::decide::admit(&kind, &params, host.containerized()) {
         let r = f.into_result();
-        print!("{}", crate::operations::render_result(&r));
+        print!("{}", crate::flows::operations::render_result(&r));
         anyhow::bail!("{}: {}", r.reason, r.message);
     }
     let loaded = load_config(&config_path)?;
     crate::logging::init(&loaded.config.agent.log_level, None);
-    let node = std::sync::Arc::new(crate::node::NodeMachines::new(
+    let node = std::sync::Arc::new(crate::machine::node::NodeMachines::new(
         host.clone(),
         loaded.config.clone(),
     )?);
-    let handlers = crate::operations::HostHandlers::new(host.clone(), node)
-        .with_upgrader(crate::upgrade::Upgrader::for_host(host.clone()).await);
+    let handlers = crate::flows::operations::HostHandlers::new(host.clone(), node)
+        .with_upgrader(crate::flows::upgrade::Upgrader::for_host(host.clone()).await);
     let executed =
-        crate::operations::run_local(&kind, &params, &handlers, host.containerized()).await;
-    print!("{}", crate::operations::render_executed(&executed));
+        crate::flows::operations::run_local(&kind, &params, &handlers, host.containerized()).await;
+    print!("{}", crate::flows::operations::render_executed(&executed));
     match executed.result() {
         Some(r) if !r.succeeded() => anyhow::bail!("{}: {}", r.reason, r.message),
         _ => Ok(()),
@@ -205,14 +205,14 @@ async fn run_debug(cmd: DebugCommand) -> anyhow::Result<()> {
         }
         DebugCommand::CleanupMachine { machine } => {
             require_root("debug cleanup-machine")?;
-            if !crate::machine::MACHINES.contains(&machine.as_str()) {
+            if !crate::machine::nspawn::MACHINES.contains(&machine.as_str()) {
                 anyhow::bail!("unknown nspawn machine {machine:?}");
             }
             crate::logging::init("info", None);
             let host = Host::real().await?;
-            let t = crate::machine::Timings::default();
-            crate::machine::stop_node(&host, &machine, t).await?;
-            crate::machine::cleanup_machine(&host, &machine, t).await?;
+            let t = crate::machine::nspawn::Timings::default();
+            crate::machine::nspawn::stop_node(&host, &machine, t).await?;
+            crate::machine::nspawn::cleanup_machine(&host, &machine, t).await?;
             host.systemd.daemon_reload().await?;
             Ok(())
         }
@@ -244,7 +244,7 @@ pub fn bootstrap_main(args: Vec<std::ffi::OsString>) -> ExitCode {
     ];
     if args.is_empty() {
         argv.push("--env-file".into());
-        argv.push(crate::bootstrap::BOOTSTRAP_ENV_PATH.into());
+        argv.push(crate::flows::bootstrap::BOOTSTRAP_ENV_PATH.into());
     }
     argv.extend(args);
     main_with_args(argv)
@@ -326,7 +326,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             crate::logging::init(&cfg.agent.log_level, None);
             log_loaded(&loaded);
             let host = Host::real().await?;
-            let machines = crate::node::NodeMachines::new(host.clone(), cfg.clone())?;
+            let machines = crate::machine::node::NodeMachines::new(host.clone(), cfg.clone())?;
             let results = preflight::run_checks(&host, cfg, &machines).await;
             let report = preflight::build_report(results, &a.ignore_preflight_errors);
             match format {
@@ -342,12 +342,12 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             crate::logging::init(&cfg.agent.log_level, Some(Path::new(&cfg.agent.log_dir)));
             log_loaded(&loaded);
             let host = Host::real().await?;
-            let registry = crate::start::NoRegistry(
+            let registry = crate::flows::start::NoRegistry(
                 "this agent has no machine-goal client yet; machine registration skipped",
             );
-            let machines = crate::node::NodeMachines::new(host.clone(), cfg.clone())?;
-            crate::start::run_start(&host, cfg, &registry, &machines).await?;
-            print!("{}", crate::start::START_SUCCESS);
+            let machines = crate::machine::node::NodeMachines::new(host.clone(), cfg.clone())?;
+            crate::flows::start::run_start(&host, cfg, &registry, &machines).await?;
+            print!("{}", crate::flows::start::START_SUCCESS);
             Ok(())
         }
         Command::Daemon(a) => {
@@ -356,8 +356,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             let cfg = &loaded.config;
             crate::logging::init(&cfg.agent.log_level, Some(Path::new(&cfg.agent.log_dir)));
             log_loaded(&loaded);
-            let shutdown = crate::daemon::shutdown_on_signals()?;
-            crate::daemon::run(cfg, shutdown).await
+            let shutdown = crate::flows::daemon::shutdown_on_signals()?;
+            crate::flows::daemon::run(cfg, shutdown).await
         }
         Command::Debug(d) => run_debug(d).await,
         Command::Operation(o) => run_operation(o).await,
@@ -365,7 +365,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             require_root("recover")?;
             crate::logging::init("info", None);
             let host = Host::real().await?;
-            let action = crate::upgrade::Upgrader::for_host(host)
+            let action = crate::flows::upgrade::Upgrader::for_host(host)
                 .await
                 .recover()
                 .await?;
@@ -375,15 +375,15 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::BootstrapNode { env_file } => {
             let host = Host::real().await?;
             let cfg_for_probe = config::Config::default();
-            let machines = crate::node::NodeMachines::new(host.clone(), cfg_for_probe)?;
-            let registry = crate::start::NoRegistry(
+            let machines = crate::machine::node::NodeMachines::new(host.clone(), cfg_for_probe)?;
+            let registry = crate::flows::start::NoRegistry(
                 "this agent has no machine-goal client yet; machine registration skipped",
             );
-            let starter = crate::bootstrap::RunStart {
+            let starter = crate::flows::bootstrap::RunStart {
                 registry: &registry,
                 node: &MachinesForConfig(host.clone()),
             };
-            crate::bootstrap::main_entry(
+            crate::flows::bootstrap::main_entry(
                 env_file.as_deref(),
                 std::env::vars_os(),
                 &host,
@@ -397,10 +397,14 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             crate::logging::init("info", None);
             if hook == "pre-start" {
                 let host = Host::real().await?;
-                crate::lifecycle::pre_start(&host, &machine, Path::new(config::DEFAULT_CONFIG_PATH))
-                    .await
+                crate::machine::lifecycle::pre_start(
+                    &host,
+                    &machine,
+                    Path::new(config::DEFAULT_CONFIG_PATH),
+                )
+                .await
             } else {
-                crate::lifecycle::post_start(&machine).await
+                crate::machine::lifecycle::post_start(&machine).await
             }
         }
         Command::Reset => {
@@ -410,7 +414,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             crate::systemd::uninstall_service(&host.fs, host.systemd.as_ref())
                 .await
                 .context("uninstall-service")?;
-            crate::reset::reset_node(&host, crate::machine::Timings::default()).await?;
+            crate::flows::reset::reset_node(&host, crate::machine::nspawn::Timings::default())
+                .await?;
             Ok(())
         }
     }
@@ -421,14 +426,14 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
 struct MachinesForConfig(Host);
 
 #[async_trait::async_trait]
-impl crate::start::NodeStarter for MachinesForConfig {
+impl crate::flows::start::NodeStarter for MachinesForConfig {
     async fn start_node(
         &self,
         host: &Host,
         cfg: &config::Config,
         machine: &str,
     ) -> anyhow::Result<()> {
-        crate::node::NodeMachines::new(self.0.clone(), cfg.clone())?
+        crate::machine::node::NodeMachines::new(self.0.clone(), cfg.clone())?
             .start_node(host, cfg, machine)
             .await
     }

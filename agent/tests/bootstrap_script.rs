@@ -519,7 +519,7 @@ async fn the_script_and_the_agent_parse_env_files_alike() {
             format!("AKS_FLEX_NODE_INSTALL_DIR={base}/{i}-{tail}")
         };
         let text = format!("{line}\r\nAKS_FLEX_NODE_USE_INSTALLED_AGENT=true\n");
-        let entries = aks_flex_node::bootstrap::env::parse(&text).unwrap();
+        let entries = aks_flex_node::flows::bootstrap::env::parse(&text).unwrap();
         let dir = PathBuf::from(&entries[0].value);
         assert!(dir.starts_with(d.path()), "{line}");
         let agent = fake_agent(&dir);

@@ -15,14 +15,14 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use aks_flex_node::components::{
+use aks_flex_node::config::{Config, OfflineArtifacts};
+use aks_flex_node::context::Host;
+use aks_flex_node::fs::HostFs;
+use aks_flex_node::machine::components::{
     CHECK_CNI, CHECK_CRI, CHECK_KUBERNETES, Component, ComponentPlan, ComponentsError, Downloads,
     Failure, InstallReport, Outcome, RetryPolicy, STAGING_PREFIX, Step, check_reachable_with,
     install_components,
 };
-use aks_flex_node::config::{Config, OfflineArtifacts};
-use aks_flex_node::context::Host;
-use aks_flex_node::fs::HostFs;
 use aks_flex_node::runner::ProcessRunner;
 use flex_testkit::{FakeHostInfo, FakeSystemd};
 use sha2::Digest;
@@ -762,7 +762,7 @@ async fn offline_file_url_tar_gz_real_processes_zero_http_requests() {
 struct NoRegistry;
 
 #[async_trait::async_trait]
-impl aks_flex_node::components::ArtifactFetcher for NoRegistry {
+impl aks_flex_node::machine::components::ArtifactFetcher for NoRegistry {
     async fn check(&self, _: &str) -> Result<(), String> {
         Err("no registry in this test".into())
     }

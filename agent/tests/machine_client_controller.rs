@@ -11,10 +11,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use aks_flex_controller::{Args, MemoryStore, Server};
-use aks_flex_node::machineclient::{
+use aks_flex_node::flows::start::{GoalState, MachineRegistry, ensure_machine};
+use aks_flex_node::goalclient::{
     InClusterClient, MachineClient, MachineClientRegistry, MachineError, MachineStatus, RetryPolicy,
 };
-use aks_flex_node::start::{GoalState, MachineRegistry, ensure_machine};
 use clap::Parser;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
@@ -598,8 +598,8 @@ fn arm_json(state: &str) -> &'static str {
     leak(v.to_string())
 }
 
-fn arm_client(base: &str) -> aks_flex_node::machineclient::ArmMachineClient {
-    aks_flex_node::machineclient::ArmMachineClient::proxy(
+fn arm_client(base: &str) -> aks_flex_node::goalclient::ArmMachineClient {
+    aks_flex_node::goalclient::ArmMachineClient::proxy(
         &arm_config(),
         &format!("{base}/proxy?tenant=t"),
     )
@@ -618,7 +618,7 @@ async fn arm_proxy_get_and_create_poll_until_terminal() {
         seen[0].path,
         format!(
             "/proxy{CLUSTER}/agentPools/aksflexnodes/machines/{NODE}?tenant=t&api-version={}",
-            aks_flex_node::machineclient::arm::API_VERSION
+            aks_flex_node::goalclient::arm::API_VERSION
         )
     );
     assert_eq!(seen[0].authorization, "Bearer aks-flex-node-e2e");

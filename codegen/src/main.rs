@@ -35,7 +35,7 @@ fn generate(root: &Path) -> anyhow::Result<BTreeMap<PathBuf, String>> {
     let mut files = BTreeMap::new();
     files.insert(
         PathBuf::from("image/agent-container.bu"),
-        aks_flex_node::provisioning::render_agent_container_bu(),
+        aks_flex_node::butane::render_agent_container_bu(),
     );
     files.insert(
         PathBuf::from("deploy/crds/machina.yaml"),

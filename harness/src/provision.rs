@@ -197,7 +197,7 @@ mod tests {
     /// machine client.
     #[test]
     fn cluster_env_renders_a_joining_config() {
-        use aks_flex_node::bootstrap::{env, inputs::Inputs, render};
+        use aks_flex_node::flows::bootstrap::{env, inputs::Inputs, render};
         let text = cluster_bootstrap_env(
             &join(),
             "10.0.2.2:5000/aks-flex/machine@sha256:00",

@@ -1,4 +1,4 @@
-//! The agent's image store ([`aks_flex_node::containerd`]) against a REAL containerd, a REAL
+//! The agent's image store ([`aks_flex_node::machine::containerd`]) against a REAL containerd, a REAL
 //! registry and REAL runc.
 //!
 //! What is real: Debian's `containerd` (1.6 on bookworm), started per test with its own root,
@@ -33,10 +33,10 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use aks_flex_node::containerd::{
+use aks_flex_node::hostinfo::{HostInfo, RealHostInfo};
+use aks_flex_node::machine::containerd::{
     CtrImages, GrpcImages, HostImages, Images, PullOptions, grpc::chain_ids, host_images_at,
 };
-use aks_flex_node::hostinfo::{HostInfo, RealHostInfo};
 use aks_flex_node::oci::manifest::{Platform, media_type};
 use aks_flex_node::oci::{
     Arch, Descriptor, Digest, ImageIndex, ImageRef, RegistryClient, RetryPolicy,

@@ -542,3 +542,38 @@ fn the_checker_finds_sibling_cycles_and_ignores_the_module_tree() {
     );
     assert_eq!(cycles(&g), vec![vec![m("a"), m("b"), m("c")]]);
 }
+
+/// The agent's layers (ARCHITECTURE.md): the adapters and stores use neither the machinery, the
+/// clients nor the flows; the machinery (`machine/`) does not use the clients or the flows; the
+/// clients do not use the flows.
+#[test]
+fn the_agents_layers_only_look_down() {
+    let agent = crates().into_iter().find(|c| c.name == "agent").unwrap();
+    let g = edges(&agent);
+    let layer = |m: &Module| -> Option<usize> {
+        match m.first().map(String::as_str) {
+            Some("config" | "state" | "systemd" | "task" | "logging" | "version") => Some(2),
+            Some("machine") => Some(3),
+            Some("kubeclient" | "goalclient") => Some(4),
+            Some("flows") => Some(5),
+            Some("cli" | "entrypoint" | "butane") => Some(6),
+            _ => None,
+        }
+    };
+    let mut up = Vec::new();
+    for (from, tos) in &g {
+        for to in tos {
+            if let (Some(a), Some(b)) = (layer(from), layer(to))
+                && b > a
+            {
+                up.push(format!("{} → {}", name(from), name(to)));
+            }
+        }
+    }
+    assert!(g.keys().any(|m| layer(m) == Some(5)), "no flows found");
+    assert!(
+        up.is_empty(),
+        "imports that look up a layer:\n{}",
+        up.join("\n")
+    );
+}

@@ -4,7 +4,7 @@
 //! - [`bootstrap_config`]: the API server URL (`Config::api_server_url`) and CA
 //!   (`node.kubelet.caCertData`, base64 PEM) from the config; as credential the bootstrap token
 //!   (a bearer token) or, for a service principal or managed identity, the exec credential
-//!   plugin `aks-flex-node token kubelogin` with `crate::nodegoal`'s environment.
+//!   plugin `aks-flex-node token kubelogin` with `crate::machine::nodegoal`'s environment.
 //! - [`DaemonCredentials`]: with a bootstrap token, the daemon does not keep using the token: it
 //!   asks for a client certificate of its own through a `CertificateSigningRequest` (CN
 //!   `system:node:<node>`, O `system:nodes` and `aks-flex-node-daemons`, signer
@@ -212,7 +212,7 @@ pub fn exec_config(command: &str, env: &BTreeMap<String, Secret>) -> ExecConfig 
             "token".into(),
             "kubelogin".into(),
             "--server-id".into(),
-            crate::nodegoal::AKS_AAD_SERVER_ID.into(),
+            crate::machine::nodegoal::AKS_AAD_SERVER_ID.into(),
         ]),
         env: Some(
             env.iter()
@@ -229,16 +229,18 @@ pub fn exec_config(command: &str, env: &BTreeMap<String, Secret>) -> ExecConfig 
     }
 }
 
-/// The exec plugin's environment, as kubelet's (`crate::nodegoal`).
+/// The exec plugin's environment, as kubelet's (`crate::machine::nodegoal`).
 fn exec_env(cfg: &Config) -> Result<BTreeMap<String, Secret>, KubeClientError> {
     if cfg.azure.service_principal.is_none() && cfg.azure.managed_identity.is_none() {
         return Err(KubeClientError::NoCredential);
     }
-    let facts = crate::nodegoal::HostFacts::default();
-    match crate::nodegoal::resolve(cfg, crate::state::KUBE1, &facts) {
+    let facts = crate::machine::nodegoal::HostFacts::default();
+    match crate::machine::nodegoal::resolve(cfg, crate::state::KUBE1, &facts) {
         Ok(g) => match g.auth {
-            crate::nodegoal::KubeletAuth::ExecCredential { env } => Ok(env),
-            crate::nodegoal::KubeletAuth::BootstrapToken(_) => Err(KubeClientError::NoCredential),
+            crate::machine::nodegoal::KubeletAuth::ExecCredential { env } => Ok(env),
+            crate::machine::nodegoal::KubeletAuth::BootstrapToken(_) => {
+                Err(KubeClientError::NoCredential)
+            }
         },
         Err(e) => Err(KubeClientError::Exec(e.message)),
     }
@@ -275,7 +277,7 @@ pub async fn bootstrap_config(cfg: &Config) -> Result<kube::Config, KubeClientEr
         }
     } else {
         let env = exec_env(cfg)?;
-        let command = crate::lifecycle::current_exe()
+        let command = crate::machine::lifecycle::current_exe()
             .map(|p| p.display().to_string())
             .unwrap_or_else(|_| "aks-flex-node".into());
         AuthInfo {

@@ -310,7 +310,7 @@ async fn exec_credential_for_a_service_principal() {
             "token",
             "kubelogin",
             "--server-id",
-            crate::nodegoal::AKS_AAD_SERVER_ID
+            crate::machine::nodegoal::AKS_AAD_SERVER_ID
         ]
     );
     let env = exec.env.unwrap();

@@ -6,13 +6,13 @@ pub const AGENT_UNIT: &str = "aks-flex-node-agent.service";
 pub const AGENT_UNIT_PATH: &str = "/etc/systemd/system/aks-flex-node-agent.service";
 
 /// The recovery unit: started by systemd when the agent's unit fails (`OnFailure=`); runs
-/// `aks-flex-node recover` from the last good agent ([`crate::upgrade`]).
+/// `aks-flex-node recover` from the last good agent ([`crate::flows::upgrade`]).
 pub const RECOVERY_UNIT: &str = "aks-flex-node-recovery.service";
 /// Where the recovery unit is installed.
 pub const RECOVERY_UNIT_PATH: &str = "/etc/systemd/system/aks-flex-node-recovery.service";
 
 /// The host variant of the agent's unit: runs the `current` slot of the blue/green layout
-/// ([`crate::upgrade::layout`]) as the daemon, and the recovery unit when it fails. It may start
+/// ([`crate::flows::upgrade::layout`]) as the daemon, and the recovery unit when it fails. It may start
 /// 5 times in 5 minutes (`StartLimitIntervalSec=300`, `StartLimitBurst=5`);
 /// `Restart=on-failure` every 30 s.
 pub fn render_agent_unit() -> String {

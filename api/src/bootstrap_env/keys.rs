@@ -1,6 +1,6 @@
 //! The names of the bootstrap inputs (`AKS_FLEX_NODE_*`), as `bootstrap.env`, the
 //! environment of `scripts/bootstrap.sh` and the agent spell them. What each means, its kind
-//! and whether it is a secret is the agent's input table (`aks_flex_node::bootstrap::INPUTS`).
+//! and whether it is a secret is the agent's input table (`aks_flex_node::flows::bootstrap::INPUTS`).
 
 /// `AKS_FLEX_NODE_CONFIG`.
 pub const CONFIG: &str = "AKS_FLEX_NODE_CONFIG";

@@ -1,5 +1,5 @@
 //! The local record of an operation an agent claimed, as data: how far it got ([`Stage`]) and
-//! the result once finished. The agent keeps one file per UID (`aks_flex_node::operations::
+//! the result once finished. The agent keeps one file per UID (`aks_flex_node::flows::operations::
 //! RecordStore`); the decision layer reads it to keep an operation from running twice.
 
 use serde::{Deserialize, Serialize};

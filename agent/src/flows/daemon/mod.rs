@@ -1,0 +1,458 @@
+//! `daemon` (alias `agent`): the long-running agent under systemd (upstream's `daemon.Run`).
+//!
+//! At start it builds its Kubernetes clients ([`crate::kubeclient::daemon_clients`]: the daemon's
+//! own client certificate with a bootstrap token, the exec credential otherwise; retried with
+//! backoff while the cluster cannot be reached, a wrong config fails at once) and the machine
+//! client over them, decides whether to run MachineOperations ([`operations::enabled`]:
+//! `agent.machineOperationMode` and API discovery, retried like the client while the cluster
+//! cannot be reached), resumes an interrupted repave ([`crate::flows::repave::resume_pending`]), queues a
+//! seed reconcile and tells systemd it is ready (`sd_notify READY=1`, a no-op outside a
+//! `Type=notify` unit). Then one loop takes work from one [`WorkQueue`]: all host work runs one
+//! item at a time. Work comes from
+//!
+//! - the seed, at start;
+//! - the re-read timer: after each successful seed or interval reconcile, another after
+//!   `agent.machineReconcileInterval` plus a jitter uniform in `[0, interval/10]`;
+//! - the Node watch ([`watch`]): this node's `Node` only, every change → `node-change`;
+//! - MachineOperations, through the [`Operations`] hook (its watch feeds the queue through a
+//!   [`QueueSender`]; its `reconcile` runs on the queue); [`ClusterOperations`] is the real one.
+//!
+//! A repave item runs the decision table ([`flex_api::repave::decide`]) and its action (the private
+//! `work` module): report `Succeeded`, apply the goal (blue/green through the machine layer),
+//! or reset the node and uninstall the agent's service when the deletion taint is present and
+//! the machine resource is gone — after which the daemon returns. A failed item is logged with
+//! its cause and retried with exponential backoff; nothing is done to the host until the reads
+//! it depends on succeeded. On SIGTERM/SIGINT the loop finishes the current item, stops the
+//! watches and returns.
+
+pub mod operations;
+pub mod queue;
+pub mod watch;
+mod work;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+pub use flex_api::repave::{Action, Decision, MachineSnapshot, decide};
+pub use operations::{ClusterOperations, Discovery, Guard};
+pub use queue::{
+    Backoff, DAEMON_BACKOFF, Item, QueueSender, RepaveSource, WorkQueue, jitter, secure_unit,
+};
+pub use work::{FAILED, RECONCILING, SUCCEEDED};
+
+use crate::config::Config;
+use crate::context::Host;
+use crate::flows::repave::{NodeOps, Stores};
+use crate::goalclient::MachineClient;
+use crate::kubeclient::KubeClients;
+use crate::machine::nspawn::Timings;
+use work::{Ctx, Flow};
+
+/// The default re-read interval (when the config has none).
+pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(600);
+
+/// What a MachineOperation reconcile asks of the daemon afterwards.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OperationOutcome {
+    /// Nothing more.
+    Done,
+    /// Reconcile the same operation again after this delay (a TTL that has not expired).
+    RequeueAfter(Duration),
+    /// Uninstall the agent's service and stop (after `AgentReset`).
+    StopDaemon,
+}
+
+/// The MachineOperation reconciler, as the daemon drives it.
+#[async_trait]
+pub trait Operations: Send + Sync {
+    /// Watches this node's MachineOperations until `shutdown`, queueing each change with
+    /// [`QueueSender::operation`]. Runs beside the queue; must not touch the host.
+    async fn watch(&self, queue: QueueSender, shutdown: CancellationToken) -> anyhow::Result<()>;
+    /// Reconciles the MachineOperation `name`. Runs on the queue, never at the same time as a
+    /// repave or another operation. An error is retried with backoff.
+    async fn reconcile(&self, name: &str) -> anyhow::Result<OperationOutcome>;
+}
+
+/// What happened to one queue item (for tests and diagnostics).
+#[derive(Clone, Debug)]
+pub struct Report {
+    /// The item.
+    pub item: Item,
+    /// When it started.
+    pub at: Instant,
+    /// The repave decision, for repave items that got as far.
+    pub decision: Option<Decision>,
+    /// The error, when it failed.
+    pub error: Option<String>,
+    /// When it failed: the delay before it runs again.
+    pub retry_in: Option<Duration>,
+}
+
+/// The daemon, assembled.
+pub struct Daemon {
+    ctx: Ctx,
+    interval: Duration,
+    backoff: Backoff,
+    rng: Box<dyn FnMut() -> f64 + Send>,
+    reports: Option<mpsc::UnboundedSender<Report>>,
+}
+
+impl Daemon {
+    /// The daemon for `config` on `host`, with its Kubernetes clients, machine client and
+    /// machine layer.
+    pub fn new(
+        host: Host,
+        config: &Config,
+        kube: KubeClients,
+        machines: Arc<dyn MachineClient>,
+        ops: Arc<dyn NodeOps>,
+    ) -> Self {
+        let interval = match config.agent.machine_reconcile_interval.0 {
+            d if d.is_zero() => DEFAULT_INTERVAL,
+            d => d,
+        };
+        Self {
+            ctx: Ctx {
+                node_name: config.agent.node_name.clone(),
+                stores: Stores::new(host.fs.clone()),
+                host,
+                kube,
+                machines,
+                ops,
+                timings: Timings::default(),
+                operations: None,
+            },
+            interval,
+            backoff: DAEMON_BACKOFF,
+            rng: Box::new(secure_unit),
+            reports: None,
+        }
+    }
+
+    /// Plugs in the MachineOperation reconciler.
+    pub fn with_operations(mut self, operations: Arc<dyn Operations>) -> Self {
+        self.ctx.operations = Some(operations);
+        self
+    }
+
+    /// Overrides the jitter's random source (uniform in `[0, 1]`).
+    pub fn with_rng(mut self, rng: impl FnMut() -> f64 + Send + 'static) -> Self {
+        self.rng = Box::new(rng);
+        self
+    }
+
+    /// Overrides the retry backoff.
+    pub fn with_backoff(mut self, backoff: Backoff) -> Self {
+        self.backoff = backoff;
+        self
+    }
+
+    /// Overrides the machine timings used by reset.
+    pub fn with_timings(mut self, timings: Timings) -> Self {
+        self.ctx.timings = timings;
+        self
+    }
+
+    /// Sends a [`Report`] per item handled.
+    pub fn with_reports(mut self, tx: mpsc::UnboundedSender<Report>) -> Self {
+        self.reports = Some(tx);
+        self
+    }
+
+    /// Runs until `shutdown` is cancelled (after the current item) or the node was reset.
+    pub async fn run(self, shutdown: CancellationToken) -> anyhow::Result<()> {
+        let Daemon {
+            ctx,
+            interval,
+            backoff,
+            mut rng,
+            reports,
+        } = self;
+        tracing::info!(
+            node = %ctx.node_name,
+            interval = %crate::config::format_go_duration(interval),
+            "daemon reconcilers starting"
+        );
+        match crate::flows::repave::resume_pending(ctx.ops.as_ref(), &ctx.stores).await {
+            Ok(Some(s)) => tracing::info!(
+                active_machine = %s.active_machine,
+                settings_version = %s.applied_settings_version,
+                "resumed an interrupted repave"
+            ),
+            Ok(None) => {}
+            Err(e) => tracing::error!(
+                error = %e,
+                "resuming an interrupted repave failed; the next goal-state apply retries it"
+            ),
+        }
+
+        let mut queue = WorkQueue::new(backoff);
+        let sender = queue.sender();
+        sender.send(Item::Repave {
+            source: RepaveSource::Seed,
+        });
+        if let Err(e) = sd_notify::notify(&[sd_notify::NotifyState::Ready]) {
+            tracing::warn!(error = %e, "sd_notify READY failed");
+        }
+        tracing::info!(node = %ctx.node_name, "daemon ready");
+
+        let sources = shutdown.child_token();
+        let mut tasks = vec![tokio::spawn(watch::watch_node(
+            ctx.kube.clone(),
+            ctx.node_name.clone(),
+            sender.clone(),
+            sources.clone(),
+        ))];
+        if let Some(ops) = ctx.operations.clone() {
+            let (tx, token) = (sender.clone(), sources.clone());
+            tasks.push(tokio::spawn(async move {
+                if let Err(e) = ops.watch(tx, token).await {
+                    tracing::error!(error = %format!("{e:#}"), "MachineOperation watch stopped");
+                }
+            }));
+        }
+        drop(sender);
+
+        while let Some(item) = queue.next(&shutdown).await {
+            let at = Instant::now();
+            let result = match &item {
+                Item::Repave { source } => ctx
+                    .repave(source.as_str())
+                    .await
+                    .map(|(d, flow)| (Some(d), flow)),
+                Item::Operation { name } => ctx.operation(name).await.map(|flow| (None, flow)),
+            };
+            let mut report = Report {
+                item: item.clone(),
+                at,
+                decision: None,
+                error: None,
+                retry_in: None,
+            };
+            let mut stop = None;
+            match result {
+                Ok((decision, flow)) => {
+                    report.decision = decision;
+                    queue.forget(&item);
+                    match flow {
+                        Flow::Done => {
+                            if item.key() == queue::Key::Machine {
+                                queue.add_after(
+                                    Item::Repave {
+                                        source: RepaveSource::Interval,
+                                    },
+                                    interval + jitter(interval, rng()),
+                                );
+                            }
+                        }
+                        Flow::RequeueAfter(d) => queue.add_after(item.clone(), d),
+                        Flow::Stop(why) => stop = Some(why),
+                    }
+                }
+                Err(e) => {
+                    let message = format!("{e:#}");
+                    let delay = queue.retry(&item);
+                    tracing::error!(
+                        item = %item,
+                        error = %message,
+                        retry_in = %crate::config::format_go_duration(delay),
+                        "daemon reconcile failed; retrying with backoff"
+                    );
+                    report.error = Some(message);
+                    report.retry_in = Some(delay);
+                }
+            }
+            if let Some(tx) = &reports {
+                let _ = tx.send(report);
+            }
+            if let Some(why) = stop {
+                tracing::info!(reason = why, "daemon stopping");
+                break;
+            }
+        }
+
+        sources.cancel();
+        for t in tasks {
+            let _ = t.await;
+        }
+        let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
+        tracing::info!("daemon shutting down");
+        Ok(())
+    }
+}
+
+/// Runs the daemon for `config` on the real host until `shutdown`: [`run_with`] with the
+/// cluster's MachineOperations ([`ClusterOperations`] with the host's handlers over the same
+/// machine layer), when the API discovery guard enables them.
+pub async fn run(config: &Config, shutdown: CancellationToken) -> anyhow::Result<()> {
+    let host = Host::real().await?;
+    let upgrader = crate::flows::upgrade::Upgrader::for_host(host.clone()).await;
+    upgrade_at_start(&upgrader).await;
+    run_with(
+        host,
+        config,
+        |kube, host, node| {
+            let ops = ClusterOperations::for_host(kube.clone(), config, host, node, upgrader)?;
+            Ok(Some(Arc::new(ops) as Arc<dyn Operations>))
+        },
+        shutdown,
+    )
+    .await
+}
+
+/// First thing at every start, before the cluster is reached: on a host, converge the
+/// blue/green binary layout and the agent's and recovery units (installs that predate them get
+/// them; skipped in the container); then prove the candidate this daemon is, or finish an
+/// upgrade a restart cut short ([`crate::flows::upgrade`]). Failures are logged: the daemon runs on.
+pub async fn upgrade_at_start(upgrader: &crate::flows::upgrade::Upgrader) {
+    let exe = crate::machine::lifecycle::current_exe().ok();
+    if let Err(e) = upgrader.converge_host(exe.as_deref()).await {
+        tracing::error!(error = %format!("{e:#}"), "could not converge the agent's binary layout and units");
+    }
+    let running = upgrader.running();
+    if let Some(r) = upgrader.on_daemon_start(running.as_deref()) {
+        tracing::info!(phase = %r.phase, reason = %r.reason, message = %r.message, "AgentUpgrade finished");
+    }
+}
+
+/// The first delay between start attempts that could not reach the cluster.
+pub const START_RETRY_BASE: Duration = Duration::from_secs(5);
+/// The largest delay between start attempts.
+pub const START_RETRY_MAX: Duration = Duration::from_secs(300);
+
+/// One attempt of a start step that needs the cluster.
+pub(crate) enum Attempt<T> {
+    /// It is done.
+    Done(T),
+    /// The cluster cannot be reached yet: try again after a backoff.
+    Retry(anyhow::Error),
+    /// It failed for good (a wrong config does not get better by waiting).
+    Fail(anyhow::Error),
+}
+
+/// Runs `attempt` until it is done or fails for good, waiting [`START_RETRY_BASE`] doubling up to
+/// [`START_RETRY_MAX`] after each [`Attempt::Retry`] (logged with its cause). `Ok(None)`:
+/// `shutdown` came first.
+pub(crate) async fn until_reachable<T, F, Fut>(
+    shutdown: &CancellationToken,
+    mut attempt: F,
+) -> anyhow::Result<Option<T>>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Attempt<T>>,
+{
+    let backoff = Backoff::new(u32::MAX, START_RETRY_BASE, START_RETRY_MAX);
+    let mut failures = 0u32;
+    loop {
+        let result = tokio::select! {
+            r = attempt() => r,
+            _ = shutdown.cancelled() => return Ok(None),
+        };
+        match result {
+            Attempt::Done(v) => return Ok(Some(v)),
+            Attempt::Fail(e) => return Err(e),
+            Attempt::Retry(e) => {
+                failures = failures.saturating_add(1);
+                let delay = backoff.delay(failures, None);
+                tracing::warn!(error = %format!("{e:#}"), retry_in_s = delay.as_secs(), "cannot reach the cluster yet; retrying");
+                tokio::select! {
+                    _ = tokio::time::sleep(delay) => {}
+                    _ = shutdown.cancelled() => return Ok(None),
+                }
+            }
+        }
+    }
+}
+
+/// Runs the daemon for `config` on `host` until `shutdown`: its Kubernetes clients
+/// ([`crate::kubeclient::daemon_clients`]), the machine client over them
+/// ([`crate::goalclient::client_for_daemon`]), the machine layer
+/// ([`crate::machine::node::NodeMachines`]), and, when the API discovery guard enables it
+/// ([`operations::enabled`]: `agent.machineOperationMode` and whether the API server serves
+/// MachineOperations), the MachineOperation reconciler `operations` builds from the Kubernetes
+/// clients, the host and the machine layer (`None`: none). Building the clients and discovery
+/// are retried with backoff while the cluster cannot be reached.
+pub async fn run_with(
+    host: Host,
+    config: &Config,
+    operations: impl FnOnce(
+        &KubeClients,
+        &Host,
+        Arc<dyn NodeOps>,
+    ) -> anyhow::Result<Option<Arc<dyn Operations>>>,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    tracing::info!(node = %config.agent.node_name, "daemon starting");
+    // Obtaining credentials may wait (up to 2 minutes for a certificate per attempt). An API
+    // server that cannot be reached (a disconnected site, a cluster not there yet) is retried
+    // with backoff while the daemon stays up, rather than crash-looping the unit into its start
+    // limit; SIGTERM ends the wait.
+    let fs = &host.fs;
+    let clients = until_reachable(&shutdown, || {
+        let token = shutdown.clone();
+        async move {
+            match crate::kubeclient::daemon_clients(fs, config, token).await {
+                Ok(k) => Attempt::Done(k),
+                // A wrong config (server, CA, credential) does not get better by waiting.
+                Err(e) if e.is_permanent() => {
+                    Attempt::Fail(anyhow::Error::new(e).context("daemon kubernetes client"))
+                }
+                Err(e) => Attempt::Retry(anyhow::Error::new(e).context("daemon kubernetes client")),
+            }
+        }
+    })
+    .await?;
+    let Some(kube) = clients else {
+        tracing::info!("daemon shutting down before it was ready");
+        return Ok(());
+    };
+    let machines = crate::goalclient::client_for_daemon(config, kube.clone())
+        .await
+        .map_err(|e| anyhow::anyhow!("machine client: {e}"))?;
+    let ops: Arc<dyn NodeOps> = Arc::new(crate::machine::node::NodeMachines::new(
+        host.clone(),
+        config.clone(),
+    )?);
+    let Some(enabled) =
+        operations::enabled(&config.agent.machine_operation_mode, &kube, &shutdown).await?
+    else {
+        tracing::info!("daemon shutting down before it was ready");
+        return Ok(());
+    };
+    let operations = if enabled {
+        operations(&kube, &host, ops.clone())?
+    } else {
+        None
+    };
+    let mut daemon = Daemon::new(host, config, kube, machines, ops);
+    if let Some(o) = operations {
+        daemon = daemon.with_operations(o);
+    }
+    daemon.run(shutdown).await
+}
+
+/// A token cancelled on the first SIGTERM or SIGINT.
+pub fn shutdown_on_signals() -> std::io::Result<CancellationToken> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let token = CancellationToken::new();
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    let t = token.clone();
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = term.recv() => tracing::info!(signal = "SIGTERM", "received signal"),
+            _ = int.recv() => tracing::info!(signal = "SIGINT", "received signal"),
+        }
+        t.cancel();
+    });
+    Ok(token)
+}
+
+#[cfg(test)]
+mod tests;

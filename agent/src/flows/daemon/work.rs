@@ -1,0 +1,188 @@
+//! One queue item, carried out: the repave reconcile (read the state, the machine and the Node;
+//! [`decide`]; act) and MachineOperations (handed to the [`Operations`] hook).
+//!
+//! Nothing touches the host before every read has succeeded and, for a repave, before the
+//! `Reconciling` status is accepted: an API server that is down or answers 409/410/500 makes the
+//! item fail with an error naming the cause, and the queue retries it with backoff.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::anyhow;
+use k8s_openapi::api::core::v1::Node;
+use kube::Api;
+
+use super::{OperationOutcome, Operations};
+use crate::context::Host;
+use crate::flows::repave::{NodeOps, Stores};
+use crate::flows::start::GoalState;
+use crate::goalclient::{MachineClient, MachineError, MachineStatus};
+use crate::kubeclient::{KubeClients, describe};
+use crate::machine::nspawn::Timings;
+use crate::state::DaemonState;
+use flex_api::repave::{Action, Decision, MachineSnapshot, decide};
+
+/// `provisioningState` values the daemon reports.
+pub const RECONCILING: &str = "Reconciling";
+/// Succeeded.
+pub const SUCCEEDED: &str = "Succeeded";
+/// Failed.
+pub const FAILED: &str = "Failed";
+
+/// What the daemon works with.
+pub(crate) struct Ctx {
+    pub node_name: String,
+    pub host: Host,
+    pub kube: KubeClients,
+    pub machines: Arc<dyn MachineClient>,
+    pub ops: Arc<dyn NodeOps>,
+    pub stores: Stores,
+    pub timings: Timings,
+    pub operations: Option<Arc<dyn Operations>>,
+}
+
+/// What happens after an item succeeded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Flow {
+    /// Nothing more.
+    Done,
+    /// Run the same item again after this delay.
+    RequeueAfter(Duration),
+    /// The daemon is done (its service is uninstalled).
+    Stop(&'static str),
+}
+
+impl Ctx {
+    async fn patch(&self, state: &str, observed: &str, message: &str) -> Result<(), MachineError> {
+        self.machines
+            .patch_status(&MachineStatus {
+                provisioning_state: state.into(),
+                observed_settings_version: observed.into(),
+                message: message.into(),
+            })
+            .await
+    }
+
+    /// The repave reconcile; returns the decision taken.
+    pub async fn repave(&self, source: &str) -> anyhow::Result<(Decision, Flow)> {
+        let state = match self.stores.state.load() {
+            Ok(s) => s,
+            Err(e) => {
+                let message = format!("load daemon state: {e}");
+                if let Err(pe) = self.patch(FAILED, "", &message).await {
+                    tracing::debug!(error = %pe, "report machine status Failed");
+                }
+                return Err(anyhow!(message));
+            }
+        };
+        let machine = match self.machines.get().await {
+            Ok(m) => Some(m),
+            Err(MachineError::NotFound(_)) => None,
+            Err(e) => return Err(anyhow!("get machine: {e}")),
+        };
+        let nodes: Api<Node> = Api::all(self.kube.current());
+        let node = nodes
+            .get_opt(&self.node_name)
+            .await
+            .map_err(|e| anyhow!("get node {}: {}", self.node_name, describe(&e)))?;
+        let snapshot = match &machine {
+            None => MachineSnapshot::NotFound,
+            Some(m) if m.goal == GoalState::default() => MachineSnapshot::Empty,
+            Some(m) => MachineSnapshot::Exists(&m.goal),
+        };
+        let decision = decide(node.as_ref(), snapshot, state.as_ref());
+        tracing::info!(
+            source,
+            decision = decision.action.as_str(),
+            reason = decision.reason,
+            "daemon reconcile decision"
+        );
+        let flow = match (decision.action, snapshot) {
+            (Action::ReportSucceeded, MachineSnapshot::Exists(goal)) => {
+                self.patch(SUCCEEDED, &goal.settings_version, decision.reason)
+                    .await
+                    .map_err(|e| anyhow!("report machine status {SUCCEEDED}: {e}"))?;
+                Flow::Done
+            }
+            (Action::ApplyGoalState, MachineSnapshot::Exists(goal)) => {
+                self.apply(state.unwrap_or_default(), goal).await?;
+                Flow::Done
+            }
+            (Action::ResetDelete, _) => {
+                self.reset_delete().await?;
+                Flow::Stop("the node was reset after its deletion")
+            }
+            _ => Flow::Done,
+        };
+        Ok((decision, flow))
+    }
+
+    /// `ApplyGoalState`: `Reconciling` (its failure aborts before the host is touched), the
+    /// blue/green repave, then `Succeeded` or `Failed`.
+    async fn apply(&self, state: DaemonState, goal: &GoalState) -> anyhow::Result<()> {
+        let old = state.applied_settings_version.clone();
+        self.patch(RECONCILING, &old, "applying machine goal state")
+            .await
+            .map_err(|e| anyhow!("report machine status {RECONCILING}: {e}"))?;
+        match crate::flows::repave::apply_goal_state(self.ops.as_ref(), &self.stores, &state, goal)
+            .await
+        {
+            Ok(next) => {
+                tracing::info!(
+                    active_machine = %next.active_machine,
+                    settings_version = %next.applied_settings_version,
+                    "machine goal state applied"
+                );
+                self.patch(
+                    SUCCEEDED,
+                    &next.applied_settings_version,
+                    "machine goal state applied",
+                )
+                .await
+                .map_err(|e| anyhow!("report machine status {SUCCEEDED}: {e}"))
+            }
+            Err(e) => {
+                let message = e.to_string();
+                if let Err(pe) = self.patch(FAILED, &old, &message).await {
+                    tracing::warn!(error = %pe, "report machine status {FAILED}");
+                }
+                Err(anyhow!(message))
+            }
+        }
+    }
+
+    /// `ResetDelete`: reset the node (stage 1), then uninstall the agent's own service
+    /// (stage 2; under systemd this stops the daemon). The Node object is left to whoever
+    /// deletes the machine.
+    async fn reset_delete(&self) -> anyhow::Result<()> {
+        tracing::warn!(node = %self.node_name, "node deletion: resetting the node");
+        crate::flows::reset::reset_node(&self.host, self.timings)
+            .await
+            .map_err(|e| anyhow!("reset node: {e}"))?;
+        self.stop_daemon().await
+    }
+
+    async fn stop_daemon(&self) -> anyhow::Result<()> {
+        crate::systemd::uninstall_service(&self.host.fs, self.host.systemd.as_ref())
+            .await
+            .map_err(|e| anyhow!("uninstall the agent service: {e}"))
+    }
+
+    /// One MachineOperation.
+    pub async fn operation(&self, name: &str) -> anyhow::Result<Flow> {
+        let Some(ops) = &self.operations else {
+            tracing::warn!(operation = name, "no MachineOperation reconciler; ignoring");
+            return Ok(Flow::Done);
+        };
+        Ok(match ops.reconcile(name).await? {
+            OperationOutcome::Done => Flow::Done,
+            OperationOutcome::RequeueAfter(d) => Flow::RequeueAfter(d),
+            OperationOutcome::StopDaemon => {
+                self.stop_daemon()
+                    .await
+                    .map_err(|e| anyhow!("stop daemon after MachineOperation {name}: {e:#}"))?;
+                Flow::Stop("a MachineOperation stopped the daemon")
+            }
+        })
+    }
+}

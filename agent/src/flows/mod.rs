@@ -1,0 +1,24 @@
+//! What the agent's commands do, over the machinery ([`crate::machine`]) and the host seams.
+//!
+//! - [`start`]: the `start` command (goal, machine registration, first machine);
+//! - [`bootstrap`]: `bootstrap.sh`'s and `aks-flex-node-bootstrap`'s flow (inputs, config,
+//!   preflight, start once);
+//! - [`daemon`]: the daemon's work queue (goal applies, the Node watch, MachineOperations);
+//! - [`repave`]: blue/green repave (`ApplyGoalState`) in journaled phases;
+//! - [`reboot`]: NodeReboot (stop and start the active machine);
+//! - [`reset`]: node reset;
+//! - [`operations`]: MachineOperations: records, handlers, the reconciler, local runs;
+//! - [`upgrade`]: AgentUpgrade and recovery;
+//! - [`preflight`]: preflight checks and their report;
+//! - [`setup_host`]: host setup (`setupHost`: packages, OS configuration).
+
+pub mod bootstrap;
+pub mod daemon;
+pub mod operations;
+pub mod preflight;
+pub mod reboot;
+pub mod repave;
+pub mod reset;
+pub mod setup_host;
+pub mod start;
+pub mod upgrade;

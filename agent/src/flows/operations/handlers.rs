@@ -1,0 +1,271 @@
+//! The handlers operations run through, and node-local runs.
+//!
+//! [`Handlers`] is the seam between operations and the host: [`HostHandlers`] restarts the
+//! active machine ([`crate::flows::reboot::restart_node`]), resets the node
+//! ([`crate::flows::reset::reset_node`]), upgrades the agent ([`crate::flows::upgrade::Upgrader`]) and stops
+//! the daemon ([`crate::systemd::uninstall_service`]);
+//! [`execute`] maps an [`Action`] to handler
+//! calls and a result; the reconciler and [`run_local`] (`aks-flex-node operation run`) both use
+//! it, so a handler never depends on where an operation came from.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+
+use super::decide::{Action, UpgradeRequest, admit};
+use super::record::Record;
+use super::{EXECUTION_FAILED, OperationResult};
+use crate::context::Host;
+use crate::flows::reboot::restart_node;
+use crate::flows::upgrade::{OperationRef, Resumed, Started, Upgrader};
+use crate::machina::OperationPhase;
+use crate::machina::yaml_scalar;
+use crate::machine::nspawn::Timings;
+use crate::machine::seams::NodeOps;
+use crate::state::{STATE_PATH, StateStore};
+
+/// What operations do to the node.
+#[async_trait]
+pub trait Handlers: Send + Sync {
+    /// NodeReboot: stop and start the active machine (no reprovisioning, no state change).
+    async fn node_reboot(&self) -> anyhow::Result<()>;
+    /// AgentReset: reset the node without stopping the daemon.
+    async fn agent_reset(&self) -> anyhow::Result<()>;
+    /// After a completed AgentReset: uninstall the agent's service, which stops the daemon for
+    /// good (it may not return). [`run_local`] calls it; in the daemon the reconcile's
+    /// [`super::Outcome::stop_daemon`] asks the daemon to do the same.
+    async fn stop_daemon(&self) -> anyhow::Result<()>;
+    /// AgentUpgrade: fetch, check and switch to the candidate and schedule the restart onto it
+    /// ([`crate::flows::upgrade::Upgrader::start`]). `op` is the MachineOperation it runs for (`None`
+    /// node-locally).
+    async fn agent_upgrade(
+        &self,
+        request: &UpgradeRequest,
+        op: Option<OperationRef>,
+    ) -> anyhow::Result<Started>;
+    /// How an operation whose run a daemon restart cut short ended (`record` is at
+    /// [`super::Stage::Executing`]), when something on the node knows it (AgentUpgrade's
+    /// upgrade record); [`Resumed::Unknown`] finishes it as `Interrupted`, [`Resumed::Pending`]
+    /// leaves it `InProgress` (the handoff to the restarted agent is under way).
+    fn resume_interrupted(&self, _record: &Record) -> Resumed {
+        Resumed::Unknown
+    }
+}
+
+/// How [`execute`] ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Executed {
+    /// The operation is over: the status records this.
+    Finished(OperationResult),
+    /// An AgentUpgrade handed over to the agent it restarts on (the message is for people);
+    /// the operation stays `InProgress` until that agent finishes it.
+    HandedOff(String),
+}
+
+impl Executed {
+    /// The result, when finished.
+    pub fn result(&self) -> Option<&OperationResult> {
+        match self {
+            Executed::Finished(r) => Some(r),
+            Executed::HandedOff(_) => None,
+        }
+    }
+}
+
+/// Runs `action` (for the MachineOperation `op`, `None` node-locally) through `handlers`; a
+/// finished result is what the status records. Stopping the daemon after an AgentReset is the
+/// caller's (after it has reported the result).
+pub async fn execute(
+    action: &Action,
+    handlers: &dyn Handlers,
+    op: Option<OperationRef>,
+) -> Executed {
+    let kind = action.kind();
+    let outcome = match action {
+        Action::NodeReboot => handlers.node_reboot().await,
+        Action::AgentReset => handlers.agent_reset().await,
+        Action::AgentUpgrade(req) => {
+            return match handlers.agent_upgrade(req, op).await {
+                Ok(Started::HandedOff(m)) => Executed::HandedOff(m),
+                Ok(Started::AlreadyCurrent(m)) => {
+                    Executed::Finished(OperationResult::complete(format!("{kind} completed: {m}")))
+                }
+                Err(e) => {
+                    Executed::Finished(OperationResult::failed(EXECUTION_FAILED, format!("{e:#}")))
+                }
+            };
+        }
+    };
+    Executed::Finished(match outcome {
+        Ok(()) => OperationResult::complete(format!("{kind} completed")),
+        Err(e) => OperationResult::failed(EXECUTION_FAILED, format!("{e:#}")),
+    })
+}
+
+/// What a handoff looks like as a status would record it while it runs (`operation run`).
+pub fn handoff_result(message: &str) -> (OperationPhase, &'static str, String) {
+    (
+        OperationPhase::InProgress,
+        crate::flows::upgrade::RESTART_SCHEDULED,
+        message.to_string(),
+    )
+}
+
+/// Whether a finished `kind` with `result` stops the daemon next (a completed AgentReset).
+pub fn stops_daemon(kind: &str, result: &OperationResult) -> bool {
+    kind == crate::machina::AGENT_RESET && result.succeeded()
+}
+
+/// Runs one operation node-locally, without a cluster, through the same validation and
+/// handlers as the daemon: `aks-flex-node operation run <kind> [--param k=v]...`. A completed
+/// AgentReset stops the daemon afterwards, as in the daemon (a failure to stop it is logged; the
+/// reset itself completed). An AgentUpgrade hands over to the restarted agent, which finishes it
+/// in the upgrade record (`aks-flex-node operation status`). Nothing runs for invalid input.
+pub async fn run_local(
+    kind: &str,
+    params: &BTreeMap<String, String>,
+    handlers: &dyn Handlers,
+    containerized: bool,
+) -> Executed {
+    let action = match admit(kind, params, containerized) {
+        Ok(a) => a,
+        Err(f) => {
+            tracing::warn!(kind, reason = f.reason, message = %f.message, "operation not run");
+            return Executed::Finished(f.into_result());
+        }
+    };
+    tracing::info!(
+        kind,
+        message = action.in_progress_message(),
+        "running operation"
+    );
+    let executed = execute(&action, handlers, None).await;
+    let result = match &executed {
+        Executed::HandedOff(m) => {
+            tracing::info!(kind, message = %m, "operation handed over to the restarted agent");
+            return executed;
+        }
+        Executed::Finished(r) => r,
+    };
+    if result.succeeded() {
+        tracing::info!(kind, reason = %result.reason, message = %result.message, "operation completed");
+    } else {
+        tracing::error!(kind, reason = %result.reason, message = %result.message, "operation failed");
+    }
+    if stops_daemon(kind, result)
+        && let Err(e) = handlers.stop_daemon().await
+    {
+        tracing::error!(error = %format!("{e:#}"), "stop daemon after AgentReset");
+    }
+    executed
+}
+
+/// An [`Executed`] as the status would record it: `phase`, `reason` and `message` lines (YAML;
+/// a handoff is `InProgress`/`RestartScheduled`).
+pub fn render_executed(executed: &Executed) -> String {
+    match executed {
+        Executed::Finished(r) => render_result(r),
+        Executed::HandedOff(m) => {
+            let (phase, reason, message) = handoff_result(m);
+            format!(
+                "phase: {phase}\nreason: {}\nmessage: {}\n",
+                yaml_scalar(reason),
+                yaml_scalar(&message)
+            )
+        }
+    }
+}
+
+/// The result as the status would record it: `phase`, `reason` and `message` lines (YAML).
+pub fn render_result(result: &OperationResult) -> String {
+    format!(
+        "phase: {}\nreason: {}\nmessage: {}\n",
+        result.phase,
+        yaml_scalar(&result.reason),
+        yaml_scalar(&result.message)
+    )
+}
+
+/// Parses `--param k=v` arguments into parameters; `Err` names a malformed or repeated one.
+pub fn parse_params<S: AsRef<str>>(args: &[S]) -> Result<BTreeMap<String, String>, String> {
+    let mut out = BTreeMap::new();
+    for a in args {
+        let a = a.as_ref();
+        let Some((k, v)) = a.split_once('=').filter(|(k, _)| !k.trim().is_empty()) else {
+            return Err(format!("parameter {a:?} is not key=value"));
+        };
+        if out.insert(k.trim().to_string(), v.to_string()).is_some() {
+            return Err(format!("parameter {:?} is given twice", k.trim()));
+        }
+    }
+    Ok(out)
+}
+
+/// The real handlers, over the host and the node's machines.
+pub struct HostHandlers {
+    host: Host,
+    node: Arc<dyn NodeOps>,
+    timings: Timings,
+    upgrader: Upgrader,
+}
+
+impl HostHandlers {
+    /// Handlers on `host`, with `node` (`crate::machine::node::NodeMachines` on a real host) for
+    /// restarts, default machine timings, and an upgrader without an image store (give one
+    /// with [`Self::with_upgrader`] in the container).
+    pub fn new(host: Host, node: Arc<dyn NodeOps>) -> Self {
+        Self {
+            upgrader: Upgrader::new(host.clone()),
+            host,
+            node,
+            timings: Timings::default(),
+        }
+    }
+
+    /// The same with another upgrader.
+    pub fn with_upgrader(mut self, upgrader: Upgrader) -> Self {
+        self.upgrader = upgrader;
+        self
+    }
+
+    /// The same, with other machine timings (tests).
+    pub fn with_timings(mut self, timings: Timings) -> Self {
+        self.timings = timings;
+        self
+    }
+}
+
+#[async_trait]
+impl Handlers for HostHandlers {
+    async fn node_reboot(&self) -> anyhow::Result<()> {
+        let state = StateStore::new(self.host.fs.clone())
+            .load()?
+            .ok_or_else(|| {
+                anyhow::anyhow!("no daemon state at {STATE_PATH}: this node has no active machine")
+            })?;
+        restart_node(self.node.as_ref(), &state).await
+    }
+
+    async fn agent_reset(&self) -> anyhow::Result<()> {
+        crate::flows::reset::reset_node(&self.host, self.timings).await?;
+        Ok(())
+    }
+
+    async fn stop_daemon(&self) -> anyhow::Result<()> {
+        crate::systemd::uninstall_service(&self.host.fs, self.host.systemd.as_ref()).await?;
+        Ok(())
+    }
+
+    async fn agent_upgrade(
+        &self,
+        request: &UpgradeRequest,
+        op: Option<OperationRef>,
+    ) -> anyhow::Result<Started> {
+        Ok(self.upgrader.start(request, op).await?)
+    }
+
+    fn resume_interrupted(&self, record: &Record) -> Resumed {
+        self.upgrader.resume(&record.uid)
+    }
+}

@@ -1,0 +1,695 @@
+//! The kube side of MachineOperations: [`Reconciler::reconcile`] brings one operation forward
+//! (GET, decide, claim, run, finish, delete after its TTL), and [`watch_stream`] names the
+//! operations worth reconciling. The daemon calls both from one serialized work queue; both
+//! take the client to use, so a rotated credential is picked up by the next call. After a
+//! completed AgentReset the outcome asks the caller to stop the daemon
+//! ([`Outcome::stop_daemon`]): the reconciler itself never stops it.
+//!
+//! Every status write is a JSON merge patch of `/status` that carries the `resourceVersion` it
+//! was computed from, so the API server refuses it (409) if anything changed the operation in
+//! between; the reconciler then reads it again and decides again, up to [`MAX_CONFLICTS`]
+//! times in a row. Deletion after the TTL carries the UID and `resourceVersion` as
+//! preconditions, so a replaced or edited operation is not deleted.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use futures::{Stream, StreamExt};
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
+use kube::{Api, Client, ResourceExt};
+use serde_json::json;
+
+use super::decide::{
+    Action, Decision, Facts, Resume, decide, format_time, interrupted, may_concern, may_target,
+    needs_labels,
+};
+use super::handlers::{Executed, Handlers, execute, stops_daemon};
+use super::record::{Record, RecordStore, Stage};
+use super::{IN_PROGRESS, OperationResult};
+use crate::flows::upgrade::{OperationRef, Resumed};
+use crate::machina::{CONDITION_COMPLETED, Machine, MachineOperation, OperationPhase};
+use crate::state::StateError;
+
+/// Conflicting writes in a row after which a reconcile gives up (the queue retries later).
+pub const MAX_CONFLICTS: usize = 5;
+
+/// The time source (injectable for tests).
+pub type Clock = Arc<dyn Fn() -> Timestamp + Send + Sync>;
+
+/// Who this agent is, and where it keeps its records.
+#[derive(Clone, Debug)]
+pub struct ReconcilerConfig {
+    /// The machine name operations target with `machineRef` (the node name on AKS Flex Node).
+    pub machine_name: String,
+    /// The Node whose labels `machineSelector` is matched against.
+    pub node_name: String,
+    /// The local records ([`RecordStore::new`] on a host).
+    pub records: RecordStore,
+    /// Whether the agent runs in its container image.
+    pub containerized: bool,
+}
+
+/// What one reconcile did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Taken {
+    /// The operation does not exist (any local record of it was removed).
+    Gone,
+    /// Nothing, and why.
+    Ignored(String),
+    /// It is finished and waits for its TTL.
+    Waiting,
+    /// It was finished with this result (run now, resumed, or refused without running).
+    Finished(OperationResult),
+    /// It was deleted after its TTL.
+    Deleted,
+    /// An AgentUpgrade switched and handed over to the agent it restarts on, which finishes it.
+    HandedOff(String),
+}
+
+/// How often a pending AgentUpgrade handoff is looked at again (the restart normally ends this
+/// daemon within seconds).
+pub const HANDOFF_RECHECK: Duration = Duration::from_secs(30);
+
+/// The result of a reconcile: what was done, and what the caller does next.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Outcome {
+    /// Requeue the name after this long (a TTL to wait out); `None`: only on the next event.
+    pub requeue_after: Option<Duration>,
+    /// What was done.
+    pub taken: Taken,
+    /// An AgentReset completed and its status says so: uninstall the agent's service and stop
+    /// the daemon ([`super::Handlers::stop_daemon`] does the former).
+    pub stop_daemon: bool,
+}
+
+impl Outcome {
+    fn done(taken: Taken) -> Self {
+        Self {
+            requeue_after: None,
+            taken,
+            stop_daemon: false,
+        }
+    }
+}
+
+/// Why a reconcile failed (the queue retries it with backoff).
+#[derive(Debug, thiserror::Error)]
+pub enum ReconcileError {
+    /// An API call failed.
+    #[error("{action} MachineOperation {name}: {source}")]
+    Api {
+        /// `get`, `mark in progress`, `finish`, `delete`.
+        action: &'static str,
+        /// The operation.
+        name: String,
+        /// The client's error.
+        #[source]
+        source: kube::Error,
+    },
+    /// Reading the labels a selector is matched against failed.
+    #[error("read labels of {kind} {name}: {source}")]
+    Labels {
+        /// `Node` or `Machine`.
+        kind: &'static str,
+        /// Its name.
+        name: String,
+        /// The client's error.
+        #[source]
+        source: kube::Error,
+    },
+    /// The local record could not be written (nothing runs without it).
+    #[error("record MachineOperation {name}: {source}")]
+    Record {
+        /// The operation.
+        name: String,
+        /// The file error.
+        #[source]
+        source: StateError,
+    },
+    /// The operation kept changing under the reconciler.
+    #[error("MachineOperation {name} kept changing: {attempts} conflicting writes in a row")]
+    Conflict {
+        /// The operation.
+        name: String,
+        /// How many.
+        attempts: usize,
+    },
+}
+
+enum WriteError {
+    Conflict,
+    NotFound,
+    Other(kube::Error),
+}
+
+fn classify(e: kube::Error) -> WriteError {
+    match &e {
+        kube::Error::Api(s) if s.is_conflict() => WriteError::Conflict,
+        kube::Error::Api(s) if s.is_not_found() => WriteError::NotFound,
+        _ => WriteError::Other(e),
+    }
+}
+
+/// The APIs one reconcile uses.
+struct Apis {
+    ops: Api<MachineOperation>,
+    nodes: Api<Node>,
+    machines: Api<Machine>,
+}
+
+/// Reconciles MachineOperations for one machine.
+pub struct Reconciler {
+    cfg: ReconcilerConfig,
+    handlers: Arc<dyn Handlers>,
+    clock: Clock,
+    /// Records by UID, mirroring the files, so a result survives its file's removal (AgentReset
+    /// removes `/etc/aks-flex-node`) until the status says it.
+    memory: Mutex<HashMap<String, Record>>,
+}
+
+impl Reconciler {
+    /// A reconciler for `cfg`'s machine, running operations through `handlers`.
+    pub fn new(cfg: ReconcilerConfig, handlers: Arc<dyn Handlers>) -> Self {
+        Self {
+            cfg,
+            handlers,
+            clock: Arc::new(Timestamp::now),
+            memory: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The same with another clock.
+    pub fn with_clock(mut self, clock: Clock) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    fn now(&self) -> Timestamp {
+        let t = (self.clock)();
+        Timestamp::from_second(t.as_second()).unwrap_or(t)
+    }
+
+    fn memory(&self) -> MutexGuard<'_, HashMap<String, Record>> {
+        self.memory.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Brings the operation `name` forward through `client`; see [`crate::flows::operations`] for what
+    /// that means.
+    pub async fn reconcile(&self, client: Client, name: &str) -> Result<Outcome, ReconcileError> {
+        let apis = Apis {
+            ops: Api::all(client.clone()),
+            nodes: Api::all(client.clone()),
+            machines: Api::all(client),
+        };
+        let mut current: Option<MachineOperation> = None;
+        let mut conflicts = 0;
+        // The labels a selector is matched against, read once per reconcile when needed.
+        let mut labels: Option<Option<BTreeMap<String, String>>> = None;
+        // Each pass either returns or moves the operation forward (claim → run → finish), or
+        // re-reads it after a conflict; the bound only guards against a loop.
+        for _ in 0..(MAX_CONFLICTS + 8) {
+            if conflicts > MAX_CONFLICTS {
+                break;
+            }
+            let op = match current.take() {
+                Some(op) => op,
+                None => match apis.ops.get_opt(name).await {
+                    Ok(Some(op)) => op,
+                    Ok(None) => {
+                        self.forget_name(name);
+                        return Ok(Outcome::done(Taken::Gone));
+                    }
+                    Err(source) => {
+                        return Err(ReconcileError::Api {
+                            action: "get",
+                            name: name.into(),
+                            source,
+                        });
+                    }
+                },
+            };
+            let uid = op.metadata.uid.clone().unwrap_or_default();
+            let kind = op.spec.operation_kind.clone();
+            if labels.is_none() && needs_labels(&op) {
+                labels = Some(self.labels(&apis).await?);
+            }
+            let record = self.load_record(&uid, name, &kind);
+            let facts = Facts {
+                machine_name: &self.cfg.machine_name,
+                labels: labels.as_ref().and_then(Option::as_ref),
+                containerized: self.cfg.containerized,
+                now: self.now(),
+            };
+            let decision = decide(&op, &facts, record.as_ref());
+            match decision {
+                Decision::Ignore(why) => {
+                    tracing::info!(operation = name, kind = %kind, reason = %why, "ignoring MachineOperation");
+                    return Ok(Outcome::done(Taken::Ignored(why)));
+                }
+                Decision::Wait(left) => {
+                    tracing::debug!(
+                        operation = name,
+                        seconds = left.as_secs(),
+                        "MachineOperation finished; waiting for its TTL"
+                    );
+                    return Ok(Outcome {
+                        requeue_after: Some(left),
+                        taken: Taken::Waiting,
+                        stop_daemon: false,
+                    });
+                }
+                Decision::Forget(why) => {
+                    tracing::info!(operation = name, reason = %why, "dropping the local record of a lost claim");
+                    self.drop_record(&uid);
+                    return Ok(Outcome::done(Taken::Ignored(why)));
+                }
+                Decision::Delete => match delete(&apis, &op).await {
+                    Ok(()) => {
+                        tracing::info!(operation = name, "deleted MachineOperation after its TTL");
+                        self.drop_record(&uid);
+                        return Ok(Outcome::done(Taken::Deleted));
+                    }
+                    Err(WriteError::NotFound) => {
+                        self.drop_record(&uid);
+                        return Ok(Outcome::done(Taken::Gone));
+                    }
+                    Err(WriteError::Conflict) => conflicts += 1,
+                    Err(WriteError::Other(source)) => {
+                        return Err(ReconcileError::Api {
+                            action: "delete",
+                            name: name.into(),
+                            source,
+                        });
+                    }
+                },
+                Decision::Finish(result) => {
+                    tracing::warn!(operation = name, kind = %kind, reason = %result.reason, message = %result.message, "refusing MachineOperation; nothing was run");
+                    match self.finish(&apis, &op, &result).await? {
+                        Some(done) => return Ok(done),
+                        None => conflicts += 1,
+                    }
+                }
+                Decision::Resume(Resume::Report(result)) => {
+                    match self.finish(&apis, &op, &result).await? {
+                        Some(mut done) => {
+                            done.stop_daemon =
+                                done.taken != Taken::Gone && stops_daemon(&kind, &result);
+                            if done.stop_daemon {
+                                tracing::info!(
+                                    operation = name,
+                                    "AgentReset complete; the daemon stops"
+                                );
+                            }
+                            return Ok(done);
+                        }
+                        None => conflicts += 1,
+                    }
+                }
+                Decision::Resume(Resume::Interrupted) => {
+                    let mut rec = record.unwrap_or_else(|| new_record(&op, Stage::Executing, ""));
+                    let result = match self.handlers.resume_interrupted(&rec) {
+                        Resumed::Finished(r) => r,
+                        Resumed::Unknown => interrupted(&kind),
+                        Resumed::Pending => {
+                            return Ok(Outcome {
+                                requeue_after: Some(HANDOFF_RECHECK),
+                                taken: Taken::Ignored(
+                                    "the AgentUpgrade hands over to the restarted agent".into(),
+                                ),
+                                stop_daemon: false,
+                            });
+                        }
+                    };
+                    tracing::warn!(operation = name, kind = %kind, reason = %result.reason, "MachineOperation was cut short by a restart; not running it again");
+                    rec.stage = Stage::Finished;
+                    rec.result = Some(result);
+                    self.save_record(&rec, self.cfg.records.exists(&uid))?;
+                    current = Some(op);
+                }
+                Decision::Resume(Resume::Execute(action)) => {
+                    let rec = record.unwrap_or_else(|| new_record(&op, Stage::Claiming, ""));
+                    if let Some(m) = self.run(&rec, &action).await? {
+                        return Ok(Outcome::done(Taken::HandedOff(m)));
+                    }
+                    current = Some(op);
+                }
+                Decision::Claim(action) => {
+                    let started = op
+                        .status
+                        .as_ref()
+                        .and_then(|s| s.started_at.as_ref())
+                        .map(|t| t.0)
+                        .unwrap_or_else(|| self.now());
+                    let rec = new_record(&op, Stage::Claiming, &format_time(&started));
+                    self.save_record(&rec, true)?;
+                    tracing::info!(operation = name, kind = %kind, "claiming MachineOperation");
+                    let body =
+                        in_progress_patch(&op, action.in_progress_message(), started, self.now());
+                    match patch_status(&apis, &op, &body).await {
+                        Ok(patched) => {
+                            if let Some(m) = self.run(&rec, &action).await? {
+                                return Ok(Outcome::done(Taken::HandedOff(m)));
+                            }
+                            current = Some(patched);
+                        }
+                        Err(WriteError::Conflict) => {
+                            // The claim was lost or raced: this agent did not claim it.
+                            self.drop_record(&uid);
+                            conflicts += 1;
+                        }
+                        Err(WriteError::NotFound) => {
+                            self.drop_record(&uid);
+                            return Ok(Outcome::done(Taken::Gone));
+                        }
+                        Err(WriteError::Other(source)) => {
+                            return Err(ReconcileError::Api {
+                                action: "mark in progress",
+                                name: name.into(),
+                                source,
+                            });
+                        }
+                    }
+                }
+            }
+        }
+        Err(ReconcileError::Conflict {
+            name: name.into(),
+            attempts: conflicts,
+        })
+    }
+
+    /// Records `executing`, runs the handler, records the result (in memory only when the
+    /// handler removed the record, as AgentReset does).
+    /// Returns the handoff message when an AgentUpgrade handed over to the agent it restarts
+    /// on (the record stays `executing`; that agent finishes it).
+    async fn run(&self, claim: &Record, action: &Action) -> Result<Option<String>, ReconcileError> {
+        let mut rec = claim.clone();
+        rec.stage = Stage::Executing;
+        self.save_record(&rec, true)?;
+        tracing::info!(operation = %rec.name, kind = action.kind(), message = action.in_progress_message(), "running MachineOperation");
+        let op = OperationRef {
+            uid: rec.uid.clone(),
+            name: rec.name.clone(),
+        };
+        let result = match execute(action, self.handlers.as_ref(), Some(op)).await {
+            Executed::Finished(r) => r,
+            Executed::HandedOff(m) => {
+                tracing::info!(operation = %rec.name, message = %m, "MachineOperation handed over to the restarted agent");
+                return Ok(Some(m));
+            }
+        };
+        let keep_file = self.cfg.records.exists(&rec.uid);
+        if !keep_file {
+            tracing::info!(operation = %rec.name, "the operation removed its record; keeping its result in memory");
+        }
+        rec.stage = Stage::Finished;
+        rec.result = Some(result);
+        if let Err(e) = self.save_record(&rec, keep_file) {
+            // The result is in memory; the next pass reports it.
+            tracing::warn!(error = %e, "could not record the result of a MachineOperation");
+        }
+        Ok(None)
+    }
+
+    /// Finishes `op` with `result`: `Some(outcome)` when written (or the operation is gone),
+    /// `None` on a conflict.
+    async fn finish(
+        &self,
+        apis: &Apis,
+        op: &MachineOperation,
+        result: &OperationResult,
+    ) -> Result<Option<Outcome>, ReconcileError> {
+        let name = op.name_any();
+        let body = finish_patch(op, result, self.now());
+        match patch_status(apis, op, &body).await {
+            Ok(_) => {
+                if result.succeeded() {
+                    tracing::info!(operation = %name, kind = %op.spec.operation_kind, reason = %result.reason, message = %result.message, "MachineOperation complete");
+                } else {
+                    tracing::warn!(operation = %name, kind = %op.spec.operation_kind, reason = %result.reason, message = %result.message, "MachineOperation failed");
+                }
+                let ttl = op.spec.ttl_seconds_after_finished;
+                Ok(Some(Outcome {
+                    requeue_after: ttl.map(|t| Duration::from_secs(u64::try_from(t).unwrap_or(0))),
+                    taken: Taken::Finished(result.clone()),
+                    stop_daemon: false,
+                }))
+            }
+            Err(WriteError::Conflict) => Ok(None),
+            Err(WriteError::NotFound) => {
+                if let Some(uid) = &op.metadata.uid {
+                    self.drop_record(uid);
+                }
+                Ok(Some(Outcome::done(Taken::Gone)))
+            }
+            Err(WriteError::Other(source)) => Err(ReconcileError::Api {
+                action: "finish",
+                name,
+                source,
+            }),
+        }
+    }
+
+    /// The Node's labels, else the Machine's; `None` when neither exists.
+    async fn labels(
+        &self,
+        apis: &Apis,
+    ) -> Result<Option<BTreeMap<String, String>>, ReconcileError> {
+        let node = &self.cfg.node_name;
+        match apis.nodes.get_opt(node).await {
+            Ok(Some(n)) => return Ok(Some(n.metadata.labels.unwrap_or_default())),
+            Ok(None) => {}
+            Err(source) => {
+                return Err(ReconcileError::Labels {
+                    kind: "Node",
+                    name: node.clone(),
+                    source,
+                });
+            }
+        }
+        let machine = &self.cfg.machine_name;
+        match apis.machines.get_opt(machine).await {
+            Ok(m) => Ok(m.map(|m| m.metadata.labels.unwrap_or_default())),
+            Err(source) => Err(ReconcileError::Labels {
+                kind: "Machine",
+                name: machine.clone(),
+                source,
+            }),
+        }
+    }
+
+    /// The record of `uid`: its file, else the in-memory copy. A record that cannot be read is
+    /// taken for a run that started (never run twice).
+    fn load_record(&self, uid: &str, name: &str, kind: &str) -> Option<Record> {
+        if uid.is_empty() {
+            return None;
+        }
+        match self.cfg.records.load(uid) {
+            Ok(Some(r)) => Some(r),
+            Ok(None) => self.memory().get(uid).cloned(),
+            Err(e) => {
+                tracing::warn!(operation = name, error = %e, "unreadable MachineOperation record; treating the operation as started");
+                Some(Record {
+                    version: 1,
+                    uid: uid.into(),
+                    name: name.into(),
+                    kind: kind.into(),
+                    stage: Stage::Executing,
+                    started_at: String::new(),
+                    result: None,
+                })
+            }
+        }
+    }
+
+    fn save_record(&self, rec: &Record, to_file: bool) -> Result<(), ReconcileError> {
+        self.memory().insert(rec.uid.clone(), rec.clone());
+        if to_file {
+            self.cfg
+                .records
+                .save(rec)
+                .map_err(|source| ReconcileError::Record {
+                    name: rec.name.clone(),
+                    source,
+                })?;
+        }
+        Ok(())
+    }
+
+    fn drop_record(&self, uid: &str) {
+        if uid.is_empty() {
+            return;
+        }
+        self.memory().remove(uid);
+        if let Err(e) = self.cfg.records.delete(uid) {
+            tracing::warn!(error = %e, "could not remove a MachineOperation record");
+        }
+    }
+
+    fn forget_name(&self, name: &str) {
+        self.memory().retain(|_, r| r.name != name);
+        if let Err(e) = self.cfg.records.delete_named(name) {
+            tracing::warn!(error = %e, "could not remove MachineOperation records");
+        }
+    }
+}
+
+async fn patch_status(
+    apis: &Apis,
+    op: &MachineOperation,
+    body: &serde_json::Value,
+) -> Result<MachineOperation, WriteError> {
+    apis.ops
+        .patch_status(&op.name_any(), &PatchParams::default(), &Patch::Merge(body))
+        .await
+        .map_err(classify)
+}
+
+async fn delete(apis: &Apis, op: &MachineOperation) -> Result<(), WriteError> {
+    let dp = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: op.metadata.uid.clone(),
+            resource_version: op.metadata.resource_version.clone(),
+        }),
+        ..DeleteParams::default()
+    };
+    apis.ops
+        .delete(&op.name_any(), &dp)
+        .await
+        .map(|_| ())
+        .map_err(classify)
+}
+
+fn new_record(op: &MachineOperation, stage: Stage, started_at: &str) -> Record {
+    Record {
+        version: 1,
+        uid: op.metadata.uid.clone().unwrap_or_default(),
+        name: op.name_any(),
+        kind: op.spec.operation_kind.clone(),
+        stage,
+        started_at: started_at.into(),
+        result: None,
+    }
+}
+
+/// The `Completed` condition list after setting it to `status`/`reason`/`message` (its
+/// `lastTransitionTime` moves only when its status changes).
+fn with_completed(
+    op: &MachineOperation,
+    status: &str,
+    reason: &str,
+    message: &str,
+    now: Timestamp,
+) -> Vec<Condition> {
+    let mut conditions = op
+        .status
+        .as_ref()
+        .map(|s| s.conditions.clone())
+        .unwrap_or_default();
+    let previous = conditions
+        .iter()
+        .position(|c| c.type_ == CONDITION_COMPLETED);
+    let last_transition_time = match previous.map(|i| &conditions[i]) {
+        Some(c) if c.status == status => c.last_transition_time.clone(),
+        _ => Time(now),
+    };
+    let c = Condition {
+        type_: CONDITION_COMPLETED.into(),
+        status: status.into(),
+        reason: reason.into(),
+        message: message.into(),
+        last_transition_time,
+        observed_generation: op.metadata.generation,
+    };
+    match previous {
+        Some(i) => conditions[i] = c,
+        None => conditions.push(c),
+    }
+    conditions
+}
+
+fn precondition(op: &MachineOperation) -> serde_json::Value {
+    match &op.metadata.resource_version {
+        Some(rv) => json!({ "resourceVersion": rv }),
+        None => json!({}),
+    }
+}
+
+/// The merge patch that claims `op`: `InProgress`, `message`, `startedAt`, `Completed`=False
+/// (`InProgress`), with `op`'s `resourceVersion` as the precondition.
+pub fn in_progress_patch(
+    op: &MachineOperation,
+    message: &str,
+    started: Timestamp,
+    now: Timestamp,
+) -> serde_json::Value {
+    json!({
+        "metadata": precondition(op),
+        "status": {
+            "phase": OperationPhase::InProgress.as_str(),
+            "reason": IN_PROGRESS,
+            "message": message,
+            "startedAt": format_time(&started),
+            "conditions": with_completed(op, "False", IN_PROGRESS, message, now),
+        },
+    })
+}
+
+/// The merge patch that finishes `op` with `result`: phase, reason, message, `startedAt` (kept,
+/// or now), `completedAt`, and `Completed` (True, or False when `Failed`, with the result's
+/// reason), with `op`'s `resourceVersion` as the precondition.
+pub fn finish_patch(
+    op: &MachineOperation,
+    result: &OperationResult,
+    now: Timestamp,
+) -> serde_json::Value {
+    let started = op
+        .status
+        .as_ref()
+        .and_then(|s| s.started_at.as_ref())
+        .map(|t| t.0)
+        .unwrap_or(now);
+    let status = if result.succeeded() { "True" } else { "False" };
+    json!({
+        "metadata": precondition(op),
+        "status": {
+            "phase": result.phase.as_str(),
+            "reason": result.reason,
+            "message": result.message,
+            "startedAt": format_time(&started),
+            "completedAt": format_time(&now),
+            "conditions": with_completed(op, status, &result.reason, &result.message, now),
+        },
+    })
+}
+
+/// Names of MachineOperations worth reconciling for `machine_name`, from a watch of all of
+/// them (restarted with backoff; errors are passed on for logging): added or changed ones that
+/// [`may_concern`] this machine, and deleted ones that may have targeted it (so their records
+/// go). The initial list names every such operation, which is how an operation interrupted by a
+/// restart is found again.
+pub fn watch_stream(
+    client: Client,
+    machine_name: String,
+) -> impl Stream<Item = Result<String, watcher::Error>> + Send + 'static {
+    let api: Api<MachineOperation> = Api::all(client);
+    watcher::watcher(api, watcher::Config::default())
+        .default_backoff()
+        .filter_map(move |ev| {
+            let out = match ev {
+                Ok(Event::Apply(op) | Event::InitApply(op)) => {
+                    may_concern(&op, &machine_name).then(|| Ok(op.name_any()))
+                }
+                Ok(Event::Delete(op)) => may_target(&op, &machine_name).then(|| Ok(op.name_any())),
+                Ok(Event::Init | Event::InitDone) => None,
+                Err(e) => Some(Err(e)),
+            };
+            futures::future::ready(out)
+        })
+}

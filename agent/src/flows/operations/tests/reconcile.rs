@@ -1,0 +1,709 @@
+//! The reconciler against the fake API server, scenario by scenario: claim and run, handler
+//! failure, other machines' operations, selectors, bad input, conflicts on status updates, a
+//! restart mid-operation, TTL expiry, AgentReset's stop, and the watch.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures::StreamExt;
+use serde_json::{Value, json};
+
+use super::super::reconcile::*;
+use super::super::record::{Record, RecordStore, Stage};
+use super::super::{Handlers, OperationResult, RecordingHandlers};
+use super::api::FakeApi;
+use super::*;
+use crate::fs::HostFs;
+
+const ME: &str = "node1";
+const OP: &str = "/apis/unbounded-cloud.io/v1alpha3/machineoperations/op";
+const DIGEST: &str = "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+
+struct Rig {
+    api: FakeApi,
+    handlers: RecordingHandlers,
+    root: tempfile::TempDir,
+}
+
+impl Rig {
+    fn new() -> Self {
+        Self {
+            api: FakeApi::new(),
+            handlers: RecordingHandlers::new(),
+            root: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    fn records(&self) -> RecordStore {
+        RecordStore::new(HostFs::new(self.root.path()))
+    }
+
+    fn reconciler_with(&self, handlers: Arc<dyn Handlers>, containerized: bool) -> Reconciler {
+        Reconciler::new(
+            ReconcilerConfig {
+                machine_name: ME.into(),
+                node_name: ME.into(),
+                records: self.records(),
+                containerized,
+            },
+            handlers,
+        )
+        .with_clock(Arc::new(|| at(NOW)))
+    }
+
+    fn reconciler(&self) -> Reconciler {
+        self.reconciler_with(Arc::new(self.handlers.clone()), false)
+    }
+
+    async fn reconcile(&self, name: &str) -> Result<Outcome, ReconcileError> {
+        self.reconcile_with(&self.reconciler(), name).await
+    }
+
+    async fn reconcile_with(&self, r: &Reconciler, name: &str) -> Result<Outcome, ReconcileError> {
+        tokio::time::timeout(Duration::from_secs(5), r.reconcile(self.api.client(), name))
+            .await
+            .expect("reconcile timed out")
+    }
+}
+
+fn get() -> String {
+    format!("GET {OP}")
+}
+fn patch() -> String {
+    format!("PATCH {OP}/status")
+}
+
+fn finished(o: &Outcome) -> &OperationResult {
+    match &o.taken {
+        Taken::Finished(r) => r,
+        other => panic!("expected Finished, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn claim_and_reboot() {
+    let rig = Rig::new();
+    rig.api.put_op(&op("op", "NodeReboot", ME));
+    let out = rig.reconcile("op").await.unwrap();
+    assert_eq!(
+        finished(&out),
+        &OperationResult::complete("NodeReboot completed")
+    );
+    assert_eq!(out.requeue_after, None);
+    assert_eq!(rig.handlers.calls(), ["node_reboot"]);
+    assert_eq!(rig.api.lines(), [get(), patch(), patch()]);
+    let p = rig.api.patches();
+    assert_eq!(
+        p[0],
+        json!({
+            "metadata": {"resourceVersion": "1"},
+            "status": {
+                "phase": "InProgress",
+                "reason": "InProgress",
+                "message": "restarting active nspawn node",
+                "startedAt": "2027-01-15T08:00:00Z",
+                "conditions": [{
+                    "lastTransitionTime": "2027-01-15T08:00:00Z",
+                    "message": "restarting active nspawn node",
+                    "observedGeneration": 1,
+                    "reason": "InProgress",
+                    "status": "False",
+                    "type": "Completed",
+                }],
+            },
+        })
+    );
+    assert_eq!(
+        p[1],
+        json!({
+            "metadata": {"resourceVersion": "2"},
+            "status": {
+                "phase": "Complete",
+                "reason": "Succeeded",
+                "message": "NodeReboot completed",
+                "startedAt": "2027-01-15T08:00:00Z",
+                "completedAt": "2027-01-15T08:00:00Z",
+                "conditions": [{
+                    "lastTransitionTime": "2027-01-15T08:00:00Z",
+                    "message": "NodeReboot completed",
+                    "observedGeneration": 1,
+                    "reason": "Succeeded",
+                    "status": "True",
+                    "type": "Completed",
+                }],
+            },
+        })
+    );
+    let stored = rig.api.op("op").unwrap();
+    assert_eq!(stored["status"]["phase"], "Complete");
+    // The record says it ran and how it ended.
+    let rec = rig.records().load("uid-op").unwrap().unwrap();
+    assert_eq!(rec.stage, Stage::Finished);
+    assert_eq!(
+        rec.result,
+        Some(OperationResult::complete("NodeReboot completed"))
+    );
+    // A second reconcile (the watch's echo of the update) does nothing.
+    let again = rig.reconcile("op").await.unwrap();
+    assert_eq!(again.taken, Taken::Ignored("it is finished".into()));
+    assert_eq!(rig.handlers.calls(), ["node_reboot"]);
+}
+
+#[tokio::test]
+async fn handler_failure_is_execution_failed() {
+    let rig = Rig::new();
+    rig.api.put_op(&op("op", "NodeReboot", ME));
+    rig.handlers
+        .fail_on("node_reboot", "start kube1: kubelet did not become ready");
+    let out = rig.reconcile("op").await.unwrap();
+    assert_eq!(
+        finished(&out),
+        &OperationResult::failed(
+            "ExecutionFailed",
+            "start kube1: kubelet did not become ready"
+        )
+    );
+    let last = rig.api.patches().pop().unwrap();
+    assert_eq!(last["status"]["phase"], "Failed");
+    assert_eq!(last["status"]["reason"], "ExecutionFailed");
+    assert_eq!(last["status"]["conditions"][0]["status"], "False");
+    assert_eq!(last["status"]["conditions"][0]["reason"], "ExecutionFailed");
+    // The condition was already False (InProgress): its transition time stays.
+    assert_eq!(
+        last["status"]["conditions"][0]["lastTransitionTime"],
+        "2027-01-15T08:00:00Z"
+    );
+}
+
+#[tokio::test]
+async fn another_machines_operation_is_left_alone() {
+    let rig = Rig::new();
+    rig.api.put_op(&op("op", "NodeReboot", "node2"));
+    let out = rig.reconcile("op").await.unwrap();
+    assert_eq!(
+        out.taken,
+        Taken::Ignored("it targets machine \"node2\", not \"node1\"".into())
+    );
+    assert_eq!(rig.api.lines(), [get()]);
+    assert!(rig.handlers.calls().is_empty());
+    assert!(!rig.records().exists("uid-op"));
+}
+
+#[tokio::test]
+async fn selector_matches_the_nodes_labels() {
+    let rig = Rig::new();
+    rig.api
+        .put_node(ME, &[("pool", "flex")])
+        .put_op(&with_selector(
+            op("op", "NodeReboot", ""),
+            &[("pool", "flex")],
+        ));
+    let out = rig.reconcile("op").await.unwrap();
+    assert!(finished(&out).succeeded());
+    assert_eq!(
+        rig.api.lines(),
+        [get(), "GET /api/v1/nodes/node1".into(), patch(), patch()]
+    );
+    assert_eq!(rig.handlers.calls(), ["node_reboot"]);
+}
+
+#[tokio::test]
+async fn selector_falls_back_to_the_machines_labels_or_ignores() {
+    let rig = Rig::new();
+    rig.api
+        .put_machine(ME, &[("pool", "gpu")])
+        .put_op(&with_selector(
+            op("op", "NodeReboot", ""),
+            &[("pool", "flex")],
+        ));
+    let out = rig.reconcile("op").await.unwrap();
+    assert_eq!(
+        out.taken,
+        Taken::Ignored("its machineSelector does not match the labels of \"node1\"".into())
+    );
+    assert_eq!(
+        rig.api.lines(),
+        [
+            get(),
+            "GET /api/v1/nodes/node1".into(),
+            "GET /apis/unbounded-cloud.io/v1alpha3/machines/node1".into(),
+        ]
+    );
+    assert!(rig.handlers.calls().is_empty());
+}
+
+#[tokio::test]
+async fn unknown_kind_fails_without_running() {
+    let rig = Rig::new();
+    rig.api.put_op(&op("op", "Defragment", ME));
+    let out = rig.reconcile("op").await.unwrap();
+    assert_eq!(finished(&out).reason, "UnknownKind");
+    assert_eq!(rig.api.lines(), [get(), patch()]);
+    let p = &rig.api.patches()[0];
+    assert_eq!(p["status"]["phase"], "Failed");
+    assert_eq!(
+        p["status"]["message"],
+        "unknown operation kind \"Defragment\" (the node agent handles NodeReboot, AgentReset and AgentUpgrade)"
+    );
+    assert_eq!(p["status"]["startedAt"], p["status"]["completedAt"]);
+    assert!(rig.handlers.calls().is_empty());
+    assert!(!rig.records().exists("uid-op"));
+}
+
+#[tokio::test]
+async fn agent_upgrade_with_a_tag_alone_is_invalid() {
+    let rig = Rig::new();
+    rig.api.put_op(&with_params(
+        op("op", "AgentUpgrade", ME),
+        &[("image", "registry.example.com/aks/agent:v2")],
+    ));
+    let r = rig.reconciler_with(Arc::new(rig.handlers.clone()), true);
+    let out = rig.reconcile_with(&r, "op").await.unwrap();
+    assert_eq!(finished(&out).reason, "InvalidParameters");
+    assert!(finished(&out).message.contains("names only a tag"));
+    assert_eq!(rig.api.lines(), [get(), patch()]);
+    assert!(rig.handlers.calls().is_empty());
+}
+
+#[tokio::test]
+async fn agent_upgrade_hands_over_and_the_restarted_agent_finishes_it() {
+    let rig = Rig::new();
+    let image = format!("registry.example.com/aks/agent@{DIGEST}");
+    rig.api.put_op(&with_params(
+        op("op", "AgentUpgrade", ME),
+        &[("image", &image)],
+    ));
+    let r = rig.reconciler_with(Arc::new(rig.handlers.clone()), true);
+    let out = rig.reconcile_with(&r, "op").await.unwrap();
+    assert_eq!(
+        out.taken,
+        Taken::HandedOff("restart scheduled".into()),
+        "the status stays InProgress"
+    );
+    assert_eq!(
+        rig.handlers.calls(),
+        [format!("agent_upgrade image={image} op=op")]
+    );
+    assert_eq!(rig.api.lines(), [get(), patch()]);
+    assert_eq!(rig.api.patches()[0]["status"]["phase"], "InProgress");
+    assert_eq!(
+        rig.records().load("uid-op").unwrap().unwrap().stage,
+        Stage::Executing
+    );
+    // Seen again before the restart: the handoff is pending, nothing runs twice.
+    rig.handlers.resume_pending();
+    let out = rig.reconcile_with(&r, "op").await.unwrap();
+    assert!(matches!(out.taken, Taken::Ignored(_)), "{out:?}");
+    assert_eq!(
+        out.requeue_after,
+        Some(crate::flows::operations::reconcile::HANDOFF_RECHECK)
+    );
+    assert_eq!(rig.handlers.calls().len(), 1);
+    // The restarted agent proved itself: the upgrade record has the result.
+    rig.handlers.resume_with(OperationResult::complete(
+        "AgentUpgrade completed: the agent runs x",
+    ));
+    let out = rig.reconcile_with(&r, "op").await.unwrap();
+    assert_eq!(
+        finished(&out),
+        &OperationResult::complete("AgentUpgrade completed: the agent runs x")
+    );
+    assert_eq!(rig.handlers.calls().len(), 1);
+    // On a host, the image parameter itself is the problem, and the message names it.
+    let rig = Rig::new();
+    rig.api.put_op(&with_params(
+        op("op", "AgentUpgrade", ME),
+        &[("image", &image)],
+    ));
+    let out = rig.reconcile("op").await.unwrap();
+    assert_eq!(finished(&out).reason, "InvalidParameters");
+    assert!(finished(&out).message.starts_with("parameter \"image\""));
+}
+
+#[tokio::test]
+async fn conflict_on_the_claim_rereads_then_claims() {
+    let rig = Rig::new();
+    rig.api.put_op(&op("op", "NodeReboot", ME));
+    // Another writer changes the operation just before the claim lands.
+    rig.api.before(1, |st| st.touch("op"));
+    let out = rig.reconcile("op").await.unwrap();
+    assert!(finished(&out).succeeded());
+    assert_eq!(rig.api.lines(), [get(), patch(), get(), patch(), patch()]);
+    let p = rig.api.patches();
+    assert_eq!(p[0]["metadata"]["resourceVersion"], "1");
+    assert_eq!(p[1]["metadata"]["resourceVersion"], "2");
+    assert_eq!(rig.handlers.calls(), ["node_reboot"]);
+}
+
+#[tokio::test]
+async fn conflict_on_finish_reports_without_running_again() {
+    let rig = Rig::new();
+    rig.api.put_op(&op("op", "NodeReboot", ME));
+    rig.api.before(2, |st| st.touch("op"));
+    let out = rig.reconcile("op").await.unwrap();
+    assert!(finished(&out).succeeded());
+    assert_eq!(rig.api.lines(), [get(), patch(), patch(), get(), patch()]);
+    assert_eq!(rig.handlers.calls(), ["node_reboot"], "never twice");
+    assert_eq!(rig.api.op("op").unwrap()["status"]["phase"], "Complete");
+}
+
+#[tokio::test]
+async fn a_lost_claim_is_not_taken_for_ours() {
+    let rig = Rig::new();
+    rig.api
+        .put_node(ME, &[("pool", "flex")])
+        .put_op(&with_selector(
+            op("op", "NodeReboot", ""),
+            &[("pool", "flex")],
+        ));
+    // Another agent claims it, in the same second, just before this one's claim lands.
+    rig.api.before(2, |st| {
+        st.touch("op");
+        let o = st.ops.get_mut("op").unwrap();
+        o["status"] = json!({"phase": "InProgress", "startedAt": "2027-01-15T08:00:00Z"});
+    });
+    let out = rig.reconcile("op").await.unwrap();
+    assert_eq!(
+        out.taken,
+        Taken::Ignored("another agent claimed it (it is InProgress)".into())
+    );
+    assert_eq!(
+        rig.api.lines(),
+        [get(), "GET /api/v1/nodes/node1".into(), patch(), get()]
+    );
+    assert!(rig.handlers.calls().is_empty());
+    assert!(!rig.records().exists("uid-op"));
+}
+
+#[tokio::test]
+async fn endless_conflicts_give_up() {
+    let rig = Rig::new();
+    rig.api.put_op(&op("op", "NodeReboot", ME));
+    for i in 0..40 {
+        rig.api.before(i, |st| st.touch("op"));
+    }
+    let e = rig.reconcile("op").await.unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "MachineOperation op kept changing: 6 conflicting writes in a row"
+    );
+    assert!(rig.handlers.calls().is_empty());
+}
+
+fn seed(rig: &Rig, stage: Stage, started_at: &str, result: Option<OperationResult>) {
+    rig.records()
+        .save(&Record {
+            version: 1,
+            uid: "uid-op".into(),
+            name: "op".into(),
+            kind: "NodeReboot".into(),
+            stage,
+            started_at: started_at.into(),
+            result,
+        })
+        .unwrap();
+}
+
+#[tokio::test]
+async fn restart_mid_operation_is_interrupted_not_rerun() {
+    let rig = Rig::new();
+    rig.api.put_op(&with_status(
+        op("op", "NodeReboot", ME),
+        "InProgress",
+        Some(NOW - 300),
+        None,
+    ));
+    seed(&rig, Stage::Executing, "2027-01-15T07:55:00Z", None);
+    let out = rig.reconcile("op").await.unwrap();
+    let r = finished(&out);
+    assert_eq!(r.reason, "Interrupted");
+    assert_eq!(
+        r.message,
+        "the agent restarted while NodeReboot was running; it is not run again, and its effect is unknown"
+    );
+    assert!(rig.handlers.calls().is_empty(), "the handler is not called");
+    assert_eq!(rig.api.lines(), [get(), patch()]);
+    let p = &rig.api.patches()[0];
+    assert_eq!(p["status"]["startedAt"], "2027-01-15T07:55:00Z");
+    assert_eq!(p["status"]["completedAt"], "2027-01-15T08:00:00Z");
+    assert_eq!(
+        rig.records().load("uid-op").unwrap().unwrap().stage,
+        Stage::Finished
+    );
+}
+
+#[tokio::test]
+async fn restart_mid_operation_asks_the_resume_hook() {
+    let rig = Rig::new();
+    rig.api.put_op(&with_status(
+        op("op", "NodeReboot", ME),
+        "InProgress",
+        Some(NOW - 300),
+        None,
+    ));
+    seed(&rig, Stage::Executing, "2027-01-15T07:55:00Z", None);
+    rig.handlers
+        .resume_with(OperationResult::complete("AgentUpgrade completed"));
+    let out = rig.reconcile("op").await.unwrap();
+    assert_eq!(
+        finished(&out),
+        &OperationResult::complete("AgentUpgrade completed")
+    );
+    assert!(rig.handlers.calls().is_empty());
+}
+
+#[tokio::test]
+async fn restart_after_the_claim_runs_it_once() {
+    let rig = Rig::new();
+    rig.api.put_op(&with_status(
+        op("op", "NodeReboot", ME),
+        "InProgress",
+        Some(NOW - 5),
+        None,
+    ));
+    seed(&rig, Stage::Claiming, "2027-01-15T07:59:55Z", None);
+    let out = rig.reconcile("op").await.unwrap();
+    assert!(finished(&out).succeeded());
+    assert_eq!(rig.handlers.calls(), ["node_reboot"]);
+    assert_eq!(rig.api.lines(), [get(), patch()]);
+}
+
+#[tokio::test]
+async fn restart_with_a_recorded_result_reports_it() {
+    let rig = Rig::new();
+    rig.api.put_op(&with_status(
+        op("op", "NodeReboot", ME),
+        "InProgress",
+        Some(NOW - 5),
+        None,
+    ));
+    let failed = OperationResult::failed("ExecutionFailed", "boom");
+    seed(
+        &rig,
+        Stage::Finished,
+        "2027-01-15T07:59:55Z",
+        Some(failed.clone()),
+    );
+    let out = rig.reconcile("op").await.unwrap();
+    assert_eq!(finished(&out), &failed);
+    assert!(rig.handlers.calls().is_empty());
+}
+
+#[tokio::test]
+async fn in_progress_elsewhere_is_ignored_and_a_stale_claim_forgotten() {
+    let rig = Rig::new();
+    rig.api.put_op(&with_status(
+        op("op", "NodeReboot", ME),
+        "InProgress",
+        Some(NOW - 5),
+        None,
+    ));
+    let out = rig.reconcile("op").await.unwrap();
+    assert!(matches!(out.taken, Taken::Ignored(_)));
+    seed(&rig, Stage::Claiming, "2027-01-15T07:00:00Z", None);
+    let out = rig.reconcile("op").await.unwrap();
+    assert!(matches!(&out.taken, Taken::Ignored(w) if w.starts_with("another agent claimed it")));
+    assert!(!rig.records().exists("uid-op"));
+    assert!(rig.handlers.calls().is_empty());
+    assert!(rig.api.patches().is_empty());
+}
+
+#[tokio::test]
+async fn ttl_requeues_then_deletes() {
+    let rig = Rig::new();
+    let mut o = op("op", "NodeReboot", ME);
+    o.spec.ttl_seconds_after_finished = Some(30);
+    rig.api.put_op(&o);
+    let out = rig.reconcile("op").await.unwrap();
+    assert!(finished(&out).succeeded());
+    assert_eq!(out.requeue_after, Some(Duration::from_secs(30)));
+
+    // Finished 10 s ago: wait 20 s more.
+    let rig = Rig::new();
+    rig.api.put_op(&with_status(
+        o.clone(),
+        "Complete",
+        Some(NOW - 20),
+        Some(NOW - 10),
+    ));
+    let out = rig.reconcile("op").await.unwrap();
+    assert_eq!(out.taken, Taken::Waiting);
+    assert_eq!(out.requeue_after, Some(Duration::from_secs(20)));
+    assert_eq!(rig.api.lines(), [get()]);
+
+    // Finished 30 s ago: delete it, with preconditions, and its record.
+    let rig = Rig::new();
+    rig.api.put_op(&with_status(
+        o.clone(),
+        "Complete",
+        Some(NOW - 40),
+        Some(NOW - 30),
+    ));
+    seed(&rig, Stage::Finished, "2027-01-15T07:59:20Z", None);
+    let out = rig.reconcile("op").await.unwrap();
+    assert_eq!(out.taken, Taken::Deleted);
+    assert_eq!(rig.api.lines(), [get(), format!("DELETE {OP}")]);
+    let del = rig.api.state().seen[1].body.clone();
+    assert_eq!(
+        del["preconditions"],
+        json!({"resourceVersion": "1", "uid": "uid-op"})
+    );
+    assert!(rig.api.op("op").is_none());
+    assert!(!rig.records().exists("uid-op"));
+    assert!(rig.handlers.calls().is_empty());
+}
+
+#[tokio::test]
+async fn ttl_delete_conflict_rereads() {
+    let rig = Rig::new();
+    let mut o = with_status(op("op", "NodeReboot", ME), "Failed", None, Some(NOW - 100));
+    o.spec.ttl_seconds_after_finished = Some(0);
+    rig.api.put_op(&o);
+    rig.api.before(1, |st| st.touch("op"));
+    let out = rig.reconcile("op").await.unwrap();
+    assert_eq!(out.taken, Taken::Deleted);
+    assert_eq!(
+        rig.api.lines(),
+        [get(), format!("DELETE {OP}"), get(), format!("DELETE {OP}")]
+    );
+}
+
+#[tokio::test]
+async fn a_deleted_operation_is_gone_with_its_records() {
+    let rig = Rig::new();
+    seed(&rig, Stage::Finished, "2027-01-15T07:59:20Z", None);
+    let out = rig.reconcile("op").await.unwrap();
+    assert_eq!(out.taken, Taken::Gone);
+    assert!(!rig.records().exists("uid-op"));
+}
+
+/// Handlers whose reset removes the agent's state, records included, as the real one does.
+struct ResettingHandlers {
+    inner: RecordingHandlers,
+    records: RecordStore,
+}
+
+#[async_trait]
+impl Handlers for ResettingHandlers {
+    async fn node_reboot(&self) -> anyhow::Result<()> {
+        self.inner.node_reboot().await
+    }
+    async fn agent_reset(&self) -> anyhow::Result<()> {
+        self.inner.agent_reset().await?;
+        self.records.delete("uid-op")?;
+        Ok(())
+    }
+    async fn stop_daemon(&self) -> anyhow::Result<()> {
+        self.inner.stop_daemon().await
+    }
+    async fn agent_upgrade(
+        &self,
+        request: &crate::flows::operations::UpgradeRequest,
+        op: Option<crate::flows::upgrade::OperationRef>,
+    ) -> anyhow::Result<crate::flows::upgrade::Started> {
+        self.inner.agent_upgrade(request, op).await
+    }
+}
+
+#[tokio::test]
+async fn agent_reset_finishes_then_stops_the_daemon() {
+    let rig = Rig::new();
+    rig.api.put_op(&op("op", "AgentReset", ME));
+    // The finish conflicts once: the result, held in memory, is reported without a second reset.
+    rig.api.before(2, |st| st.touch("op"));
+    let h = ResettingHandlers {
+        inner: rig.handlers.clone(),
+        records: rig.records(),
+    };
+    let r = rig.reconciler_with(Arc::new(h), false);
+    let out = rig.reconcile_with(&r, "op").await.unwrap();
+    assert_eq!(
+        finished(&out),
+        &OperationResult::complete("AgentReset completed")
+    );
+    assert!(
+        out.stop_daemon,
+        "the caller stops the daemon once the status says Complete"
+    );
+    assert_eq!(rig.handlers.calls(), ["agent_reset"]);
+    assert_eq!(rig.api.lines(), [get(), patch(), patch(), get(), patch()]);
+    assert_eq!(
+        rig.api.patches()[0]["status"]["message"],
+        "resetting local nspawn node runtime"
+    );
+    // The reset's removal of the records is not undone.
+    assert!(!rig.records().exists("uid-op"));
+}
+
+#[tokio::test]
+async fn a_failed_agent_reset_does_not_stop_the_daemon() {
+    let rig = Rig::new();
+    rig.api.put_op(&op("op", "AgentReset", ME));
+    rig.handlers
+        .fail_on("agent_reset", "remove-runtime-dirs: busy");
+    let out = rig.reconcile("op").await.unwrap();
+    assert_eq!(
+        finished(&out),
+        &OperationResult::failed("ExecutionFailed", "remove-runtime-dirs: busy")
+    );
+    assert!(!out.stop_daemon);
+    // Other kinds never stop it.
+    let rig = Rig::new();
+    rig.api.put_op(&op("op", "NodeReboot", ME));
+    assert!(!rig.reconcile("op").await.unwrap().stop_daemon);
+}
+
+#[tokio::test]
+async fn api_errors_name_the_operation() {
+    let rig = Rig::new();
+    rig.api.put_op(&op("op", "NodeReboot", ME));
+    rig.api.before(1, |st| {
+        st.ops.remove("op");
+    });
+    // The operation vanished under the claim: nothing runs.
+    let out = rig.reconcile("op").await.unwrap();
+    assert_eq!(out.taken, Taken::Gone);
+    assert!(rig.handlers.calls().is_empty());
+    assert!(!rig.records().exists("uid-op"));
+}
+
+#[tokio::test]
+async fn watch_names_the_operations_worth_reconciling() {
+    let api = FakeApi::new();
+    api.put_op(&op("a-mine", "NodeReboot", ME))
+        .put_op(&op("b-other", "NodeReboot", "node2"))
+        .put_op(&with_status(
+            op("c-done", "NodeReboot", ME),
+            "Complete",
+            Some(NOW),
+            Some(NOW),
+        ))
+        .put_op(&op("d-host", "HostReboot", ME));
+    let added = serde_json::to_value(with_selector(
+        op("e-selected", "AgentReset", ""),
+        &[("pool", "flex")],
+    ))
+    .unwrap();
+    let deleted = serde_json::to_value(op("f-deleted", "NodeReboot", ME)).unwrap();
+    let other_deleted = serde_json::to_value(op("g-deleted", "NodeReboot", "node2")).unwrap();
+    let events: Vec<Value> = vec![
+        json!({"type": "ADDED", "object": added}),
+        json!({"type": "DELETED", "object": other_deleted}),
+        json!({"type": "DELETED", "object": deleted}),
+    ];
+    api.state().watch_bodies.push_back(
+        events
+            .iter()
+            .map(|e| e.to_string() + "\n")
+            .collect::<String>(),
+    );
+    let stream = watch_stream(api.client(), ME.into());
+    let names: Vec<String> = tokio::time::timeout(
+        Duration::from_secs(5),
+        stream.take(3).map(|r| r.unwrap()).collect(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(names, ["a-mine", "e-selected", "f-deleted"]);
+}

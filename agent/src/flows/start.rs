@@ -1,0 +1,203 @@
+//! `start` (alias `bootstrap`): set up the host, provision and start `kube1`, save the daemon
+//! state once kubelet is up, and install and start the agent's service — in upstream's order.
+//!
+//! The node-machine work (rootfs, configuration, lifecycle) sits behind [`NodeStarter`] and the
+//! machine-goal registration behind [`MachineRegistry`], so this flow is tested with fakes and
+//! the layers that implement them plug in without changing it.
+
+use std::path::Path;
+
+use async_trait::async_trait;
+
+use crate::config::Config;
+use crate::context::Host;
+use crate::state::{DaemonState, KUBE1, StateStore};
+use crate::systemd::{
+    RECOVERY_UNIT_PATH, install_service, render_agent_unit_for, render_recovery_unit_for,
+};
+use crate::task::step;
+
+pub use crate::machine::seams::{MachineRegistry, NodeStarter, RemoteMachine};
+pub use flex_api::goal::GoalState;
+
+/// `GoalStateFromConfig`, with its checks.
+pub fn goal_from_config(c: &Config) -> Result<GoalState, String> {
+    let g = GoalState {
+        kubernetes_version: c.components.kubernetes.trim().to_string(),
+        settings_version: c.components.kubernetes.trim().to_string(),
+        max_pods: c.node.max_pods,
+        node_labels: c.node.labels.clone(),
+        node_taints: c.node.taints.clone(),
+        image_gc_high_threshold: c.node.kubelet.image_gc_high_threshold,
+        image_gc_low_threshold: c.node.kubelet.image_gc_low_threshold,
+    };
+    if g.kubernetes_version.is_empty() {
+        return Err("components.kubernetes: kubernetes version is required".into());
+    }
+    if !(0..=i64::from(i32::MAX)).contains(&g.max_pods) {
+        return Err(format!("node.maxPods: {} is out of range", g.max_pods));
+    }
+    if g.image_gc_high_threshold < 0 || g.image_gc_low_threshold < 0 {
+        return Err("node.kubelet image GC thresholds must not be negative".into());
+    }
+    Ok(g)
+}
+
+/// A [`MachineRegistry`] for builds or configs without a machine-goal client.
+pub struct NoRegistry(pub &'static str);
+
+#[async_trait]
+impl MachineRegistry for NoRegistry {
+    async fn get(&self) -> anyhow::Result<Option<RemoteMachine>> {
+        anyhow::bail!("{}", self.0)
+    }
+    async fn put(&self, _goal: &GoalState) -> anyhow::Result<RemoteMachine> {
+        anyhow::bail!("{}", self.0)
+    }
+}
+
+/// `ensure-machine`: adopt a registered machine's ETag when its Kubernetes version matches the
+/// config, update it when not, create it when missing. Failures are fatal only with
+/// `agent.requireMachineRegistration`.
+pub async fn ensure_machine(
+    registry: &dyn MachineRegistry,
+    goal: &mut GoalState,
+    require: bool,
+) -> anyhow::Result<()> {
+    let result: Result<(), (&str, anyhow::Error)> = async {
+        match registry.get().await.map_err(|e| ("get machine", e))? {
+            Some(m) if m.kubernetes_version == goal.kubernetes_version => {
+                tracing::info!("machine already registered, skipping");
+                if !m.etag.is_empty() {
+                    goal.settings_version = m.etag;
+                }
+                Ok(())
+            }
+            Some(m) => {
+                tracing::info!(
+                    remote_kubernetes_version = %m.kubernetes_version,
+                    local_kubernetes_version = %goal.kubernetes_version,
+                    "updating registered machine from local bootstrap config"
+                );
+                let put = registry
+                    .put(goal)
+                    .await
+                    .map_err(|e| ("update machine", e))?;
+                adopt(goal, put).map_err(|e| ("update machine", e))
+            }
+            None => {
+                let put = registry
+                    .put(goal)
+                    .await
+                    .map_err(|e| ("create machine", e))?;
+                adopt(goal, put).map_err(|e| ("create machine", e))
+            }
+        }
+    }
+    .await;
+    match result {
+        Ok(()) => Ok(()),
+        Err((op, e)) if require => Err(anyhow::anyhow!("ensure-machine: {op}: {e:#}")),
+        Err((op, e)) => {
+            tracing::warn!(operation = op, error = %format!("{e:#}"), "skipping AKS machine registration after failure");
+            Ok(())
+        }
+    }
+}
+
+fn adopt(goal: &mut GoalState, m: RemoteMachine) -> anyhow::Result<()> {
+    if !m.kubernetes_version.is_empty() && m.kubernetes_version != goal.kubernetes_version {
+        anyhow::bail!(
+            "AKS machine Kubernetes version {:?} does not match local bootstrap version {:?}",
+            m.kubernetes_version,
+            goal.kubernetes_version
+        );
+    }
+    if !m.etag.is_empty() {
+        goal.settings_version = m.etag;
+    }
+    Ok(())
+}
+
+/// The seeded state `start` saves once kubelet is up.
+pub fn seeded_state(goal: &GoalState) -> DaemonState {
+    DaemonState {
+        applied_settings_version: goal.settings_version.clone(),
+        applied_kubernetes_version: goal.kubernetes_version.clone(),
+        active_machine: KUBE1.into(),
+        ..Default::default()
+    }
+}
+
+/// Runs the `start` flow.
+pub async fn run_start(
+    host: &Host,
+    config: &Config,
+    registry: &dyn MachineRegistry,
+    node: &dyn NodeStarter,
+) -> anyhow::Result<()> {
+    let started = std::time::Instant::now();
+    let mut goal = goal_from_config(config)
+        .map_err(|e| anyhow::anyhow!("build goal state from config: {e}"))?;
+    ensure_machine(
+        registry,
+        &mut goal,
+        config.agent.require_machine_registration,
+    )
+    .await
+    .map_err(|e| anyhow::anyhow!("bootstrap failed: {e:#}"))?;
+    let state = seeded_state(&goal);
+    let store = StateStore::new(host.fs.clone());
+    let flow = async {
+        step(
+            "setup-host",
+            crate::flows::setup_host::setup_host(host, config),
+        )
+        .await?;
+        step("start-node", node.start_node(host, config, KUBE1)).await?;
+        step("save-daemon-state", async { store.save(&state) }).await?;
+        step("install-service", async {
+            // On a host: the blue/green binary layout the unit runs through, and the units.
+            let running = crate::machine::lifecycle::current_exe().ok();
+            crate::flows::upgrade::Upgrader::new(host.clone())
+                .converge_host(running.as_deref())
+                .await?;
+            // Both variants: the recovery unit the agent's unit names in OnFailure=.
+            host.fs.write_atomic(
+                Path::new(RECOVERY_UNIT_PATH),
+                render_recovery_unit_for(host.containerized()).as_bytes(),
+                0o644,
+            )?;
+            install_service(
+                &host.fs,
+                host.systemd.as_ref(),
+                &render_agent_unit_for(host.containerized()),
+            )
+            .await?;
+            Ok::<(), anyhow::Error>(())
+        })
+        .await?;
+        Ok::<(), crate::task::StepError>(())
+    };
+    flow.await
+        .map_err(|e| anyhow::anyhow!("bootstrap failed: {e}"))?;
+    tracing::info!(
+        operation = "bootstrap",
+        duration_ms = started.elapsed().as_millis() as u64,
+        "operation completed successfully"
+    );
+    Ok(())
+}
+
+/// What `start` prints on success.
+pub const START_SUCCESS: &str = "
+AKS Flex Node agent service started successfully.
+
+Next steps:
+  Check service status:  systemctl status aks-flex-node-agent
+  View service logs:     journalctl -u aks-flex-node-agent -f
+  Stop agent:            systemctl stop aks-flex-node-agent
+";
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,195 @@
+//! The `start` flow through fakes: order of steps, state saved only after the node is up,
+//! machine registration semantics.
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use super::*;
+use flex_testkit::FakeHost;
+
+/// The token fixture, with machine registration best effort (the fixture requires it).
+fn config() -> Config {
+    let mut c = crate::config::parse(
+        include_bytes!("../../../tests/fixtures/config-token.json"),
+        &|| Ok("h".into()),
+    )
+    .unwrap()
+    .config;
+    c.agent.require_machine_registration = false;
+    c
+}
+
+/// A node starter that records the call and checks no state was saved before it.
+struct RecordingNode {
+    calls: Arc<Mutex<Vec<String>>>,
+    fail: bool,
+}
+
+#[async_trait]
+impl NodeStarter for RecordingNode {
+    async fn start_node(&self, host: &Host, _c: &Config, machine: &str) -> anyhow::Result<()> {
+        let saved = host.fs.exists(Path::new(crate::state::STATE_PATH));
+        self.calls
+            .lock()
+            .unwrap()
+            .push(format!("start_node {machine} state_saved_before={saved}"));
+        if self.fail {
+            anyhow::bail!("kubelet never became active in kube1");
+        }
+        Ok(())
+    }
+}
+
+struct FakeRegistry {
+    existing: Option<RemoteMachine>,
+    put_result: RemoteMachine,
+    puts: Mutex<usize>,
+}
+
+#[async_trait]
+impl MachineRegistry for FakeRegistry {
+    async fn get(&self) -> anyhow::Result<Option<RemoteMachine>> {
+        Ok(self.existing.clone())
+    }
+    async fn put(&self, _g: &GoalState) -> anyhow::Result<RemoteMachine> {
+        *self.puts.lock().unwrap() += 1;
+        Ok(self.put_result.clone())
+    }
+}
+
+#[tokio::test]
+async fn start_runs_in_order_and_saves_state_after_the_node() {
+    let f = FakeHost::new().unwrap();
+    // What bootstrap.sh installed: start moves it into the blue/green layout.
+    f.host
+        .fs
+        .write_atomic(Path::new("/usr/local/bin/aks-flex-node"), b"\x7fELF", 0o755)
+        .unwrap();
+    let calls = Arc::new(Mutex::new(Vec::new()));
+    let node = RecordingNode {
+        calls: calls.clone(),
+        fail: false,
+    };
+    run_start(&f.host, &config(), &NoRegistry("no machine client"), &node)
+        .await
+        .unwrap();
+    assert_eq!(
+        *calls.lock().unwrap(),
+        vec!["start_node kube1 state_saved_before=false"]
+    );
+    let st = StateStore::new(f.host.fs.clone()).load().unwrap().unwrap();
+    assert_eq!(st, seeded_state(&goal_from_config(&config()).unwrap()));
+    assert_eq!(st.active_machine, "kube1");
+    assert_eq!(st.applied_settings_version, "1.35.0");
+    assert_eq!(
+        std::fs::read_link(f.host.fs.path(Path::new("/usr/local/bin/aks-flex-node"))).unwrap(),
+        Path::new(crate::flows::upgrade::layout::CURRENT_EXEC)
+    );
+    assert!(
+        f.host
+            .fs
+            .exists(Path::new(crate::systemd::RECOVERY_UNIT_PATH))
+    );
+    let sd = f.systemd.calls();
+    assert_eq!(
+        &sd[sd.len() - 3..],
+        &[
+            "daemon-reload",
+            "enable aks-flex-node-agent.service",
+            "start aks-flex-node-agent.service"
+        ]
+    );
+}
+
+#[tokio::test]
+async fn node_failure_saves_no_state_and_installs_no_service() {
+    let f = FakeHost::new().unwrap();
+    let node = RecordingNode {
+        calls: Default::default(),
+        fail: true,
+    };
+    let e = run_start(&f.host, &config(), &NoRegistry("x"), &node)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        e,
+        "bootstrap failed: start-node: kubelet never became active in kube1"
+    );
+    assert!(!f.host.fs.exists(Path::new(crate::state::STATE_PATH)));
+    assert!(!f.host.fs.exists(Path::new(crate::systemd::AGENT_UNIT_PATH)));
+}
+
+#[tokio::test]
+async fn required_registration_failure_is_fatal() {
+    let f = FakeHost::new().unwrap();
+    let mut c = config();
+    c.agent.require_machine_registration = true;
+    let node = RecordingNode {
+        calls: Default::default(),
+        fail: false,
+    };
+    let e = run_start(&f.host, &c, &NoRegistry("API server unreachable"), &node)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        e,
+        "bootstrap failed: ensure-machine: get machine: API server unreachable"
+    );
+    assert!(f.runner.calls().is_empty(), "nothing ran on the host");
+}
+
+#[tokio::test]
+async fn ensure_machine_table() {
+    let goal = goal_from_config(&config()).unwrap();
+    let m = |v: &str, e: &str| RemoteMachine {
+        kubernetes_version: v.into(),
+        etag: e.into(),
+    };
+    // (existing, put result, expected settings version, expected puts, error?)
+    let cases = vec![
+        (Some(m("1.35.0", "etag-1")), m("", ""), "etag-1", 0, false),
+        (Some(m("1.35.0", "")), m("", ""), "1.35.0", 0, false),
+        (
+            Some(m("1.34.0", "old")),
+            m("1.35.0", "etag-2"),
+            "etag-2",
+            1,
+            false,
+        ),
+        (None, m("1.35.0", "etag-3"), "etag-3", 1, false),
+        (None, m("", ""), "1.35.0", 1, false),
+        (None, m("1.30.0", "x"), "1.35.0", 1, true),
+    ];
+    for (existing, put_result, want, puts, fails) in cases {
+        let reg = FakeRegistry {
+            existing: existing.clone(),
+            put_result,
+            puts: Mutex::new(0),
+        };
+        let mut g = goal.clone();
+        let r = ensure_machine(&reg, &mut g, true).await;
+        assert_eq!(r.is_err(), fails, "{existing:?}");
+        assert_eq!(g.settings_version, want, "{existing:?}");
+        assert_eq!(*reg.puts.lock().unwrap(), puts);
+        // Not required: never an error.
+        let mut g = goal.clone();
+        assert!(ensure_machine(&reg, &mut g, false).await.is_ok());
+    }
+}
+
+#[test]
+fn goal_from_config_checks() {
+    let mut c = config();
+    assert_eq!(goal_from_config(&c).unwrap().max_pods, 110);
+    c.components.kubernetes = " ".into();
+    assert!(
+        goal_from_config(&c)
+            .unwrap_err()
+            .contains("components.kubernetes")
+    );
+    let mut c = config();
+    c.node.max_pods = i64::from(i32::MAX) + 1;
+    assert!(goal_from_config(&c).unwrap_err().contains("node.maxPods"));
+}

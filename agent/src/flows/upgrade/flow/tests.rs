@@ -1,0 +1,519 @@
+//! Upgrader tests. Real: the files under a temporary root (HostFs), a local HTTP server for
+//! downloads, the tar.gz reader. Faked at the trait boundary: the runner (the candidate's
+//! `version`, journalctl), systemd (FakeSystemd records the transient timer and answers the
+//! unit's state) and the image store (FakeImages).
+
+use std::path::Path;
+use std::sync::Arc;
+
+use super::*;
+use crate::flows::upgrade::layout::{BIN_LINK, CURRENT_EXEC, LAST_GOOD_EXEC};
+use crate::machina::OperationPhase;
+use crate::machine::containerd::FakeImages;
+use crate::runner::Output;
+use crate::systemd::{SystemdManager, UnitState};
+use flex_testkit::FakeHost;
+use flex_testkit::FakeHostInfo;
+
+const ELF_V2: &[u8] = b"\x7fELF-agent-v2";
+
+/// Serves `body` to every GET on 127.0.0.1 (a real socket, HTTP/1.1, one response per
+/// connection); returns the base URL.
+async fn serve(body: Vec<u8>) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut s, _)) = l.accept().await else {
+                return;
+            };
+            let body = body.clone();
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 4096];
+                let mut got = Vec::new();
+                while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+                    let n = s.read(&mut buf).await.unwrap_or(0);
+                    if n == 0 {
+                        return;
+                    }
+                    got.extend_from_slice(&buf[..n]);
+                }
+                let head = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                    body.len()
+                );
+                let _ = s.write_all(head.as_bytes()).await;
+                let _ = s.write_all(&body).await;
+            });
+        }
+    });
+    format!("http://{addr}")
+}
+
+fn sha(b: &[u8]) -> String {
+    crate::state::checksum(b)
+}
+
+fn host_fake() -> FakeHost {
+    let f = FakeHost::new().unwrap();
+    f.host
+        .fs
+        .write_atomic(Path::new(BIN_LINK), b"\x7fELF-agent-v1", 0o755)
+        .unwrap();
+    f
+}
+
+fn read(f: &FakeHost, p: &str) -> Vec<u8> {
+    std::fs::read(f.host.fs.path(Path::new(p))).unwrap()
+}
+
+fn timers(f: &FakeHost) -> Vec<String> {
+    f.systemd
+        .calls()
+        .into_iter()
+        .filter(|c| c.starts_with("transient-timer"))
+        .collect()
+}
+
+fn op() -> Option<OperationRef> {
+    Some(OperationRef {
+        uid: "uid-1".into(),
+        name: "upgrade-1".into(),
+    })
+}
+
+fn clock() -> Clock {
+    Arc::new(|| Timestamp::from_second(1_790_000_000).unwrap())
+}
+
+async fn start_binary_upgrade(
+    f: &FakeHost,
+    body: &[u8],
+    sha256: &str,
+) -> Result<Started, UpgradeError> {
+    let url = serve(body.to_vec()).await;
+    let green = f
+        .host
+        .fs
+        .path(&Layout::slot_binary(Slot::Green))
+        .display()
+        .to_string();
+    f.runner.on(
+        &format!("{green} version"),
+        Output::ok("AKS Flex Node Agent\nVersion: v2\nGit Commit: x\n"),
+    );
+    Upgrader::new(f.host.clone())
+        .with_clock(clock())
+        .start(
+            &UpgradeRequest::Download {
+                url: format!("{url}/aks-flex-node"),
+                sha256: sha256.into(),
+            },
+            op(),
+        )
+        .await
+}
+
+#[tokio::test]
+async fn binary_upgrade_switches_schedules_a_punctual_restart_and_the_new_agent_proves_itself() {
+    let f = host_fake();
+    let started = start_binary_upgrade(&f, ELF_V2, &sha(ELF_V2))
+        .await
+        .unwrap();
+    assert_eq!(
+        started,
+        Started::HandedOff(
+            "switched to slot green (version v2); the agent restarts on it in 1s".into()
+        )
+    );
+    assert_eq!(read(&f, CURRENT_EXEC), ELF_V2);
+    assert_eq!(
+        std::fs::read_link(f.host.fs.path(Path::new(BIN_LINK))).unwrap(),
+        Path::new(CURRENT_EXEC)
+    );
+    assert_eq!(read(&f, LAST_GOOD_EXEC), b"\x7fELF-agent-v1");
+    assert_eq!(
+        timers(&f),
+        vec![
+            "transient-timer aks-flex-node-restart-1790000000000 on-active=1000ms accuracy=100ms command=/usr/bin/systemctl restart aks-flex-node-agent.service"
+        ]
+    );
+    let u = Upgrader::new(f.host.clone());
+    let rec = u.record().unwrap();
+    assert_eq!(rec.stage, Stage::Switched);
+    assert_eq!(rec.candidate, "green");
+    assert_eq!(rec.previous, "blue");
+    assert_eq!(u.resume("uid-1"), Resumed::Pending);
+
+    // The restarted daemon runs from the green slot.
+    let r = u.on_daemon_start(Some("green")).unwrap();
+    assert_eq!(r.phase, OperationPhase::Complete);
+    assert!(r.message.contains("green (version v2)"), "{}", r.message);
+    assert_eq!(
+        read(&f, LAST_GOOD_EXEC),
+        ELF_V2,
+        "the candidate is last-good"
+    );
+    assert_eq!(u.resume("uid-1"), Resumed::Finished(r));
+    assert_eq!(u.on_daemon_start(Some("green")), None, "only once");
+}
+
+#[tokio::test]
+async fn binary_upgrade_from_a_release_archive() {
+    let f = host_fake();
+    let mut tgz = Vec::new();
+    {
+        let gz = flate2::write::GzEncoder::new(&mut tgz, flate2::Compression::fast());
+        let mut b = tar::Builder::new(gz);
+        let mut h = tar::Header::new_gnu();
+        h.set_size(ELF_V2.len() as u64);
+        h.set_mode(0o755);
+        h.set_cksum();
+        b.append_data(&mut h, "bin/aks-flex-node", ELF_V2).unwrap();
+        b.into_inner().unwrap().finish().unwrap();
+    }
+    start_binary_upgrade(&f, &tgz, &sha(&tgz)).await.unwrap();
+    assert_eq!(read(&f, CURRENT_EXEC), ELF_V2);
+}
+
+#[tokio::test]
+async fn a_sha256_mismatch_changes_nothing_and_finishes_failed() {
+    let f = host_fake();
+    let e = start_binary_upgrade(&f, ELF_V2, &"0".repeat(64))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.starts_with("verify: the SHA-256 of http://"), "{e}");
+    assert!(e.contains(&"0".repeat(64)), "{e}");
+    assert_eq!(read(&f, CURRENT_EXEC), b"\x7fELF-agent-v1");
+    assert!(timers(&f).is_empty());
+    let rec = Upgrader::new(f.host.clone()).record().unwrap();
+    assert_eq!(rec.stage, Stage::Finished);
+    assert_eq!(rec.result.unwrap().reason, EXECUTION_FAILED);
+}
+
+#[tokio::test]
+async fn a_candidate_that_does_not_run_is_never_switched_to() {
+    let f = host_fake();
+    let green = f
+        .host
+        .fs
+        .path(&Layout::slot_binary(Slot::Green))
+        .display()
+        .to_string();
+    f.runner.on(
+        &format!("{green} version"),
+        Output::failed(126, "exec format error"),
+    );
+    let url = serve(ELF_V2.to_vec()).await;
+    let e = Upgrader::new(f.host.clone())
+        .start(
+            &UpgradeRequest::Download {
+                url,
+                sha256: sha(ELF_V2),
+            },
+            None,
+        )
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.starts_with("check the candidate:"), "{e}");
+    assert!(e.contains("exec format error"), "{e}");
+    assert_eq!(read(&f, CURRENT_EXEC), b"\x7fELF-agent-v1");
+}
+
+#[tokio::test]
+async fn a_second_upgrade_waits_for_the_first() {
+    let f = host_fake();
+    start_binary_upgrade(&f, ELF_V2, &sha(ELF_V2))
+        .await
+        .unwrap();
+    let e = Upgrader::new(f.host.clone())
+        .start(
+            &UpgradeRequest::Download {
+                url: "http://127.0.0.1:1/x".into(),
+                sha256: sha(b"x"),
+            },
+            None,
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(e, UpgradeError::InFlight { .. }), "{e}");
+}
+
+fn failed_unit(result: &str, restarts: u32) -> UnitState {
+    UnitState {
+        active_state: "failed".into(),
+        sub_state: "failed".into(),
+        result: result.into(),
+        n_restarts: restarts,
+        exec_main_status: 1,
+    }
+}
+
+#[tokio::test]
+async fn recovery_rolls_a_failed_binary_back_and_restarts_it() {
+    let f = host_fake();
+    start_binary_upgrade(&f, ELF_V2, &sha(ELF_V2))
+        .await
+        .unwrap();
+    f.systemd
+        .set_unit_state(AGENT_UNIT, failed_unit("exit-code", 2));
+    f.runner.on(
+        "journalctl -u aks-flex-node-agent.service",
+        Output::ok("starting\nError: boom\n"),
+    );
+    let u = Upgrader::new(f.host.clone()).with_clock(clock());
+    let action = u.recover().await.unwrap();
+    assert!(
+        matches!(action, RecoveryAction::RollBack { .. }),
+        "{action:?}"
+    );
+    assert_eq!(read(&f, CURRENT_EXEC), b"\x7fELF-agent-v1");
+    let r = u.record().unwrap().result.unwrap();
+    assert_eq!(r.reason, DAEMON_FAILED);
+    assert!(r.message.contains("exit-code"), "{}", r.message);
+    assert!(r.message.contains("Error: boom"), "{}", r.message);
+    let calls = f.systemd.calls();
+    let tail: Vec<&str> = calls.iter().rev().take(2).map(String::as_str).collect();
+    assert!(tail[0].starts_with("transient-timer") && tail[0].contains("accuracy=100ms"));
+    assert_eq!(tail[1], "reset-failed aks-flex-node-agent.service");
+    // The old agent starts again: nothing more to do.
+    assert_eq!(u.on_daemon_start(Some("blue")), None);
+}
+
+#[tokio::test]
+async fn recovery_retries_a_candidate_the_start_limit_refused_once() {
+    let f = host_fake();
+    start_binary_upgrade(&f, ELF_V2, &sha(ELF_V2))
+        .await
+        .unwrap();
+    f.systemd
+        .set_unit_state(AGENT_UNIT, failed_unit("start-limit-hit", 0));
+    let u = Upgrader::new(f.host.clone());
+    assert_eq!(u.recover().await.unwrap(), RecoveryAction::RetryCandidate);
+    assert_eq!(read(&f, CURRENT_EXEC), ELF_V2, "still on the candidate");
+    assert!(matches!(
+        u.recover().await.unwrap(),
+        RecoveryAction::RollBack { .. }
+    ));
+    assert_eq!(read(&f, CURRENT_EXEC), b"\x7fELF-agent-v1");
+}
+
+#[tokio::test]
+async fn recovery_without_an_upgrade_resets_a_failed_unit_and_restarts_it_later() {
+    let f = host_fake();
+    f.systemd
+        .set_unit_state(AGENT_UNIT, failed_unit("start-limit-hit", 4));
+    let u = Upgrader::new(f.host.clone()).with_clock(clock());
+    assert_eq!(u.recover().await.unwrap(), RecoveryAction::Restart);
+    assert!(timers(&f)[0].contains("on-active=30000ms accuracy=100ms"));
+}
+
+#[tokio::test]
+async fn a_restart_while_staged_finishes_interrupted_on_the_old_agent() {
+    let f = host_fake();
+    let u = Upgrader::new(f.host.clone());
+    let mut rec = u.new_record(op(), "blue", "green");
+    rec.stage = Stage::Staged;
+    u.save(&rec).unwrap();
+    let r = u.on_daemon_start(Some("blue")).unwrap();
+    assert_eq!(r.reason, crate::flows::operations::INTERRUPTED);
+    assert_eq!(u.resume("uid-1"), Resumed::Finished(r));
+}
+
+#[tokio::test]
+async fn converge_host_builds_the_layout_and_units_once() {
+    let f = host_fake();
+    let u = Upgrader::new(f.host.clone());
+    u.converge_host(None).await.unwrap();
+    let unit = String::from_utf8(read(&f, crate::systemd::AGENT_UNIT_PATH)).unwrap();
+    assert!(unit.contains("ExecStart=/usr/local/lib/aks-flex-node/current/aks-flex-node agent"));
+    assert!(unit.contains("OnFailure=aks-flex-node-recovery.service"));
+    let rec = String::from_utf8(read(&f, crate::systemd::RECOVERY_UNIT_PATH)).unwrap();
+    assert!(rec.contains("ExecStart=/usr/local/lib/aks-flex-node/last-good/aks-flex-node recover"));
+    assert_eq!(f.systemd.calls(), vec!["daemon-reload"]);
+    u.converge_host(None).await.unwrap();
+    assert_eq!(
+        f.systemd.calls(),
+        vec!["daemon-reload"],
+        "no change, no reload"
+    );
+}
+
+// --- the container ---------------------------------------------------------------------------
+
+const INSTALL: &str = "10.0.2.2:5000/aks-flex-node@sha256:1111111111111111111111111111111111111111111111111111111111111111";
+const CAND: &str = "10.0.2.2:5000/aks-flex-node@sha256:2222222222222222222222222222222222222222222222222222222222222222";
+
+fn container_fake() -> (FakeHost, FakeImages) {
+    let f = FakeHost::with_info(FakeHostInfo {
+        containerized: true,
+        ..FakeHostInfo::default()
+    })
+    .unwrap();
+    f.host
+        .fs
+        .write_atomic(
+            Path::new(CONTAINER_SETTINGS),
+            format!("AKS_FLEX_NODE_IMAGE={INSTALL}\nAKS_FLEX_NODE_PULL_ARGS=--plain-http\n")
+                .as_bytes(),
+            0o644,
+        )
+        .unwrap();
+    let images = FakeImages::new();
+    images.check_prints(CAND, "AKS Flex Node Agent\nVersion: v2\n");
+    (f, images)
+}
+
+fn image_env(f: &FakeHost) -> String {
+    String::from_utf8(read(f, AGENT_IMAGE_ENV)).unwrap()
+}
+
+#[tokio::test]
+async fn image_upgrade_pulls_checks_selects_and_the_new_container_proves_itself() {
+    let (f, images) = container_fake();
+    let u = Upgrader::new(f.host.clone())
+        .with_images(Arc::new(images.clone()))
+        .with_clock(clock());
+    let started = u
+        .start(&UpgradeRequest::Image(CAND.into()), op())
+        .await
+        .unwrap();
+    assert!(
+        matches!(started, Started::HandedOff(ref m) if m.contains("version v2")),
+        "{started:?}"
+    );
+    insta::assert_snapshot!(images.calls().join("\n"));
+    let env = image_env(&f);
+    assert!(
+        env.contains(&format!("\nAKS_FLEX_NODE_IMAGE={CAND}\n")),
+        "{env}"
+    );
+    assert!(
+        env.contains(&format!("\nAKS_FLEX_NODE_LAST_GOOD_IMAGE={INSTALL}\n")),
+        "{env}"
+    );
+    assert_eq!(timers(&f).len(), 1);
+    let r = u.on_daemon_start(Some(CAND)).unwrap();
+    assert_eq!(r.phase, OperationPhase::Complete);
+    assert!(image_env(&f).contains(&format!("AKS_FLEX_NODE_LAST_GOOD_IMAGE={CAND}\n")));
+    insta::assert_snapshot!(render_record(&u.record().unwrap()));
+}
+
+#[tokio::test]
+async fn image_rollback_switches_back_and_removes_the_broken_image() {
+    let (f, images) = container_fake();
+    let u = Upgrader::new(f.host.clone())
+        .with_images(Arc::new(images.clone()))
+        .with_clock(clock());
+    u.start(&UpgradeRequest::Image(CAND.into()), None)
+        .await
+        .unwrap();
+    f.systemd.set_unit_state(
+        AGENT_UNIT,
+        UnitState {
+            active_state: "activating".into(),
+            sub_state: "auto-restart".into(),
+            result: "exit-code".into(),
+            n_restarts: 0,
+            exec_main_status: 1,
+        },
+    );
+    assert!(matches!(
+        u.recover().await.unwrap(),
+        RecoveryAction::RollBack { .. }
+    ));
+    assert!(image_env(&f).contains(&format!("\nAKS_FLEX_NODE_IMAGE={INSTALL}\n")));
+    assert!(
+        images
+            .calls()
+            .iter()
+            .any(|c| c.contains("remove") && c.contains(CAND)),
+        "{:?}",
+        images.calls()
+    );
+    let r = u.record().unwrap().result.unwrap();
+    assert_eq!(
+        (r.phase, r.reason.as_str()),
+        (OperationPhase::Failed, DAEMON_FAILED)
+    );
+    // The previous agent starts again: nothing to prove.
+    assert_eq!(u.on_daemon_start(Some(INSTALL)), None);
+}
+
+#[tokio::test]
+async fn an_image_that_fails_its_check_is_not_selected() {
+    let (f, images) = container_fake();
+    images.fail_check(
+        CAND,
+        128,
+        "exec /opt/aks-flex-node/bin/aks-flex-node: no such file",
+    );
+    let u = Upgrader::new(f.host.clone()).with_images(Arc::new(images.clone()));
+    let e = u
+        .start(&UpgradeRequest::Image(CAND.into()), None)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.starts_with("check the candidate:"), "{e}");
+    assert!(!f.host.fs.exists(Path::new(AGENT_IMAGE_ENV)));
+    assert!(timers(&f).is_empty());
+}
+
+#[tokio::test]
+async fn an_image_that_does_not_exist_fails_the_upgrade_and_selects_nothing() {
+    let (f, images) = container_fake();
+    images.fail_pull(CAND, "manifest unknown");
+    let u = Upgrader::new(f.host.clone()).with_images(Arc::new(images.clone()));
+    let e = u
+        .start(&UpgradeRequest::Image(CAND.into()), op())
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.starts_with("pull:") && e.contains("manifest unknown"),
+        "{e}"
+    );
+    assert!(!f.host.fs.exists(Path::new(AGENT_IMAGE_ENV)));
+    assert!(timers(&f).is_empty());
+    let r = u.record().unwrap();
+    assert_eq!(r.stage, Stage::Finished);
+    assert_eq!(u.resume("uid-1"), Resumed::Finished(r.result.unwrap()));
+}
+
+#[tokio::test]
+async fn upgrading_to_the_selected_image_does_nothing() {
+    let (f, images) = container_fake();
+    let u = Upgrader::new(f.host.clone()).with_images(Arc::new(images.clone()));
+    let s = u
+        .start(&UpgradeRequest::Image(INSTALL.into()), None)
+        .await
+        .unwrap();
+    assert!(matches!(s, Started::AlreadyCurrent(_)));
+    assert!(images.calls().is_empty());
+    assert!(timers(&f).is_empty());
+}
+
+#[test]
+fn artifacts_that_are_neither_elf_nor_tgz_are_refused() {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().join("a");
+    std::fs::write(&p, b"<html>not found</html>").unwrap();
+    let e = open_agent_binary(&p).err().unwrap();
+    assert!(e.contains("neither an ELF binary nor a .tar.gz"), "{e}");
+}
+
+#[test]
+fn the_restart_timer_is_rendered_with_100ms_accuracy() {
+    // Asserted on the rendered transient unit (systemd-run's argv), not by timing.
+    let r = flex_testkit::FakeRunner::new();
+    let m = crate::systemd::SystemctlManager::new(Arc::new(r.clone()));
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    rt.block_on(m.start_transient_timer(&restart_timer(RESTART_DELAY, 7)))
+        .unwrap();
+    insta::assert_snapshot!(r.transcript(), @"systemd-run --unit=aks-flex-node-restart-7 \"--description=Restart the AKS Flex Node agent\" --on-active=1s --timer-property=AccuracySec=100ms -- /usr/bin/systemctl restart aks-flex-node-agent.service");
+}

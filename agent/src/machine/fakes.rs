@@ -1,0 +1,79 @@
+//! The recording fake of [`NodeOps`] every flow's tests share (test code only): it records each
+//! call as `provision <machine> <version>`, `start <machine>`, `stop <machine>` or
+//! `cleanup <machine>`, fails the calls it is told to, and can hand each call to an observer
+//! first (the daemon's tests use it for their event order and concurrency checks).
+
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use futures::future::BoxFuture;
+
+use super::seams::NodeOps;
+
+/// Sees each call before it is recorded.
+pub type Observer = Arc<dyn Fn(String) -> BoxFuture<'static, ()> + Send + Sync>;
+
+/// A recording [`NodeOps`].
+#[derive(Clone, Default)]
+pub struct RecordingOps {
+    calls: Arc<Mutex<Vec<String>>>,
+    fail: Vec<String>,
+    observer: Option<Observer>,
+}
+
+impl RecordingOps {
+    /// A fake whose call `call` (as recorded) fails with `injected failure of <call>`.
+    pub fn failing(call: &str) -> Self {
+        Self::failing_each(&[call])
+    }
+
+    /// A fake whose calls `calls` (as recorded) each fail with `injected failure of <call>`.
+    pub fn failing_each(calls: &[&str]) -> Self {
+        Self {
+            fail: calls.iter().map(|c| c.to_string()).collect(),
+            ..Self::default()
+        }
+    }
+
+    /// This fake, with `observer` called (and awaited) before each call is recorded.
+    pub fn observed(mut self, observer: Observer) -> Self {
+        self.observer = Some(observer);
+        self
+    }
+
+    /// The calls so far.
+    pub fn calls(&self) -> Vec<String> {
+        self.calls.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    async fn record(&self, call: String) -> anyhow::Result<()> {
+        if let Some(o) = &self.observer {
+            o(call.clone()).await;
+        }
+        self.calls
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(call.clone());
+        if self.fail.contains(&call) {
+            anyhow::bail!("injected failure of {call}");
+        }
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl NodeOps for RecordingOps {
+    async fn provision(&self, machine: &str, kubernetes_version: &str) -> anyhow::Result<()> {
+        self.record(format!("provision {machine} {kubernetes_version}"))
+            .await
+    }
+    async fn start(&self, machine: &str) -> anyhow::Result<()> {
+        self.record(format!("start {machine}")).await
+    }
+    async fn stop(&self, machine: &str) -> anyhow::Result<()> {
+        self.record(format!("stop {machine}")).await
+    }
+    async fn cleanup(&self, machine: &str) -> anyhow::Result<()> {
+        self.record(format!("cleanup {machine}")).await
+    }
+}

@@ -1,0 +1,620 @@
+//! What the agent writes for a node machine: files inside its root file system (containerd,
+//! kubelet and its kubeconfig, kernel module and sysctl files, the hostname, resolv.conf and
+//! the units masked in a machine) and on the host (the `.nspawn` settings and the unit
+//! drop-in). Rendering is pure ([`render_rootfs`], [`render_host`]); [`apply`] writes the result
+//! through [`HostFs`], atomically, only where the content changed.
+//!
+//! Choices where unbounded versions disagree (also in ARCHITECTURE.md): devices are bound one by
+//! one with a `DeviceAllow=` each (not the whole `/dev`); the pre-start hook runs from the
+//! drop-in's `ExecStartPre=` rather than a separate regeneration unit; containerd's config is
+//! version 2 (containerd 2.x migrates it on load).
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use crate::fs::{FsError, HostFs};
+use crate::machine::nodegoal::{AGENT_IN_ROOTFS, AKS_AAD_SERVER_ID, KubeletAuth, MachineGoal};
+use crate::machine::nspawn::{bpffs_dir, dropin_dir, nspawn_file};
+
+/// Host path of the lifecycle helper: a copy of the agent binary that host systemd runs as
+/// `nspawn-lifecycle pre-start|post-start <m>`. It is a copy, not a link, so an agent upgrade
+/// cannot break units already written.
+pub const LIFECYCLE_HELPER: &str = "/usr/local/bin/aks-flex-node-nspawn-lifecycle";
+
+/// kubelet's CA file inside the machine.
+pub const KUBELET_CA: &str = "/etc/kubernetes/pki/apiserver-client-ca.crt";
+
+const TLS_CIPHER_SUITES: &str = "TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256,TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256,TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305,TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384,TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305,TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384,TLS_RSA_WITH_AES_256_GCM_SHA384,TLS_RSA_WITH_AES_128_GCM_SHA256";
+
+/// One thing to write.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Entry {
+    /// A file with content and mode.
+    File {
+        /// Host path.
+        path: PathBuf,
+        /// Content.
+        content: Vec<u8>,
+        /// Mode.
+        mode: u32,
+    },
+    /// A symlink.
+    Symlink {
+        /// Host path.
+        path: PathBuf,
+        /// Link target.
+        target: PathBuf,
+    },
+    /// A directory with a mode.
+    Dir {
+        /// Host path.
+        path: PathBuf,
+        /// Mode.
+        mode: u32,
+    },
+}
+
+impl Entry {
+    /// The entry's host path.
+    pub fn path(&self) -> &Path {
+        match self {
+            Entry::File { path, .. } | Entry::Symlink { path, .. } | Entry::Dir { path, .. } => {
+                path
+            }
+        }
+    }
+}
+
+fn file(root: &Path, rel: &str, content: impl Into<Vec<u8>>, mode: u32) -> Entry {
+    Entry::File {
+        path: root.join(rel.trim_start_matches('/')),
+        content: content.into(),
+        mode,
+    }
+}
+
+/// Why rendering failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RenderError {
+    /// `caCertData` is not valid base64.
+    #[error("machine {machine}: node.kubelet.caCertData is not valid base64: {reason}")]
+    BadCa {
+        /// Machine.
+        machine: String,
+        /// Decoder message.
+        reason: String,
+    },
+    /// A file could not be written.
+    #[error("machine {machine}: {source}")]
+    Fs {
+        /// Machine.
+        machine: String,
+        /// The error.
+        #[source]
+        source: FsError,
+    },
+}
+
+/// Everything written inside the machine's root file system. `host_resolv_conf` is the
+/// host's `/etc/resolv.conf` content (the machine shares the host's network).
+pub fn render_rootfs(
+    goal: &MachineGoal,
+    host_resolv_conf: &[u8],
+) -> Result<Vec<Entry>, RenderError> {
+    let root = goal.machine_dir();
+    let ca = decode_base64(&goal.ca_cert_base64).map_err(|reason| RenderError::BadCa {
+        machine: goal.machine.clone(),
+        reason,
+    })?;
+    let mut out = vec![
+        file(
+            &root,
+            "etc/containerd/config.toml",
+            render_containerd_config(goal),
+            0o644,
+        ),
+        file(
+            &root,
+            "etc/systemd/system/containerd.service",
+            CONTAINERD_UNIT,
+            0o644,
+        ),
+        Entry::Dir {
+            path: root.join("etc/kubernetes/manifests"),
+            mode: 0o700,
+        },
+        file(&root, KUBELET_CA, ca, 0o644),
+        file(
+            &root,
+            "etc/systemd/system/kubelet.service",
+            render_kubelet_unit(),
+            0o644,
+        ),
+        file(
+            &root,
+            "etc/systemd/system/kubelet.service.d/10-kubeconfig.conf",
+            render_kubeconfig_dropin(goal),
+            0o644,
+        ),
+        file(
+            &root,
+            "etc/systemd/system/kubelet.service.d/20-node-config.conf",
+            render_node_config_dropin(goal),
+            0o644,
+        ),
+        file(
+            &root,
+            "etc/systemd/system/kubelet.service.d/30-tuning.conf",
+            render_tuning_dropin(goal),
+            0o644,
+        ),
+        file(
+            &root,
+            "etc/systemd/system/kubelet.service.d/50-env-file.conf",
+            "[Service]\nEnvironmentFile=-/etc/default/kubelet\n",
+            0o644,
+        ),
+    ];
+    let (kubeconfig_path, kubeconfig) = render_kubeconfig(goal);
+    out.push(file(&root, kubeconfig_path, kubeconfig, 0o600));
+    out.push(file(
+        &root,
+        "etc/tmpfiles.d/kmsg.conf",
+        "L /dev/kmsg - - - - /dev/console\n",
+        0o644,
+    ));
+    out.push(file(
+        &root,
+        "etc/modules-load.d/kubernetes.conf",
+        "overlay\nbr_netfilter\n",
+        0o644,
+    ));
+    out.push(file(
+        &root,
+        "etc/sysctl.d/99-kubernetes.conf",
+        "# Written by aks-flex-node. Only net.* is writable inside the machine; the host sets the rest.\nnet.ipv4.ip_forward = 1\nnet.bridge.bridge-nf-call-iptables = 1\nnet.bridge.bridge-nf-call-ip6tables = 1\n",
+        0o644,
+    ));
+    out.push(file(
+        &root,
+        "etc/hostname",
+        format!("{}\n", goal.hostname),
+        0o644,
+    ));
+    out.push(file(
+        &root,
+        "etc/resolv.conf",
+        host_resolv_conf.to_vec(),
+        0o644,
+    ));
+    for unit in [
+        "systemd-resolved.service",
+        "systemd-udevd.service",
+        "systemd-udevd-control.socket",
+        "systemd-udevd-kernel.socket",
+    ] {
+        out.push(Entry::Symlink {
+            path: root.join("etc/systemd/system").join(unit),
+            target: PathBuf::from("/dev/null"),
+        });
+    }
+    Ok(out)
+}
+
+/// The host-side files: `.nspawn` settings and the unit drop-in.
+pub fn render_host(goal: &MachineGoal) -> Vec<Entry> {
+    vec![
+        Entry::File {
+            path: nspawn_file(&goal.machine),
+            content: render_nspawn(goal).into_bytes(),
+            mode: 0o644,
+        },
+        Entry::File {
+            path: dropin_dir(&goal.machine).join("override.conf"),
+            content: render_override(goal).into_bytes(),
+            mode: 0o644,
+        },
+    ]
+}
+
+/// `/etc/systemd/nspawn/<m>.nspawn`: all capabilities, no user namespace, the host's network,
+/// the host's kernel modules read-only, the machine's own bpffs, and the host devices it gets.
+pub fn render_nspawn(goal: &MachineGoal) -> String {
+    let mut s = String::from(
+        "[Exec]\nCapability=all\nPrivateUsers=no\nSystemCallFilter=@keyring bpf perf_event_open\n\n[Network]\nVirtualEthernet=no\n\n[Files]\nBindReadOnly=/lib/modules\n",
+    );
+    let _ = writeln!(s, "Bind={}:/sys/fs/bpf", bpffs_dir(&goal.machine).display());
+    for d in &goal.devices.paths {
+        let _ = writeln!(s, "Bind={d}");
+    }
+    s
+}
+
+/// `systemd-nspawn@<m>.service.d/override.conf`.
+pub fn render_override(goal: &MachineGoal) -> String {
+    let m = &goal.machine;
+    let bpffs = bpffs_dir(m).display().to_string();
+    let mut s = String::new();
+    let _ = write!(
+        s,
+        "[Unit]\nStartLimitIntervalSec=0\n\n[Service]\nRestart=on-failure\nRestartSec=10s\n\
+ExecStartPre=-/usr/bin/machinectl terminate {m}\n\
+ExecStartPre=/usr/bin/mkdir -p {bpffs}\n\
+ExecStartPre=/bin/sh -c '/usr/bin/mountpoint -q {bpffs} || /usr/bin/mount -t bpf bpf {bpffs}'\n\
+ExecStartPre={LIFECYCLE_HELPER} nspawn-lifecycle pre-start {m}\n\
+ExecStartPost={LIFECYCLE_HELPER} nspawn-lifecycle post-start {m}\n\
+Environment=SYSTEMD_NSPAWN_UNIFIED_HIERARCHY=1\n\
+Environment=SYSTEMD_NSPAWN_API_VFS_WRITABLE=network\n\n\
+DeviceAllow=char-ipvtap rwm\nDeviceAllow=char-macvtap rwm\n"
+    );
+    for d in goal.devices.paths.iter().chain(&goal.devices.groups) {
+        let _ = writeln!(s, "DeviceAllow={d} rwm");
+    }
+    s
+}
+
+/// containerd's config (version 2).
+pub fn render_containerd_config(goal: &MachineGoal) -> String {
+    let cri = "plugins.\"io.containerd.grpc.v1.cri\"";
+    format!(
+        r#"version = 2
+imports = ["/etc/containerd/conf.d/*.toml"]
+oom_score = 0
+
+[{cri}]
+  sandbox_image = "{sandbox}"
+  image_pull_progress_timeout = "30m"
+
+[{cri}.containerd]
+  default_runtime_name = "runc"
+
+[{cri}.containerd.runtimes.runc]
+  runtime_type = "io.containerd.runc.v2"
+
+[{cri}.containerd.runtimes.runc.options]
+  BinaryName = "/usr/local/bin/runc"
+  NoNewKeyring = true
+  SystemdCgroup = true
+
+[{cri}.containerd.runtimes.untrusted]
+  runtime_type = "io.containerd.runc.v2"
+
+[{cri}.containerd.runtimes.untrusted.options]
+  BinaryName = "/usr/local/bin/runc"
+
+[{cri}.cni]
+  bin_dir = "/opt/cni/bin"
+  conf_dir = "/etc/cni/net.d"
+
+[{cri}.registry]
+  config_path = "/etc/containerd/certs.d"
+
+[{cri}.registry.headers]
+  X-Meta-Source-Client = ["aks-flex-node/kubelet"]
+
+[plugins."io.containerd.transfer.v1.local"]
+  max_concurrent_downloads = 6
+
+[metrics]
+  address = "0.0.0.0:10257"
+"#,
+        sandbox = goal.sandbox_image
+    )
+}
+
+const CONTAINERD_UNIT: &str = "[Unit]
+Description=containerd container runtime
+After=network.target local-fs.target
+
+[Service]
+ExecStartPre=-/sbin/modprobe overlay
+ExecStart=/usr/local/bin/containerd
+Type=notify
+Delegate=yes
+KillMode=process
+Restart=always
+RestartSec=1
+RestartMaxDelaySec=60
+RestartSteps=10
+LimitNPROC=infinity
+LimitCORE=infinity
+LimitNOFILE=infinity
+TasksMax=infinity
+OOMScoreAdjust=-999
+
+[Install]
+WantedBy=multi-user.target
+";
+
+/// kubelet's unit inside the machine.
+pub fn render_kubelet_unit() -> String {
+    let flags = [
+        "--enable-server",
+        "--volume-plugin-dir=/etc/kubernetes/volumeplugins",
+        "--pod-manifest-path=/etc/kubernetes/manifests/",
+        "--runtime-request-timeout=15m",
+        "--container-runtime-endpoint=unix:///run/containerd/containerd.sock",
+        "--address=0.0.0.0",
+        "--anonymous-auth=false",
+        "--authentication-token-webhook=true",
+        "--authorization-mode=Webhook",
+        "--cgroup-driver=systemd",
+        "--cgroups-per-qos=true",
+        "--enforce-node-allocatable=pods",
+        "--cluster-domain=cluster.local",
+        "--event-qps=0",
+        "--node-status-update-frequency=10s",
+        "--pod-max-pids=-1",
+        "--protect-kernel-defaults=true",
+        "--read-only-port=0",
+        "--resolv-conf=/etc/resolv.conf",
+        "--streaming-connection-idle-timeout=4h",
+    ];
+    let mut s = String::from(
+        "[Unit]\nDescription=kubelet: The Kubernetes Node Agent\nConditionPathExists=/usr/local/bin/kubelet\nWants=network-online.target containerd.service\nAfter=network-online.target containerd.service\n\n[Service]\nRestart=always\nRestartSec=1\nRestartMaxDelaySec=60\nRestartSteps=10\nSuccessExitStatus=143\nExecStart=/usr/local/bin/kubelet \\\n",
+    );
+    for f in flags {
+        let _ = writeln!(s, "  {f} \\");
+    }
+    let _ = writeln!(s, "  --tls-cipher-suites={TLS_CIPHER_SUITES} \\");
+    s.push_str("  $KUBELET_NODE_CONFIG_ARGS $KUBELET_TUNING_ARGS $KUBELET_KUBECONFIG_ARGS $KUBELET_EXTRA_ARGS\n\n[Install]\nWantedBy=multi-user.target\n");
+    s
+}
+
+fn render_kubeconfig_dropin(goal: &MachineGoal) -> String {
+    let args = match goal.auth {
+        KubeletAuth::BootstrapToken(_) => {
+            "--bootstrap-kubeconfig=/var/lib/kubelet/bootstrap-kubeconfig --kubeconfig=/var/lib/kubelet/kubeconfig --rotate-certificates=true"
+        }
+        KubeletAuth::ExecCredential { .. } => {
+            "--kubeconfig=/var/lib/kubelet/kubeconfig --rotate-certificates=true"
+        }
+    };
+    format!("[Service]\nEnvironment=\"KUBELET_KUBECONFIG_ARGS={args}\"\n")
+}
+
+fn render_node_config_dropin(goal: &MachineGoal) -> String {
+    let labels: Vec<String> = goal
+        .labels
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    let mut args = format!("--node-labels={}", labels.join(","));
+    if !goal.taints.is_empty() {
+        let _ = write!(args, " --register-with-taints={}", goal.taints.join(","));
+    }
+    let _ = write!(
+        args,
+        " --client-ca-file={KUBELET_CA} --cluster-dns={} --hostname-override={}",
+        goal.cluster_dns, goal.node_name
+    );
+    if !goal.node_ip.is_empty() {
+        let _ = write!(args, " --node-ip={}", goal.node_ip);
+    }
+    format!("[Service]\nEnvironment=\"KUBELET_NODE_CONFIG_ARGS={args}\"\n")
+}
+
+fn render_tuning_dropin(goal: &MachineGoal) -> String {
+    format!(
+        "[Service]\nEnvironment=\"KUBELET_TUNING_ARGS=--max-pods={} --v={} --image-gc-high-threshold={} --image-gc-low-threshold={}\"\n",
+        goal.max_pods, goal.verbosity, goal.image_gc.0, goal.image_gc.1
+    )
+}
+
+fn yaml_str(s: &str) -> String {
+    serde_json::to_string(s).unwrap_or_else(|_| "\"\"".into())
+}
+
+/// kubelet's kubeconfig: `(path inside the machine, content)`. A bootstrap token gives
+/// `/var/lib/kubelet/bootstrap-kubeconfig` (TLS bootstrap then writes the real kubeconfig); an
+/// exec credential gives `/var/lib/kubelet/kubeconfig`. Mode 0600: it holds the credential.
+pub fn render_kubeconfig(goal: &MachineGoal) -> (&'static str, String) {
+    let mut s = format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- cluster:\n    certificate-authority: {KUBELET_CA}\n    server: {}\n  name: cluster\ncontexts:\n- context:\n    cluster: cluster\n    user: kubelet\n  name: default\ncurrent-context: default\npreferences: {{}}\nusers:\n- name: kubelet\n  user:\n",
+        yaml_str(&goal.api_server)
+    );
+    match &goal.auth {
+        KubeletAuth::BootstrapToken(t) => {
+            let _ = writeln!(s, "    token: {}", yaml_str(t.expose()));
+            ("/var/lib/kubelet/bootstrap-kubeconfig", s)
+        }
+        KubeletAuth::ExecCredential { env } => {
+            let _ = write!(
+                s,
+                "    exec:\n      apiVersion: client.authentication.k8s.io/v1\n      command: {AGENT_IN_ROOTFS}\n      args:\n      - token\n      - kubelogin\n      - --server-id\n      - {AKS_AAD_SERVER_ID}\n      env:\n"
+            );
+            for (k, v) in env {
+                let _ = write!(
+                    s,
+                    "      - name: {k}\n        value: {}\n",
+                    yaml_str(v.expose())
+                );
+            }
+            s.push_str("      interactiveMode: Never\n      provideClusterInfo: false\n");
+            ("/var/lib/kubelet/kubeconfig", s)
+        }
+    }
+}
+
+/// Writes `entries`; returns how many changed.
+pub fn apply(fs: &HostFs, machine: &str, entries: &[Entry]) -> Result<usize, RenderError> {
+    let fs_err = |source| RenderError::Fs {
+        machine: machine.to_string(),
+        source,
+    };
+    let mut changed = 0;
+    for e in entries {
+        let did = match e {
+            Entry::File {
+                path,
+                content,
+                mode,
+            } => fs.write_if_changed(path, content, *mode).map_err(fs_err)?,
+            Entry::Symlink { path, target } => fs.symlink(path, target).map_err(fs_err)?,
+            Entry::Dir { path, mode } => {
+                let existed = fs.exists(path);
+                fs.create_dir_all_mode(path, *mode).map_err(fs_err)?;
+                !existed
+            }
+        };
+        changed += usize::from(did);
+    }
+    Ok(changed)
+}
+
+/// Decodes standard base64 (whitespace ignored).
+pub fn decode_base64(s: &str) -> Result<Vec<u8>, String> {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut lookup = [255u8; 256];
+    for (i, c) in ALPHABET.iter().enumerate() {
+        lookup[*c as usize] = i as u8;
+    }
+    let clean: Vec<u8> = s.bytes().filter(|b| !b.is_ascii_whitespace()).collect();
+    if clean.is_empty() {
+        return Err("empty".into());
+    }
+    let body = clean
+        .strip_suffix(b"==")
+        .or_else(|| clean.strip_suffix(b"="))
+        .unwrap_or(&clean);
+    if !clean.len().is_multiple_of(4) {
+        return Err("length is not a multiple of 4".into());
+    }
+    let mut out = Vec::with_capacity(body.len() * 3 / 4);
+    let mut acc = 0u32;
+    let mut bits = 0;
+    for &b in body {
+        let v = lookup[b as usize];
+        if v == 255 {
+            return Err(format!("invalid character {:?}", b as char));
+        }
+        acc = (acc << 6) | u32::from(v);
+        bits += 6;
+        if bits >= 8 {
+            bits -= 8;
+            out.push((acc >> bits) as u8);
+            acc &= (1 << bits) - 1;
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::machine::nodegoal::{HostFacts, resolve};
+
+    fn goal(mutate: impl FnOnce(&mut serde_json::Value)) -> MachineGoal {
+        let mut v: serde_json::Value =
+            serde_json::from_str(include_str!("../../tests/fixtures/config-token.json")).unwrap();
+        mutate(&mut v);
+        let c = crate::config::parse(v.to_string().as_bytes(), &|| Ok("h".into()))
+            .unwrap()
+            .config;
+        resolve(
+            &c,
+            "kube1",
+            &HostFacts {
+                hostname: "vm-1".into(),
+                arch: "amd64".into(),
+                present_devices: vec!["/dev/kvm".into()],
+                oci_image_env: None,
+            },
+        )
+        .unwrap()
+    }
+
+    fn render_all(g: &MachineGoal) -> String {
+        let mut entries = render_rootfs(g, b"nameserver 10.0.2.3\n").unwrap();
+        entries.extend(render_host(g));
+        let mut s = String::new();
+        for e in entries {
+            match e {
+                Entry::File {
+                    path,
+                    content,
+                    mode,
+                } => {
+                    let _ = writeln!(s, "== {} {mode:04o}", path.display());
+                    s.push_str(&String::from_utf8_lossy(&content));
+                    if !s.ends_with('\n') {
+                        s.push('\n');
+                    }
+                }
+                Entry::Symlink { path, target } => {
+                    let _ = writeln!(s, "== {} -> {}", path.display(), target.display());
+                }
+                Entry::Dir { path, mode } => {
+                    let _ = writeln!(s, "== {}/ {mode:04o}", path.display());
+                }
+            }
+        }
+        s
+    }
+
+    #[test]
+    fn bootstrap_token_machine_files() {
+        insta::assert_snapshot!(render_all(&goal(|_| {})));
+    }
+
+    #[test]
+    fn exec_credential_and_devices() {
+        let g = goal(|v| {
+            v["azure"].as_object_mut().unwrap().remove("bootstrapToken");
+            v["azure"]["servicePrincipal"] = serde_json::json!({"tenantId": "tenant-1", "clientId": "client-1", "clientSecret": "s3cret"});
+            v["bootstrap"] =
+                serde_json::json!({"additionalHostDevices": ["char-input", "/dev/fuse"]});
+            v["node"]["taints"] = serde_json::json!([]);
+            v["node"]["kubelet"]["nodeIP"] = serde_json::json!("");
+        });
+        let (path, kubeconfig) = render_kubeconfig(&g);
+        assert_eq!(path, "/var/lib/kubelet/kubeconfig");
+        insta::assert_snapshot!("exec_kubeconfig", kubeconfig);
+        insta::assert_snapshot!("override_with_devices", render_override(&g));
+        insta::assert_snapshot!("nspawn_with_devices", render_nspawn(&g));
+        let node_args = render_node_config_dropin(&g);
+        assert!(!node_args.contains("--register-with-taints"));
+        assert!(!node_args.contains("--node-ip"));
+    }
+
+    #[test]
+    fn bad_ca_is_an_error_naming_the_field() {
+        let g = goal(|v| v["node"]["kubelet"]["caCertData"] = serde_json::json!("not base64!"));
+        let e = render_rootfs(&g, b"").unwrap_err().to_string();
+        assert!(e.contains("node.kubelet.caCertData"), "{e}");
+    }
+
+    #[test]
+    fn base64_decoding() {
+        assert_eq!(decode_base64("aGVsbG8=").unwrap(), b"hello");
+        assert_eq!(decode_base64("aGVsbG8h").unwrap(), b"hello!");
+        assert_eq!(decode_base64("aGk=\n").unwrap(), b"hi");
+        assert!(decode_base64("aGk").is_err());
+        assert!(decode_base64("a$k=").is_err());
+    }
+
+    #[test]
+    fn apply_writes_once_then_changes_nothing() {
+        let d = tempfile::tempdir().unwrap();
+        let fs = HostFs::new(d.path());
+        let g = goal(|_| {});
+        let mut entries = render_rootfs(&g, b"nameserver 1.1.1.1\n").unwrap();
+        entries.extend(render_host(&g));
+        let n = apply(&fs, "kube1", &entries).unwrap();
+        assert_eq!(n, entries.len());
+        assert_eq!(apply(&fs, "kube1", &entries).unwrap(), 0);
+        assert_eq!(
+            fs.mode(Path::new(
+                "/var/lib/machines/kube1/var/lib/kubelet/bootstrap-kubeconfig"
+            )),
+            Some(0o600)
+        );
+        assert_eq!(
+            std::fs::read_link(fs.path(Path::new(
+                "/var/lib/machines/kube1/etc/systemd/system/systemd-resolved.service"
+            )))
+            .unwrap(),
+            PathBuf::from("/dev/null")
+        );
+    }
+}
