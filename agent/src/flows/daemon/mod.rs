@@ -48,10 +48,12 @@ pub use work::{FAILED, RECONCILING, SUCCEEDED};
 
 use crate::config::Config;
 use crate::context::Host;
-use crate::flows::repave::{NodeOps, Stores};
+use crate::flows::repave::Stores;
 use crate::goalclient::MachineClient;
 use crate::kubeclient::KubeClients;
 use crate::machine::nspawn::Timings;
+use crate::machine::seams::NodeOps;
+use flex_host::retry::Attempt;
 use work::{Ctx, Flow};
 
 /// The default re-read interval (when the config has none).
@@ -326,26 +328,17 @@ pub const START_RETRY_BASE: Duration = Duration::from_secs(5);
 /// The largest delay between start attempts.
 pub const START_RETRY_MAX: Duration = Duration::from_secs(300);
 
-/// One attempt of a start step that needs the cluster.
-pub(crate) enum Attempt<T> {
-    /// It is done.
-    Done(T),
-    /// The cluster cannot be reached yet: try again after a backoff.
-    Retry(anyhow::Error),
-    /// It failed for good (a wrong config does not get better by waiting).
-    Fail(anyhow::Error),
-}
-
-/// Runs `attempt` until it is done or fails for good, waiting [`START_RETRY_BASE`] doubling up to
-/// [`START_RETRY_MAX`] after each [`Attempt::Retry`] (logged with its cause). `Ok(None)`:
-/// `shutdown` came first.
+/// Runs `attempt` until it is done (`Ok`) or fails for good ([`Attempt::Fatal`]: a wrong config
+/// does not get better by waiting), waiting [`START_RETRY_BASE`] doubling up to
+/// [`START_RETRY_MAX`] after each [`Attempt::Retry`] (the cluster cannot be reached yet; logged
+/// with its cause). `Ok(None)`: `shutdown` came first.
 pub(crate) async fn until_reachable<T, F, Fut>(
     shutdown: &CancellationToken,
     mut attempt: F,
 ) -> anyhow::Result<Option<T>>
 where
     F: FnMut() -> Fut,
-    Fut: Future<Output = Attempt<T>>,
+    Fut: Future<Output = Result<T, Attempt<anyhow::Error>>>,
 {
     let backoff = Backoff::new(u32::MAX, START_RETRY_BASE, START_RETRY_MAX);
     let mut failures = 0u32;
@@ -355,11 +348,11 @@ where
             _ = shutdown.cancelled() => return Ok(None),
         };
         match result {
-            Attempt::Done(v) => return Ok(Some(v)),
-            Attempt::Fail(e) => return Err(e),
-            Attempt::Retry(e) => {
+            Ok(v) => return Ok(Some(v)),
+            Err(Attempt::Fatal(e)) => return Err(e),
+            Err(Attempt::Retry { error: e, after }) => {
                 failures = failures.saturating_add(1);
-                let delay = backoff.delay(failures, None);
+                let delay = backoff.delay(failures, after);
                 tracing::warn!(error = %format!("{e:#}"), retry_in_s = delay.as_secs(), "cannot reach the cluster yet; retrying");
                 tokio::select! {
                     _ = tokio::time::sleep(delay) => {}
@@ -398,12 +391,15 @@ pub async fn run_with(
         let token = shutdown.clone();
         async move {
             match crate::kubeclient::daemon_clients(fs, config, token).await {
-                Ok(k) => Attempt::Done(k),
+                Ok(k) => Ok(k),
                 // A wrong config (server, CA, credential) does not get better by waiting.
-                Err(e) if e.is_permanent() => {
-                    Attempt::Fail(anyhow::Error::new(e).context("daemon kubernetes client"))
-                }
-                Err(e) => Attempt::Retry(anyhow::Error::new(e).context("daemon kubernetes client")),
+                Err(e) if e.is_permanent() => Err(Attempt::Fatal(
+                    anyhow::Error::new(e).context("daemon kubernetes client"),
+                )),
+                Err(e) => Err(Attempt::Retry {
+                    error: anyhow::Error::new(e).context("daemon kubernetes client"),
+                    after: None,
+                }),
             }
         }
     })

@@ -35,7 +35,7 @@ use kube::Resource as _;
 use tokio_util::sync::CancellationToken;
 
 use super::watch::watch_error;
-use super::{Attempt, OperationOutcome, Operations, QueueSender, until_reachable};
+use super::{OperationOutcome, Operations, QueueSender, until_reachable};
 use crate::config::Config;
 use crate::context::Host;
 use crate::flows::operations::{
@@ -44,6 +44,7 @@ use crate::flows::operations::{
 use crate::flows::repave::NodeOps;
 use crate::kubeclient::{KubeClients, describe};
 use crate::machina::{GROUP, MachineOperation, VERSION};
+use flex_host::retry::Attempt;
 
 /// Logged when the reconciler is enabled.
 pub const API_FOUND: &str =
@@ -134,8 +135,11 @@ pub async fn enabled(
                 let client = kube.current();
                 async move {
                     match guard(mode, Some(&discover(&client).await)) {
-                        Guard::Retry(why) => Attempt::Retry(anyhow::anyhow!(why)),
-                        g => Attempt::Done(g),
+                        Guard::Retry(why) => Err(Attempt::Retry {
+                            error: anyhow::anyhow!(why),
+                            after: None,
+                        }),
+                        g => Ok(g),
                     }
                 }
             };
