@@ -318,17 +318,26 @@ fn selector_expressions() {
         (
             "In without values",
             sel(vec![req("zone", "In", None)]),
-            Err("requirement on \"zone\": operator In needs values".to_string()),
+            Err(SelectorError {
+                key: "zone".into(),
+                problem: "operator In needs values".into(),
+            }),
         ),
         (
             "Exists with values",
             sel(vec![req("zone", "Exists", Some(&["a"]))]),
-            Err("requirement on \"zone\": operator Exists takes no values".to_string()),
+            Err(SelectorError {
+                key: "zone".into(),
+                problem: "operator Exists takes no values".into(),
+            }),
         ),
         (
             "unknown operator",
             sel(vec![req("zone", "Gt", Some(&["1"]))]),
-            Err("requirement on \"zone\": unknown operator \"Gt\"".to_string()),
+            Err(SelectorError {
+                key: "zone".into(),
+                problem: "unknown operator \"Gt\"".into(),
+            }),
         ),
     ] {
         assert_eq!(selector_matches(&s, &node), want, "{what}");

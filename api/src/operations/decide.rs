@@ -162,7 +162,7 @@ fn validate_upgrade(
             }
             validate_image(image)
                 .map(UpgradeRequest::Image)
-                .map_err(Failure::invalid)
+                .map_err(|e| Failure::invalid(e.to_string()))
         }
         (None, Some(url), sha) => {
             if containerized {
@@ -205,30 +205,67 @@ fn validate_upgrade(
     }
 }
 
+/// Why an `image` parameter was refused.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ImageParamError {
+    /// Not an image reference.
+    #[error("parameter \"image\": {0}")]
+    Unparsable(#[from] crate::image::ReferenceError),
+    /// A tag only, no digest.
+    #[error(
+        "parameter \"image\" must be pinned by digest (registry/repository@sha256:<digest>), \
+         and {image:?} names only a tag"
+    )]
+    NotPinned {
+        /// The parameter.
+        image: String,
+    },
+    /// No registry named.
+    #[error(
+        "parameter \"image\" must be fully qualified, naming its registry (as {canonical:?}), got {image:?}"
+    )]
+    NotQualified {
+        /// The parameter.
+        image: String,
+        /// How it reads fully qualified.
+        canonical: String,
+    },
+    /// Not in canonical form.
+    #[error(
+        "parameter \"image\" must be fully qualified in canonical form: {canonical:?}, got {image:?}"
+    )]
+    NotCanonical {
+        /// The parameter.
+        image: String,
+        /// Its canonical form.
+        canonical: String,
+    },
+}
+
 /// Checks an `image` parameter: a fully qualified reference (naming its registry, in canonical
 /// form) pinned by digest, as `ctr` pulls and verifies it. Returns it unchanged.
-pub fn validate_image(image: &str) -> Result<String, String> {
-    let parsed = ImageRef::parse(image).map_err(|e| format!("parameter \"image\": {e}"))?;
+pub fn validate_image(image: &str) -> Result<String, ImageParamError> {
+    let parsed = ImageRef::parse(image)?;
     if parsed.digest.is_none() {
-        return Err(format!(
-            "parameter \"image\" must be pinned by digest (registry/repository@sha256:<digest>), \
-             and {image:?} names only a tag"
-        ));
+        return Err(ImageParamError::NotPinned {
+            image: image.to_string(),
+        });
     }
     let first = image.split('/').next().unwrap_or_default();
     let names_registry =
         image.contains('/') && (first.contains('.') || first.contains(':') || first == "localhost");
+    let canonical = parsed.to_string();
     if !names_registry {
-        return Err(format!(
-            "parameter \"image\" must be fully qualified, naming its registry (as {:?}), got {image:?}",
-            parsed.to_string()
-        ));
+        return Err(ImageParamError::NotQualified {
+            image: image.to_string(),
+            canonical,
+        });
     }
-    if parsed.to_string() != image {
-        return Err(format!(
-            "parameter \"image\" must be fully qualified in canonical form: {:?}, got {image:?}",
-            parsed.to_string()
-        ));
+    if canonical != image {
+        return Err(ImageParamError::NotCanonical {
+            image: image.to_string(),
+            canonical,
+        });
     }
     Ok(image.to_string())
 }
@@ -253,12 +290,22 @@ pub fn admit(
     Ok(action)
 }
 
+/// A malformed label selector requirement.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("requirement on {key:?}: {problem}")]
+pub struct SelectorError {
+    /// The requirement's key.
+    pub key: String,
+    /// What is wrong with it.
+    pub problem: String,
+}
+
 /// Whether `sel` selects `labels`, with Kubernetes' semantics (an empty selector selects
 /// everything); `Err` names a malformed requirement.
 pub fn selector_matches(
     sel: &LabelSelector,
     labels: &BTreeMap<String, String>,
-) -> Result<bool, String> {
+) -> Result<bool, SelectorError> {
     let mut ok = true;
     for (k, v) in sel.match_labels.iter().flatten() {
         ok &= labels.get(k) == Some(v);
@@ -268,26 +315,26 @@ pub fn selector_matches(
         let have = labels.get(&r.key);
         let m = match r.operator.as_str() {
             "In" | "NotIn" if values.is_empty() => {
-                return Err(format!(
-                    "requirement on {:?}: operator {} needs values",
-                    r.key, r.operator
-                ));
+                return Err(SelectorError {
+                    key: r.key.clone(),
+                    problem: format!("operator {} needs values", r.operator),
+                });
             }
             "Exists" | "DoesNotExist" if !values.is_empty() => {
-                return Err(format!(
-                    "requirement on {:?}: operator {} takes no values",
-                    r.key, r.operator
-                ));
+                return Err(SelectorError {
+                    key: r.key.clone(),
+                    problem: format!("operator {} takes no values", r.operator),
+                });
             }
             "In" => have.is_some_and(|h| values.contains(h)),
             "NotIn" => !have.is_some_and(|h| values.contains(h)),
             "Exists" => have.is_some(),
             "DoesNotExist" => have.is_none(),
             other => {
-                return Err(format!(
-                    "requirement on {:?}: unknown operator {other:?}",
-                    r.key
-                ));
+                return Err(SelectorError {
+                    key: r.key.clone(),
+                    problem: format!("unknown operator {other:?}"),
+                });
             }
         };
         ok &= m;
