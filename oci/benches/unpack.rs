@@ -13,9 +13,9 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use flex_host::runner::{Cmd, ProcessRunner, Runner};
-use flex_oci::layer_builder::{LayerBuilder, gzip};
 use flex_oci::manifest::media_type;
 use flex_oci::{LayerFile, UnpackOptions, unpack};
+use flex_testkit::layer_builder::{LayerBuilder, gzip};
 
 const REPEATS: usize = 3;
 

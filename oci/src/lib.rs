@@ -25,12 +25,11 @@
 //!
 //! Modules: [`reference`](mod@reference) (image references), [`digest`], [`manifest`] (documents, media types,
 //! platforms), [`registry`] (the anonymous registry client), [`layout`] (local OCI layouts),
-//! [`unpack`](mod@unpack) (applying layers, safely; path confinement in `confine`), [`layer_builder`]
-//! (writing layers, for tests and the harness), [`error`].
+//! [`unpack`](mod@unpack) (applying layers, safely; path confinement in `confine`), [`error`].
+//! The tests build their layers with `flex_testkit::layer_builder`.
 
 pub(crate) mod confine;
 pub mod error;
-pub mod layer_builder;
 pub mod layout;
 pub mod manifest;
 pub mod registry;

@@ -4,8 +4,8 @@
 use std::path::Path;
 
 use super::*;
-use crate::layer_builder::{LayerBuilder, gzip, zstd};
 use crate::manifest::{ANNOTATION_REF_NAME, ANNOTATION_TITLE, Platform, media_type};
+use flex_testkit::layer_builder::{LayerBuilder, gzip, zstd};
 
 fn client() -> RegistryClient {
     RegistryClient::new(flex_host::http::client().unwrap())

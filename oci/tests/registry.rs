@@ -15,12 +15,12 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use flex_oci::layer_builder::{LayerBuilder, gzip, zstd};
 use flex_oci::manifest::{Platform, media_type};
 use flex_oci::{
     Arch, Descriptor, Digest, ImageIndex, ImageRef, ImageSource, MARKER_FILE, PullOptions,
     RegistryClient, RetryPolicy, fetch_artifact, manifest_reachable, pull_rootfs,
 };
+use flex_testkit::layer_builder::{LayerBuilder, gzip, zstd};
 
 const REGISTRY_BIN: &str = "/usr/bin/docker-registry";
 

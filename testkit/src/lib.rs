@@ -5,6 +5,7 @@
 //! everything above them is the real code. Files are never faked: tests give
 //! [`flex_host::fs::HostFs`] a temporary root instead.
 
+pub mod layer_builder;
 pub mod operations;
 
 use std::collections::BTreeSet;

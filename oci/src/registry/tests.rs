@@ -9,9 +9,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::*;
-use crate::layer_builder::{LayerBuilder, gzip};
 use crate::manifest::{ImageIndex, Platform};
 use crate::{ImageSource, PullOptions, pull_rootfs};
+use flex_testkit::layer_builder::{LayerBuilder, gzip};
 
 struct Req {
     method: String,

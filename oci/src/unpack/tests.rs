@@ -7,7 +7,7 @@ use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use super::*;
-use crate::layer_builder::{LayerBuilder, gzip, zstd};
+use flex_testkit::layer_builder::{LayerBuilder, gzip, zstd};
 
 fn is_root() -> bool {
     rustix::process::geteuid().is_root()

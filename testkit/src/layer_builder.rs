@@ -1,7 +1,8 @@
 //! [`LayerBuilder`]: writes image layers (tar streams) in memory, with every entry kind the
 //! unpacker handles — whiteouts, opaque markers, hard links, devices, PAX xattrs — and, for
 //! tests of the unpacker's safety, entries with names no honest tool writes (`../x`, `/abs`).
-//! The harness and the tests build their images with it; [`gzip()`] and [`zstd()`] compress.
+//! The tests and the unpack bench build their layers with it (test kit: a dev-dependency only);
+//! [`gzip()`] and [`zstd()`] compress.
 //!
 //! Names and link targets are written into the header as given (no normalization), so an
 //! archive says exactly what a test means; names longer than 100 bytes go into a PAX `path`
