@@ -10,3 +10,17 @@ pub fn workspace_root() -> PathBuf {
     let here = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     here.parent().map(PathBuf::from).unwrap_or(here)
 }
+
+/// The workspace's members, as its `Cargo.toml` lists them (empty if it cannot be read).
+pub fn workspace_members() -> Vec<String> {
+    let manifest = std::fs::read_to_string(workspace_root().join("Cargo.toml")).unwrap_or_default();
+    let list = manifest
+        .split("members = [")
+        .nth(1)
+        .and_then(|m| m.split(']').next())
+        .unwrap_or_default();
+    list.split(',')
+        .map(|m| m.trim().trim_matches('"').to_string())
+        .filter(|m| !m.is_empty())
+        .collect()
+}

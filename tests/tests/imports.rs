@@ -17,7 +17,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-use flex_tests::workspace_root;
+use flex_tests::{workspace_members, workspace_root};
 
 /// A module path, `[]` for the crate root.
 type Module = Vec<String>;
@@ -26,19 +26,6 @@ type Module = Vec<String>;
 struct Crate {
     name: String,
     modules: BTreeMap<Module, String>,
-}
-
-fn members() -> Vec<String> {
-    let manifest = std::fs::read_to_string(workspace_root().join("Cargo.toml")).unwrap();
-    let list = manifest
-        .split("members = [")
-        .nth(1)
-        .and_then(|m| m.split(']').next())
-        .unwrap();
-    list.split(',')
-        .map(|m| m.trim().trim_matches('"').to_string())
-        .filter(|m| !m.is_empty())
-        .collect()
 }
 
 fn rs_files(dir: &Path, out: &mut Vec<PathBuf>) {
@@ -195,7 +182,7 @@ fn production_text(text: &str) -> String {
 fn crates() -> Vec<Crate> {
     let root = workspace_root();
     let mut out = Vec::new();
-    for member in members() {
+    for member in workspace_members() {
         let src = root.join(&member).join("src");
         let mut files = Vec::new();
         rs_files(&src, &mut files);

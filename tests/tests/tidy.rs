@@ -6,21 +6,7 @@
 
 use std::path::{Path, PathBuf};
 
-use flex_tests::workspace_root;
-
-/// The workspace's members, as `Cargo.toml` lists them.
-fn workspace_members() -> Vec<String> {
-    let manifest = std::fs::read_to_string(workspace_root().join("Cargo.toml")).unwrap();
-    let list = manifest
-        .split("members = [")
-        .nth(1)
-        .and_then(|m| m.split(']').next())
-        .expect("Cargo.toml lists the workspace members");
-    list.split(',')
-        .map(|m| m.trim().trim_matches('"').to_string())
-        .filter(|m| !m.is_empty())
-        .collect()
-}
+use flex_tests::{workspace_members, workspace_root};
 
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     for e in std::fs::read_dir(dir).unwrap() {
