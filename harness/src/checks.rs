@@ -10,7 +10,7 @@ use std::time::Duration;
 use crate::check::{Ctx, Group, Needs, check, ensure};
 use crate::guest_json::{self, AgentConfig, DaemonState};
 use crate::provision::{PWNED_MARKER, hostile_location};
-use crate::report::Outcome;
+use crate::report::{Checked, Outcome};
 use crate::vm;
 
 const T: Duration = Duration::from_secs(120);
@@ -203,26 +203,35 @@ async fn systemd_run_from_container(c: &Ctx<'_>) -> anyhow::Result<Outcome> {
     Ok(Outcome::Passed)
 }
 
-async fn machinectl_shell_from_container(c: &Ctx<'_>) -> anyhow::Result<Outcome> {
+async fn machinectl_shell_from_container(c: &Ctx<'_>) -> anyhow::Result<Checked> {
     let m = c.active_machine().await?;
     // machinectl shell forwards the machine's pty; without a terminal on our side it can end
-    // before the last output is forwarded when the command exits at once (seen once in CI:
-    // nothing printed). The command lingers a moment after its output, and a lost line is
-    // tried again twice; every attempt's output is reported if none arrives.
+    // before the last output is forwarded when the command exits at once (seen in CI: nothing
+    // printed, three times within 9 s). The command lingers a moment after its output, and a
+    // lost line is tried again, 2 s apart, up to six times; every attempt's output is reported
+    // if none arrives.
+    const ATTEMPTS: usize = 6;
     let mut seen = Vec::new();
-    for _ in 0..3 {
+    for attempt in 0..ATTEMPTS {
+        if attempt > 0 {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+        }
         let out = c
             .in_agent(&format!(
                 "machinectl shell -q root@{m} /bin/sh -c 'echo machine-shell-ok; sleep 1'"
             ))
             .await?;
         if out.contains("machine-shell-ok") {
-            return Ok(Outcome::Passed);
+            return Ok(if attempt == 0 {
+                Outcome::Passed.into()
+            } else {
+                Checked::passed_with(format!("after {attempt} lost outputs"))
+            });
         }
         seen.push(out);
     }
     Err(anyhow::anyhow!(
-        "machinectl shell printed {seen:?} in 3 attempts"
+        "machinectl shell printed {seen:?} in {ATTEMPTS} attempts"
     ))
 }
 
