@@ -432,7 +432,7 @@ impl crate::flows::start::NodeStarter for MachinesForConfig {
         host: &Host,
         cfg: &config::Config,
         machine: &str,
-    ) -> anyhow::Result<()> {
+    ) -> Result<(), crate::machine::seams::SeamError> {
         crate::machine::node::NodeMachines::new(self.0.clone(), cfg.clone())?
             .start_node(host, cfg, machine)
             .await

@@ -9,7 +9,7 @@ use crate::state::DaemonState;
 pub async fn restart_node(ops: &dyn NodeOps, state: &DaemonState) -> anyhow::Result<()> {
     let active = state.active()?;
     ops.stop(active).await?;
-    ops.start(active).await
+    Ok(ops.start(active).await?)
 }
 
 #[cfg(test)]

@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 use crate::flows::start::GoalState;
 use crate::fs::HostFs;
 use crate::machine::nspawn::alternate;
-pub use crate::machine::seams::NodeOps;
+pub use crate::machine::seams::{NodeOps, SeamError};
 use crate::state::{DaemonState, JsonStore, StateError, StateStore};
 
 /// Where the repave journal lives.
@@ -168,7 +168,7 @@ pub enum RepaveError {
         /// The side running again.
         source_machine: String,
         /// The failure.
-        error: anyhow::Error,
+        error: SeamError,
     },
     /// A step failed and rolling back failed too.
     #[error(
@@ -180,9 +180,9 @@ pub enum RepaveError {
         /// The side that should run.
         source_machine: String,
         /// The failure.
-        error: anyhow::Error,
+        error: SeamError,
         /// The rollback failure.
-        rollback: anyhow::Error,
+        rollback: SeamError,
     },
     /// A step after the switch failed; the journal stays for the next attempt.
     #[error(
@@ -194,8 +194,17 @@ pub enum RepaveError {
         /// The active side.
         target: String,
         /// The failure.
-        error: anyhow::Error,
+        error: SeamError,
     },
+}
+
+impl RepaveError {
+    /// Whether the same goal would fail the same way again: the node was rolled back because a
+    /// step was given something wrong ([`SeamError::Permanent`]), so a retry waits for a new
+    /// goal. A node left half-switched, or a rollback that failed, is always retried.
+    pub fn is_permanent(&self) -> bool {
+        matches!(self, RepaveError::RolledBack { error, .. } if error.is_permanent())
+    }
 }
 
 /// Files the repave uses.
@@ -246,17 +255,17 @@ pub async fn run(
     );
     for step in plan(&journal) {
         let name = step_name(&step);
-        let result: anyhow::Result<()> = match &step {
+        let result: Result<(), SeamError> = match &step {
             Step::Record(p) => {
                 journal.phase = *p;
-                stores.journal.save(&journal).map_err(Into::into)
+                stores.journal.save(&journal).map_err(SeamError::transient)
             }
             Step::Provision(m) => ops.provision(m, &journal.kubernetes_version).await,
             Step::Stop(m) => ops.stop(m).await,
             Step::Start(m) => ops.start(m).await,
-            Step::SaveState => stores.state.save(&next).map_err(Into::into),
+            Step::SaveState => stores.state.save(&next).map_err(SeamError::transient),
             Step::Cleanup(m) => ops.cleanup(m).await,
-            Step::Finish => stores.journal.delete().map_err(Into::into),
+            Step::Finish => stores.journal.delete().map_err(SeamError::transient),
         };
         let Err(error) = result else { continue };
         return Err(match on_failure(journal.phase) {
@@ -283,7 +292,7 @@ pub async fn run(
     Ok(next)
 }
 
-async fn rollback(ops: &dyn NodeOps, stores: &Stores, j: &Journal) -> anyhow::Result<()> {
+async fn rollback(ops: &dyn NodeOps, stores: &Stores, j: &Journal) -> Result<(), SeamError> {
     tracing::warn!(target_machine = %j.target, source = %j.source, "rolling back repave");
     if let Err(e) = ops.stop(&j.target).await {
         tracing::warn!(error = %format!("{e:#}"), "stopping the target during rollback failed");
@@ -294,8 +303,7 @@ async fn rollback(ops: &dyn NodeOps, stores: &Stores, j: &Journal) -> anyhow::Re
     if j.phase != Phase::Preparing {
         ops.start(&j.source).await?;
     }
-    stores.journal.delete()?;
-    Ok(())
+    stores.journal.delete().map_err(SeamError::transient)
 }
 
 /// `ApplyGoalState`: resumes a journaled repave for the same goal, or starts a new one.

@@ -1,6 +1,7 @@
 //! The recording fake of [`NodeOps`] every flow's tests share (test code only): it records each
 //! call as `provision <machine> <version>`, `start <machine>`, `stop <machine>` or
-//! `cleanup <machine>`, fails the calls it is told to, and can hand each call to an observer
+//! `cleanup <machine>`, fails the calls it is told to (transiently, or permanently as a
+//! wrong input would), and can hand each call to an observer
 //! first (the daemon's tests use it for their event order and concurrency checks).
 
 use std::sync::{Arc, Mutex};
@@ -8,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 use futures::future::BoxFuture;
 
-use super::seams::NodeOps;
+use super::seams::{NodeOps, SeamError};
 
 /// Sees each call before it is recorded.
 pub type Observer = Arc<dyn Fn(String) -> BoxFuture<'static, ()> + Send + Sync>;
@@ -18,6 +19,7 @@ pub type Observer = Arc<dyn Fn(String) -> BoxFuture<'static, ()> + Send + Sync>;
 pub struct RecordingOps {
     calls: Arc<Mutex<Vec<String>>>,
     fail: Vec<String>,
+    permanent: bool,
     observer: Option<Observer>,
 }
 
@@ -35,6 +37,13 @@ impl RecordingOps {
         }
     }
 
+    /// This fake, with its injected failures [`SeamError::Permanent`] (as a wrong machine name,
+    /// version or image reference fails).
+    pub fn permanently(mut self) -> Self {
+        self.permanent = true;
+        self
+    }
+
     /// This fake, with `observer` called (and awaited) before each call is recorded.
     pub fn observed(mut self, observer: Observer) -> Self {
         self.observer = Some(observer);
@@ -46,7 +55,7 @@ impl RecordingOps {
         self.calls.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
-    async fn record(&self, call: String) -> anyhow::Result<()> {
+    async fn record(&self, call: String) -> Result<(), SeamError> {
         if let Some(o) = &self.observer {
             o(call.clone()).await;
         }
@@ -55,7 +64,12 @@ impl RecordingOps {
             .unwrap_or_else(|e| e.into_inner())
             .push(call.clone());
         if self.fail.contains(&call) {
-            anyhow::bail!("injected failure of {call}");
+            let e = anyhow::anyhow!("injected failure of {call}");
+            return Err(if self.permanent {
+                SeamError::permanent(e)
+            } else {
+                SeamError::transient(e)
+            });
         }
         Ok(())
     }
@@ -63,17 +77,17 @@ impl RecordingOps {
 
 #[async_trait]
 impl NodeOps for RecordingOps {
-    async fn provision(&self, machine: &str, kubernetes_version: &str) -> anyhow::Result<()> {
+    async fn provision(&self, machine: &str, kubernetes_version: &str) -> Result<(), SeamError> {
         self.record(format!("provision {machine} {kubernetes_version}"))
             .await
     }
-    async fn start(&self, machine: &str) -> anyhow::Result<()> {
+    async fn start(&self, machine: &str) -> Result<(), SeamError> {
         self.record(format!("start {machine}")).await
     }
-    async fn stop(&self, machine: &str) -> anyhow::Result<()> {
+    async fn stop(&self, machine: &str) -> Result<(), SeamError> {
         self.record(format!("stop {machine}")).await
     }
-    async fn cleanup(&self, machine: &str) -> anyhow::Result<()> {
+    async fn cleanup(&self, machine: &str) -> Result<(), SeamError> {
         self.record(format!("cleanup {machine}")).await
     }
 }

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use async_trait::async_trait;
 
-use super::seams::{NodeOps, NodeStarter, RemoteProbe};
+use super::seams::{NodeOps, NodeStarter, RemoteProbe, SeamError};
 use crate::config::Config;
 use crate::context::Host;
 use crate::machine::components::{self, ComponentPlan, Downloads};
@@ -15,8 +15,16 @@ use crate::machine::lifecycle;
 use crate::machine::nodeconfig;
 use crate::machine::nodegoal::{self, MachineGoal};
 use crate::machine::nspawn::{self, Timings};
-use crate::oci::{self, ImageSource, PullOptions, RegistryClient};
+use crate::oci::{self, Arch, ImageSource, PullOptions, RegistryClient};
 use crate::task::step;
+
+/// A provision's inputs, checked.
+struct Inputs {
+    goal: MachineGoal,
+    source: ImageSource,
+    arch: Arch,
+    plan: ComponentPlan,
+}
 
 /// Machines on this host, for one config.
 pub struct NodeMachines {
@@ -70,28 +78,55 @@ impl NodeMachines {
         c
     }
 
-    fn goal(&self, config: &Config, machine: &str) -> anyhow::Result<MachineGoal> {
-        let facts = lifecycle::host_facts(&self.host)?;
-        Ok(nodegoal::resolve(config, machine, &facts)?)
+    /// What provisioning `machine` needs, checked before anything touches the host: its goal
+    /// (the machine name and the configured values), its image reference and architecture and
+    /// the component plan. A wrong value is [`SeamError::Permanent`], named with the step it
+    /// belongs to; only reading the host's facts can fail transiently.
+    fn inputs(&self, machine: &str, kubernetes_version: Option<&str>) -> Result<Inputs, SeamError> {
+        fn invalid<E: Into<anyhow::Error>>(step: &'static str) -> impl FnOnce(E) -> SeamError {
+            move |e| SeamError::permanent(e.into().context(step))
+        }
+        let config = self.config_for(kubernetes_version);
+        let facts = lifecycle::host_facts(&self.host).map_err(SeamError::transient)?;
+        let goal = nodegoal::resolve(&config, machine, &facts).map_err(SeamError::permanent)?;
+        let source =
+            ImageSource::parse(&goal.oci_image).map_err(invalid("ensure-nspawn-workspace"))?;
+        let arch: Arch = goal
+            .arch
+            .parse()
+            .map_err(invalid("ensure-nspawn-workspace"))?;
+        let plan = ComponentPlan::resolve(&config, &goal.arch, self.downloads.clone())
+            .map_err(invalid("install-components"))?;
+        Ok(Inputs {
+            goal,
+            source,
+            arch,
+            plan,
+        })
     }
 
     /// `rootfs.Provision` plus configuration: the machine's root file system from its image
     /// (kept when already built, unless `rebuild_owned`), the components, the files inside it
-    /// and on the host, the agent binary inside it and the lifecycle helper on the host.
+    /// and on the host, the agent binary inside it and the lifecycle helper on the host. Its
+    /// inputs are checked first ([`SeamError::Permanent`] when one is wrong); a failure after
+    /// that is [`SeamError::Transient`].
     pub async fn provision(
         &self,
         machine: &str,
         kubernetes_version: Option<&str>,
         rebuild_owned: bool,
-    ) -> anyhow::Result<()> {
-        let config = self.config_for(kubernetes_version);
-        let goal = self.goal(&config, machine)?;
+    ) -> Result<(), SeamError> {
+        let Inputs {
+            goal,
+            source,
+            arch,
+            plan,
+        } = self.inputs(machine, kubernetes_version)?;
         let host = &self.host;
         step("ensure-nspawn-workspace", async {
-            let source = ImageSource::parse(&goal.oci_image)?;
             let dest = host.fs.path(&goal.machine_dir());
             let opts = PullOptions {
-                arch: goal.arch.parse()?,
+                arch,
                 rebuild_owned,
                 ..Default::default()
             };
@@ -99,13 +134,13 @@ impl NodeMachines {
             tracing::info!(machine, image = %info.reference, status = ?info.status, "machine root file system ready");
             anyhow::Ok(())
         })
-        .await?;
+        .await
+        .map_err(SeamError::transient)?;
         step("install-components", async {
-            let plan = ComponentPlan::resolve(&config, &goal.arch, self.downloads.clone())?;
-            components::install_components(host, &self.http, &goal.machine_dir(), &plan).await?;
-            anyhow::Ok(())
+            components::install_components(host, &self.http, &goal.machine_dir(), &plan).await
         })
-        .await?;
+        .await
+        .map_err(SeamError::transient)?;
         step("configure-machine", async {
             let resolv = host
                 .fs
@@ -116,36 +151,41 @@ impl NodeMachines {
             nodeconfig::apply(&host.fs, machine, &entries)?;
             anyhow::Ok(())
         })
-        .await?;
+        .await
+        .map_err(SeamError::transient)?;
         step("install-binary-in-rootfs", async {
             lifecycle::install_binary_in_rootfs(host, &self.exe, machine)?;
             lifecycle::install_helper(host, &self.exe)?;
             host.systemd.daemon_reload().await?;
             anyhow::Ok(())
         })
-        .await?;
+        .await
+        .map_err(SeamError::transient)?;
         Ok(())
     }
 
     /// `StartNode` without provisioning: start the machine, containerd and kubelet, and wait
     /// for kubelet.
-    pub async fn start_machine(&self, machine: &str) -> anyhow::Result<()> {
+    pub async fn start_machine(&self, machine: &str) -> Result<(), SeamError> {
         let t = self.timings;
         step(
             "start-nspawn-machine",
             nspawn::start_machine(&self.host, machine, t),
         )
-        .await?;
+        .await
+        .map_err(SeamError::transient)?;
         step(
             "start-services",
             nspawn::start_services(&self.host, machine),
         )
-        .await?;
+        .await
+        .map_err(SeamError::transient)?;
         step(
             "wait-for-kubelet",
             nspawn::wait_for_kubelet(&self.host, machine, t),
         )
-        .await?;
+        .await
+        .map_err(SeamError::transient)?;
         Ok(())
     }
 }
@@ -157,7 +197,7 @@ impl NodeStarter for NodeMachines {
         _host: &Host,
         _config: &Config,
         machine: &str,
-    ) -> anyhow::Result<()> {
+    ) -> Result<(), SeamError> {
         self.provision(machine, None, false).await?;
         self.start_machine(machine).await
     }
@@ -165,17 +205,21 @@ impl NodeStarter for NodeMachines {
 
 #[async_trait]
 impl NodeOps for NodeMachines {
-    async fn provision(&self, machine: &str, kubernetes_version: &str) -> anyhow::Result<()> {
+    async fn provision(&self, machine: &str, kubernetes_version: &str) -> Result<(), SeamError> {
         NodeMachines::provision(self, machine, Some(kubernetes_version), true).await
     }
-    async fn start(&self, machine: &str) -> anyhow::Result<()> {
+    async fn start(&self, machine: &str) -> Result<(), SeamError> {
         self.start_machine(machine).await
     }
-    async fn stop(&self, machine: &str) -> anyhow::Result<()> {
-        Ok(nspawn::stop_node(&self.host, machine, self.timings).await?)
+    async fn stop(&self, machine: &str) -> Result<(), SeamError> {
+        nspawn::stop_node(&self.host, machine, self.timings)
+            .await
+            .map_err(SeamError::transient)
     }
-    async fn cleanup(&self, machine: &str) -> anyhow::Result<()> {
-        Ok(nspawn::cleanup_machine(&self.host, machine, self.timings).await?)
+    async fn cleanup(&self, machine: &str) -> Result<(), SeamError> {
+        nspawn::cleanup_machine(&self.host, machine, self.timings)
+            .await
+            .map_err(SeamError::transient)
     }
 }
 
@@ -198,6 +242,63 @@ impl RemoteProbe for NodeMachines {
         match ComponentPlan::resolve(config, &goal.arch, self.downloads.clone()) {
             Ok(plan) => components::check_reachable(&self.http, &plan).await,
             Err(e) => vec![(components::CHECK_KUBERNETES.to_string(), Err(e.to_string()))],
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)] // test code: a panic is a failure
+
+    use super::*;
+    use flex_testkit::FakeHost;
+
+    fn config(mutate: impl FnOnce(&mut serde_json::Value)) -> Config {
+        let mut v: serde_json::Value =
+            serde_json::from_str(include_str!("../../tests/fixtures/config-token.json")).unwrap();
+        mutate(&mut v);
+        crate::config::parse(v.to_string().as_bytes(), &|| Ok("h".into()))
+            .unwrap()
+            .config
+    }
+
+    /// The real provision over a fake host (recording runner and systemd, a temporary root),
+    /// config from the token fixture: a wrong machine name, Kubernetes version or image
+    /// reference fails [`SeamError::Permanent`] before anything runs or is written; an image
+    /// that is not there yet (an OCI layout path that does not exist) fails transiently.
+    #[tokio::test]
+    async fn a_wrong_input_fails_permanently_before_the_host_is_touched() {
+        type Mutate = fn(&mut serde_json::Value);
+        let none: Mutate = |_| {};
+        let bad_image: Mutate = |v| v["bootstrap"]["ociImage"] = "Not A Reference!".into();
+        let missing_layout: Mutate =
+            |v| v["bootstrap"]["ociImage"] = "oci-layout:///nonexistent/layout:v1".into();
+        for (what, machine, version, mutate, permanent) in [
+            ("machine name", "kube3", "1.35.0", none, true),
+            ("kubernetes version", "kube1", "one.two", none, true),
+            ("image reference", "kube1", "1.35.0", bad_image, true),
+            (
+                "missing image layout",
+                "kube1",
+                "1.35.0",
+                missing_layout,
+                false,
+            ),
+        ] {
+            let fake = FakeHost::new().unwrap();
+            let machines = NodeMachines::new(fake.host.clone(), config(mutate))
+                .unwrap()
+                .with_exe("/nonexistent/aks-flex-node");
+            let e = NodeOps::provision(&machines, machine, version)
+                .await
+                .unwrap_err();
+            assert_eq!(e.is_permanent(), permanent, "{what}: {e:#}");
+            assert!(fake.runner.calls().is_empty(), "{what}: ran commands");
+            assert!(fake.systemd.calls().is_empty(), "{what}: touched systemd");
+            assert!(
+                !fake.root.path().join("var/lib/machines").exists(),
+                "{what}: wrote a machine directory"
+            );
         }
     }
 }

@@ -3,6 +3,11 @@
 //! operations of a repave and a reboot ([`NodeOps`]), the machine resource's registration
 //! ([`MachineRegistry`], implemented by the goal clients) and the network checks of preflight
 //! ([`RemoteProbe`]).
+//!
+//! The node seams fail with a [`SeamError`], which says whether the same call can succeed later
+//! ([`SeamError::Transient`]: the host, a download or the cluster failed) or not until its input
+//! changes ([`SeamError::Permanent`]: a machine name, a version, an image reference or a
+//! configured value is wrong). Callers decide on the variant, never on the message.
 
 use async_trait::async_trait;
 
@@ -10,6 +15,50 @@ use crate::config::Config;
 use crate::context::Host;
 use crate::machine::nodegoal::MachineGoal;
 use flex_api::goal::GoalState;
+
+/// Why a call across a seam failed, as far as its caller decides on it.
+#[derive(Debug, thiserror::Error)]
+pub enum SeamError {
+    /// The host, the network or the cluster failed: the same call may succeed later.
+    #[error(transparent)]
+    Transient(anyhow::Error),
+    /// What the call was given is wrong: it fails the same way until its input changes.
+    #[error(transparent)]
+    Permanent(anyhow::Error),
+}
+
+impl SeamError {
+    /// A failure that trying again does not mend.
+    pub fn permanent(e: impl Into<anyhow::Error>) -> Self {
+        Self::Permanent(e.into())
+    }
+
+    /// A failure that may pass.
+    pub fn transient(e: impl Into<anyhow::Error>) -> Self {
+        Self::Transient(e.into())
+    }
+
+    /// Whether trying again without a new input is pointless.
+    pub fn is_permanent(&self) -> bool {
+        matches!(self, Self::Permanent(_))
+    }
+
+    /// The same kind of failure, with `context` in front of its message.
+    pub fn context(self, context: impl std::fmt::Display + Send + Sync + 'static) -> Self {
+        match self {
+            Self::Transient(e) => Self::Transient(e.context(context)),
+            Self::Permanent(e) => Self::Permanent(e.context(context)),
+        }
+    }
+}
+
+/// Anything not classified is taken as transient (the caller retries with backoff, as for an
+/// error it has never seen).
+impl From<anyhow::Error> for SeamError {
+    fn from(e: anyhow::Error) -> Self {
+        Self::Transient(e)
+    }
+}
 
 /// The machine resource, as far as `start` needs it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -34,7 +83,12 @@ pub trait MachineRegistry: Send + Sync {
 #[async_trait]
 pub trait NodeStarter: Send + Sync {
     /// Provisions `machine` from `config` and starts it; returns once kubelet is up.
-    async fn start_node(&self, host: &Host, config: &Config, machine: &str) -> anyhow::Result<()>;
+    async fn start_node(
+        &self,
+        host: &Host,
+        config: &Config,
+        machine: &str,
+    ) -> Result<(), SeamError>;
 }
 
 /// The machine operations a repave and a reboot need.
@@ -42,13 +96,13 @@ pub trait NodeStarter: Send + Sync {
 pub trait NodeOps: Send + Sync {
     /// Provisions `machine` for Kubernetes `kubernetes_version`, rebuilding a partial tree this
     /// agent owns.
-    async fn provision(&self, machine: &str, kubernetes_version: &str) -> anyhow::Result<()>;
+    async fn provision(&self, machine: &str, kubernetes_version: &str) -> Result<(), SeamError>;
     /// Starts `machine` and waits for kubelet.
-    async fn start(&self, machine: &str) -> anyhow::Result<()>;
+    async fn start(&self, machine: &str) -> Result<(), SeamError>;
     /// Stops `machine`.
-    async fn stop(&self, machine: &str) -> anyhow::Result<()>;
+    async fn stop(&self, machine: &str) -> Result<(), SeamError>;
     /// Removes `machine`.
-    async fn cleanup(&self, machine: &str) -> anyhow::Result<()>;
+    async fn cleanup(&self, machine: &str) -> Result<(), SeamError>;
 }
 
 /// Checks that reach the network: the rootfs image and the component downloads. The machine

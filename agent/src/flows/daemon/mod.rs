@@ -52,7 +52,7 @@ use crate::flows::repave::Stores;
 use crate::goalclient::MachineClient;
 use crate::kubeclient::KubeClients;
 use crate::machine::nspawn::Timings;
-use crate::machine::seams::NodeOps;
+use crate::machine::seams::{NodeOps, SeamError};
 use flex_host::retry::Attempt;
 use work::{Ctx, Flow};
 
@@ -77,8 +77,9 @@ pub trait Operations: Send + Sync {
     /// [`QueueSender::operation`]. Runs beside the queue; must not touch the host.
     async fn watch(&self, queue: QueueSender, shutdown: CancellationToken) -> anyhow::Result<()>;
     /// Reconciles the MachineOperation `name`. Runs on the queue, never at the same time as a
-    /// repave or another operation. An error is retried with backoff.
-    async fn reconcile(&self, name: &str) -> anyhow::Result<OperationOutcome>;
+    /// repave or another operation. A [`SeamError::Transient`] is retried with backoff; a
+    /// [`SeamError::Permanent`] waits for the operation to change.
+    async fn reconcile(&self, name: &str) -> Result<OperationOutcome, SeamError>;
 }
 
 /// What happened to one queue item (for tests and diagnostics).
@@ -92,8 +93,11 @@ pub struct Report {
     pub decision: Option<Decision>,
     /// The error, when it failed.
     pub error: Option<String>,
-    /// When it failed: the delay before it runs again.
+    /// When it failed: the delay before it runs again (`None`: not before it changes).
     pub retry_in: Option<Duration>,
+    /// When it failed: whether the failure is [`SeamError::Permanent`] (not retried with
+    /// backoff).
+    pub permanent: bool,
 }
 
 /// The daemon, assembled.
@@ -236,26 +240,50 @@ impl Daemon {
                 decision: None,
                 error: None,
                 retry_in: None,
+                permanent: false,
             };
             let mut stop = None;
+            // After a success, and after a failure that retrying cannot mend: the machine is
+            // read again after the interval; an operation waits for its next change.
+            let mut come_round = |queue: &mut WorkQueue| {
+                if item.key() == queue::Key::Machine {
+                    let delay = interval + jitter(interval, rng());
+                    queue.add_after(
+                        Item::Repave {
+                            source: RepaveSource::Interval,
+                        },
+                        delay,
+                    );
+                    Some(delay)
+                } else {
+                    None
+                }
+            };
             match result {
                 Ok((decision, flow)) => {
                     report.decision = decision;
                     queue.forget(&item);
                     match flow {
                         Flow::Done => {
-                            if item.key() == queue::Key::Machine {
-                                queue.add_after(
-                                    Item::Repave {
-                                        source: RepaveSource::Interval,
-                                    },
-                                    interval + jitter(interval, rng()),
-                                );
-                            }
+                            come_round(&mut queue);
                         }
                         Flow::RequeueAfter(d) => queue.add_after(item.clone(), d),
                         Flow::Stop(why) => stop = Some(why),
                     }
+                }
+                Err(e) if e.is_permanent() => {
+                    let message = format!("{e:#}");
+                    queue.forget(&item);
+                    let delay = come_round(&mut queue);
+                    tracing::error!(
+                        item = %item,
+                        error = %message,
+                        next = %delay.map_or("when it changes".into(), |d| format!("in {}", crate::config::format_go_duration(d))),
+                        "daemon reconcile failed on its input; not retrying until it comes round again"
+                    );
+                    report.error = Some(message);
+                    report.retry_in = delay;
+                    report.permanent = true;
                 }
                 Err(e) => {
                     let message = format!("{e:#}");

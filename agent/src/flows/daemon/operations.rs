@@ -41,7 +41,7 @@ use crate::context::Host;
 use crate::flows::operations::{
     Handlers, HostHandlers, ReconcileError, Reconciler, ReconcilerConfig, RecordStore, watch_stream,
 };
-use crate::flows::repave::NodeOps;
+use crate::flows::repave::{NodeOps, SeamError};
 use crate::kubeclient::{KubeClients, describe};
 use crate::machina::{GROUP, MachineOperation, VERSION};
 use flex_host::retry::Attempt;
@@ -270,12 +270,19 @@ impl Operations for ClusterOperations {
         }
     }
 
-    async fn reconcile(&self, name: &str) -> anyhow::Result<OperationOutcome> {
+    async fn reconcile(&self, name: &str) -> Result<OperationOutcome, SeamError> {
         let out = self
             .reconciler
             .reconcile(self.kube.current(), name)
             .await
-            .map_err(|e| anyhow::anyhow!("{}", reconcile_error(&e)))?;
+            .map_err(|e| {
+                let message = anyhow::anyhow!("{}", reconcile_error(&e));
+                if e.is_permanent() {
+                    SeamError::permanent(message)
+                } else {
+                    SeamError::transient(message)
+                }
+            })?;
         Ok(if out.stop_daemon {
             OperationOutcome::StopDaemon
         } else if let Some(d) = out.requeue_after {

@@ -277,6 +277,10 @@ struct Setup {
     machine_ops: Vec<Value>,
     /// Hold the first MachineOperation watch until the test releases it.
     hold_ops_watch: bool,
+    /// Machine calls (as [`RecordingOps`] records them) that fail.
+    failing_ops: Vec<&'static str>,
+    /// Whether those failures are [`SeamError::Permanent`].
+    ops_fail_permanently: bool,
 }
 
 impl Default for Setup {
@@ -296,6 +300,8 @@ impl Default for Setup {
             handlers: None,
             machine_ops: Vec::new(),
             hold_ops_watch: false,
+            failing_ops: Vec::new(),
+            ops_fail_permanently: false,
         }
     }
 }
@@ -365,7 +371,13 @@ fn start(setup: Setup) -> Harness {
     let conc = setup.conc.clone();
     let ops = {
         let (seq, conc) = (seq.clone(), conc.clone());
-        RecordingOps::default().observed(Arc::new(move |call| {
+        let failing = RecordingOps::failing_each(&setup.failing_ops);
+        let failing = if setup.ops_fail_permanently {
+            failing.permanently()
+        } else {
+            failing
+        };
+        failing.observed(Arc::new(move |call| {
             let (seq, conc) = (seq.clone(), conc.clone());
             Box::pin(async move {
                 conc.enter().await;
@@ -729,6 +741,60 @@ async fn api_server_errors_back_off_and_do_nothing_to_the_host() {
     h.stop().await;
 }
 
+/// The daemon over the recording machine fake, whose provision fails transiently or
+/// permanently (as a wrong Kubernetes version or image reference would), and a fake API server:
+/// a transient failure is retried with backoff, a permanent one waits for the next interval.
+#[tokio::test]
+async fn a_goal_that_cannot_be_provisioned_waits_for_the_next_interval_not_the_backoff() {
+    for permanent in [false, true] {
+        let mut h = start(Setup {
+            machine: Some(machine("etag-2", "1.35.3")),
+            node: None,
+            failing_ops: vec!["provision kube2 1.35.3"],
+            ops_fail_permanently: permanent,
+            ..Default::default()
+        });
+        let seed = Item::Repave {
+            source: RepaveSource::Seed,
+        };
+        let first = h.until(|r| r.item == seed).await.pop().unwrap();
+        assert_eq!(first.permanent, permanent);
+        assert_eq!(
+            first.error.as_deref(),
+            Some(
+                "apply machine goal state: provision kube2 failed, rolled back to kube1: injected failure of provision kube2 1.35.3"
+            )
+        );
+        assert!(
+            h.patches().iter().any(|p| p.0 == "Failed"),
+            "the machine status says so: {:?}",
+            h.patches()
+        );
+        if permanent {
+            // The interval (1 h in these tests) plus its jitter (rng 1.0: a tenth).
+            assert_eq!(first.retry_in, Some(Duration::from_secs(3960)));
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            // Only a Node change (the watch's first listing) runs it again.
+            while let Ok(r) = h.reports.try_recv() {
+                assert_eq!(
+                    r.item,
+                    Item::Repave {
+                        source: RepaveSource::NodeChange
+                    },
+                    "no retry before the interval"
+                );
+            }
+        } else {
+            assert_eq!(first.retry_in, Some(Duration::from_millis(20)));
+            let second = h.until(|r| r.item == seed).await.pop().unwrap();
+            assert!(second.at - first.at >= Duration::from_millis(20));
+            assert_eq!(second.retry_in, Some(Duration::from_millis(40)));
+        }
+        assert_eq!(h.state().unwrap().active_machine, "kube1");
+        h.stop().await;
+    }
+}
+
 #[tokio::test]
 async fn a_restart_in_the_middle_of_a_repave_resumes_it_before_any_event() {
     // The daemon died after stopping kube1, while starting kube2.
@@ -841,7 +907,7 @@ impl Operations for FakeOperations {
         shutdown.cancelled().await;
         Ok(())
     }
-    async fn reconcile(&self, name: &str) -> anyhow::Result<OperationOutcome> {
+    async fn reconcile(&self, name: &str) -> Result<OperationOutcome, SeamError> {
         if self.gated.as_deref() == Some(name) {
             self.entered.fetch_add(1, Ordering::SeqCst);
             self.gate.notified().await;
@@ -1176,8 +1242,10 @@ async fn reconcile_maps_a_ttl_to_a_requeue_and_names_api_errors() {
     assert_eq!(ops.reconcile("gone").await.unwrap(), OperationOutcome::Done);
     // An API error goes back to the queue, naming the operation and the answer.
     sim.lock().unwrap().op_get_failures = 1;
+    let e = ops.reconcile("ttl-1").await.unwrap_err();
     assert_eq!(
-        ops.reconcile("ttl-1").await.unwrap_err().to_string(),
+        e.to_string(),
         "get MachineOperation ttl-1: API server answered 500 InternalError: etcdserver: request timed out"
     );
+    assert!(!e.is_permanent(), "a 500 is retried with backoff");
 }

@@ -3,7 +3,10 @@
 //!
 //! Nothing touches the host before every read has succeeded and, for a repave, before the
 //! `Reconciling` status is accepted: an API server that is down or answers 409/410/500 makes the
-//! item fail with an error naming the cause, and the queue retries it with backoff.
+//! item fail with an error naming the cause, and the queue retries it with backoff. An item
+//! fails [`SeamError::Permanent`] only when a repave was rolled back because the goal itself is
+//! wrong, or the API server rejected a MachineOperation write as invalid: the daemon does not
+//! retry those until the item comes round again (the next interval, a Node or operation change).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,6 +22,7 @@ use crate::flows::start::GoalState;
 use crate::goalclient::{MachineClient, MachineError, MachineStatus};
 use crate::kubeclient::{KubeClients, describe};
 use crate::machine::nspawn::Timings;
+use crate::machine::seams::SeamError;
 use crate::state::DaemonState;
 use flex_api::repave::{Action, Decision, MachineSnapshot, decide};
 
@@ -64,7 +68,7 @@ impl Ctx {
     }
 
     /// The repave reconcile; returns the decision taken.
-    pub async fn repave(&self, source: &str) -> anyhow::Result<(Decision, Flow)> {
+    pub async fn repave(&self, source: &str) -> Result<(Decision, Flow), SeamError> {
         let state = match self.stores.state.load() {
             Ok(s) => s,
             Err(e) => {
@@ -72,13 +76,13 @@ impl Ctx {
                 if let Err(pe) = self.patch(FAILED, "", &message).await {
                     tracing::debug!(error = %pe, "report machine status Failed");
                 }
-                return Err(anyhow!(message));
+                return Err(anyhow!(message).into());
             }
         };
         let machine = match self.machines.get().await {
             Ok(m) => Some(m),
             Err(MachineError::NotFound(_)) => None,
-            Err(e) => return Err(anyhow!("get machine: {e}")),
+            Err(e) => return Err(anyhow!("get machine: {e}").into()),
         };
         let nodes: Api<Node> = Api::all(self.kube.current());
         let node = nodes
@@ -119,7 +123,7 @@ impl Ctx {
 
     /// `ApplyGoalState`: `Reconciling` (its failure aborts before the host is touched), the
     /// blue/green repave, then `Succeeded` or `Failed`.
-    async fn apply(&self, state: DaemonState, goal: &GoalState) -> anyhow::Result<()> {
+    async fn apply(&self, state: DaemonState, goal: &GoalState) -> Result<(), SeamError> {
         let old = state.applied_settings_version.clone();
         self.patch(RECONCILING, &old, "applying machine goal state")
             .await
@@ -139,14 +143,18 @@ impl Ctx {
                     "machine goal state applied",
                 )
                 .await
-                .map_err(|e| anyhow!("report machine status {SUCCEEDED}: {e}"))
+                .map_err(|e| anyhow!("report machine status {SUCCEEDED}: {e}").into())
             }
             Err(e) => {
                 let message = e.to_string();
                 if let Err(pe) = self.patch(FAILED, &old, &message).await {
                     tracing::warn!(error = %pe, "report machine status {FAILED}");
                 }
-                Err(anyhow!(message))
+                Err(if e.is_permanent() {
+                    SeamError::permanent(anyhow!(message))
+                } else {
+                    SeamError::transient(anyhow!(message))
+                })
             }
         }
     }
@@ -154,12 +162,12 @@ impl Ctx {
     /// `ResetDelete`: reset the node (stage 1), then uninstall the agent's own service
     /// (stage 2; under systemd this stops the daemon). The Node object is left to whoever
     /// deletes the machine.
-    async fn reset_delete(&self) -> anyhow::Result<()> {
+    async fn reset_delete(&self) -> Result<(), SeamError> {
         tracing::warn!(node = %self.node_name, "node deletion: resetting the node");
         crate::flows::reset::reset_node(&self.host, self.timings)
             .await
             .map_err(|e| anyhow!("reset node: {e}"))?;
-        self.stop_daemon().await
+        Ok(self.stop_daemon().await?)
     }
 
     async fn stop_daemon(&self) -> anyhow::Result<()> {
@@ -169,7 +177,7 @@ impl Ctx {
     }
 
     /// One MachineOperation.
-    pub async fn operation(&self, name: &str) -> anyhow::Result<Flow> {
+    pub async fn operation(&self, name: &str) -> Result<Flow, SeamError> {
         let Some(ops) = &self.operations else {
             tracing::warn!(operation = name, "no MachineOperation reconciler; ignoring");
             return Ok(Flow::Done);

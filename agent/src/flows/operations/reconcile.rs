@@ -142,6 +142,26 @@ pub enum ReconcileError {
     },
 }
 
+impl ReconcileError {
+    /// Whether reconciling the same operation again cannot help: the API server rejected one of
+    /// the reconciler's requests as malformed (400 BadRequest, 422 Invalid, as when a status
+    /// breaks the CRD's schema). Transport errors, conflicts, 5xx, 401/403 (credentials and RBAC
+    /// can change) and a record that could not be written may pass.
+    pub fn is_permanent(&self) -> bool {
+        match self {
+            ReconcileError::Api {
+                source: kube::Error::Api(s),
+                ..
+            }
+            | ReconcileError::Labels {
+                source: kube::Error::Api(s),
+                ..
+            } => matches!(s.code, 400 | 422),
+            _ => false,
+        }
+    }
+}
+
 enum WriteError {
     Conflict,
     NotFound,

@@ -198,6 +198,33 @@ async fn failure_before_switch_rolls_back_and_keeps_state() {
     }
 }
 
+/// Which repave failures a retry cannot mend, over the recording machine fake: only a
+/// permanent failure (a wrong input) that was rolled back.
+#[tokio::test]
+async fn only_a_rolled_back_permanent_failure_is_permanent() {
+    for (fails, permanent, want) in [
+        (&["provision kube2 1.35.3"][..], true, true),
+        (&["provision kube2 1.35.3"][..], false, false),
+        (&["start kube2"][..], true, true),
+        // Rolling back failed too: the node is not where it was, keep trying.
+        (&["start kube2", "start kube1"][..], true, false),
+        // After the switch the journal resumes it, whatever the failure.
+        (&["cleanup kube1"][..], true, false),
+    ] {
+        let (_d, stores, st, goal) = setup();
+        let ops = RecordingOps::failing_each(fails);
+        let ops = if permanent { ops.permanently() } else { ops };
+        let e = apply_goal_state(&ops, &stores, &st, &goal)
+            .await
+            .unwrap_err();
+        assert_eq!(
+            e.is_permanent(),
+            want,
+            "{fails:?} permanent={permanent}: {e}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn failed_rollback_is_reported() {
     let (_d, stores, st, goal) = setup();

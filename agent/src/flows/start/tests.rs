@@ -27,14 +27,19 @@ struct RecordingNode {
 
 #[async_trait]
 impl NodeStarter for RecordingNode {
-    async fn start_node(&self, host: &Host, _c: &Config, machine: &str) -> anyhow::Result<()> {
+    async fn start_node(
+        &self,
+        host: &Host,
+        _c: &Config,
+        machine: &str,
+    ) -> Result<(), crate::machine::seams::SeamError> {
         let saved = host.fs.exists(Path::new(crate::state::STATE_PATH));
         self.calls
             .lock()
             .unwrap()
             .push(format!("start_node {machine} state_saved_before={saved}"));
         if self.fail {
-            anyhow::bail!("kubelet never became active in kube1");
+            return Err(anyhow::anyhow!("kubelet never became active in kube1").into());
         }
         Ok(())
     }

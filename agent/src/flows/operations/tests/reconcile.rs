@@ -707,3 +707,51 @@ async fn watch_names_the_operations_worth_reconciling() {
     .unwrap();
     assert_eq!(names, ["a-mine", "e-selected", "f-deleted"]);
 }
+
+/// Which reconcile errors the daemon stops retrying (pure: errors built by hand): the API server
+/// rejecting a request as malformed, nothing else.
+#[test]
+fn only_a_request_the_api_server_calls_malformed_is_permanent() {
+    let api = |code: u16| {
+        kube::Error::Api(
+            kube::core::Status::failure("answer", "Reason")
+                .with_code(code)
+                .boxed(),
+        )
+    };
+    for (code, want) in [
+        (400, true),
+        (422, true),
+        (401, false),
+        (403, false),
+        (404, false),
+        (409, false),
+        (429, false),
+        (500, false),
+        (503, false),
+    ] {
+        let e = ReconcileError::Api {
+            action: "finish",
+            name: "op".into(),
+            source: api(code),
+        };
+        assert_eq!(e.is_permanent(), want, "status write answered {code}");
+        let e = ReconcileError::Labels {
+            kind: "Node",
+            name: "n".into(),
+            source: api(code),
+        };
+        assert_eq!(e.is_permanent(), want, "labels read answered {code}");
+    }
+    let conflict = ReconcileError::Conflict {
+        name: "op".into(),
+        attempts: 5,
+    };
+    assert!(!conflict.is_permanent());
+    let transport = ReconcileError::Api {
+        action: "get",
+        name: "op".into(),
+        source: kube::Error::LinesCodecMaxLineLengthExceeded,
+    };
+    assert!(!transport.is_permanent());
+}
