@@ -539,9 +539,10 @@ pub async fn wait_ssh(
         },
     )
     .await
-    .map_err(|_| {
+    .map_err(|t| {
         anyhow::anyhow!(
-            "the guest did not answer SSH within {timeout:?}; last console lines:\n{}",
+            "the guest did not answer SSH within {timeout:?} (last attempt: {}); last console lines:\n{}",
+            t.last_seen,
             tail(serial, 30)
         )
     })?

@@ -130,26 +130,35 @@ pub fn parse_status(stdout: &str) -> anyhow::Result<UpgradeRecord> {
     Ok(r)
 }
 
-/// Parses the record's JSON (`stage`, `result {phase, reason, message}` once finished,
-/// `candidate`, `previous`). Without a result the phase is `InProgress`.
+/// The serialized name of a wire enum (`switched`, `Complete`).
+fn wire_name<T: serde::Serialize>(v: &T) -> String {
+    serde_json::to_value(v)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_default()
+}
+
+/// Parses the record's JSON with the agent's own type ([`flex_api::upgrade::UpgradeRecord`]:
+/// `stage`, `result {phase, reason, message}` once finished, `candidate`, `previous`), so a
+/// change of the record's format fails here. Without a result the phase is `InProgress`.
 pub fn parse_pending_json(text: &str) -> anyhow::Result<UpgradeRecord> {
-    let v: serde_json::Value = serde_json::from_str(text)
-        .map_err(|e| anyhow::anyhow!("{PENDING_JSON} is not JSON ({e}): {text:?}"))?;
-    let s = |v: &serde_json::Value, k: &str| {
-        v.get(k)
-            .and_then(|x| x.as_str())
-            .unwrap_or_default()
-            .to_string()
-    };
-    let result = v.get("result").filter(|r| r.is_object());
+    let v: flex_api::upgrade::UpgradeRecord = serde_json::from_str(text)
+        .map_err(|e| anyhow::anyhow!("{PENDING_JSON} is not the upgrade record ({e}): {text:?}"))?;
     let r = UpgradeRecord {
-        stage: s(&v, "stage"),
-        phase: result.map_or_else(|| "InProgress".to_string(), |r| s(r, "phase")),
-        reason: result.map(|r| s(r, "reason")).unwrap_or_default(),
-        message: result.map(|r| s(r, "message")).unwrap_or_default(),
-        candidate: s(&v, "candidate"),
-        previous: s(&v, "previous"),
-        started_at: s(&v, "startedAt"),
+        stage: wire_name(&v.stage),
+        phase: v
+            .result
+            .as_ref()
+            .map_or_else(|| "InProgress".to_string(), |r| wire_name(&r.phase)),
+        reason: v
+            .result
+            .as_ref()
+            .map(|r| r.reason.clone())
+            .unwrap_or_default(),
+        message: v.result.map(|r| r.message).unwrap_or_default(),
+        candidate: v.candidate,
+        previous: v.previous,
+        started_at: v.started_at,
     };
     if r.stage.is_empty() || r.candidate.is_empty() {
         anyhow::bail!("{PENDING_JSON} has no stage or candidate: {text:?}");
@@ -157,14 +166,21 @@ pub fn parse_pending_json(text: &str) -> anyhow::Result<UpgradeRecord> {
     Ok(r)
 }
 
+/// What `ctr containers info` prints, as far as the checks read it.
+#[derive(serde::Deserialize)]
+struct ContainerInfo {
+    #[serde(rename = "Image", default)]
+    image: String,
+}
+
 /// The image of a container from `ctr containers info` (JSON, field `Image`).
 pub fn parse_container_image(info: &str) -> anyhow::Result<String> {
-    let v: serde_json::Value = serde_json::from_str(info)
-        .map_err(|e| anyhow::anyhow!("ctr containers info is not JSON ({e})"))?;
-    match v.get("Image").and_then(|i| i.as_str()) {
-        Some(i) if !i.is_empty() => Ok(i.to_string()),
-        _ => anyhow::bail!("ctr containers info has no Image"),
+    let v: ContainerInfo = serde_json::from_str(info)
+        .map_err(|e| anyhow::anyhow!("ctr containers info is not a container ({e})"))?;
+    if v.image.is_empty() {
+        anyhow::bail!("ctr containers info has no Image");
     }
+    Ok(v.image)
 }
 
 /// Whether `ctr images ls -q` lists an image with the digest of `reference` (or the reference
@@ -358,8 +374,21 @@ mod tests {
 
     #[test]
     fn pending_json() {
-        let unfinished =
-            format!(r#"{{"stage":"switched","candidate":"{GOOD}","previous":"{PREV}"}}"#);
+        // As the agent writes it.
+        let record = flex_api::upgrade::UpgradeRecord {
+            version: 1,
+            operation: None,
+            mode: flex_api::upgrade::Mode::Image,
+            previous: PREV.into(),
+            candidate: GOOD.into(),
+            candidate_version: None,
+            stage: flex_api::upgrade::Stage::Switched,
+            started_at: "2026-01-02T03:04:05Z".into(),
+            recovery_restarts: 0,
+            remove_candidate_on_rollback: false,
+            result: None,
+        };
+        let unfinished = serde_json::to_string(&record).unwrap();
         let r = parse_pending_json(&unfinished).unwrap();
         assert_eq!(r.stage, "switched");
         assert_eq!(r.phase, "InProgress");
@@ -376,6 +405,13 @@ mod tests {
         assert_eq!(r.started_at, "2026-01-02T03:04:05Z");
         assert!(parse_pending_json("").is_err());
         assert!(parse_pending_json("{}").is_err());
+        // The old format (no version, mode or start time) is not the record.
+        assert!(
+            parse_pending_json(&format!(
+                r#"{{"stage":"switched","candidate":"{GOOD}","previous":"{PREV}"}}"#
+            ))
+            .is_err()
+        );
     }
 
     #[test]
@@ -407,7 +443,7 @@ mod tests {
     #[test]
     fn probe_output() {
         let text = format!(
-            "active=active\ninvocation=abc123\npid=4242\ntask=RUNNING\n---info\n{{\"ID\":\"aks-flex-agent\",\"Image\":\"{GOOD}\"}}\n---status\nstage: switched\nphase: InProgress\nreason: \"\"\nmessage: restarting\ncandidate: {GOOD}\nprevious: {PREV}\n---pending\n{{\"stage\":\"staged\",\"candidate\":\"{GOOD}\",\"previous\":\"{PREV}\"}}\n"
+            "active=active\ninvocation=abc123\npid=4242\ntask=RUNNING\n---info\n{{\"ID\":\"aks-flex-agent\",\"Image\":\"{GOOD}\"}}\n---status\nstage: switched\nphase: InProgress\nreason: \"\"\nmessage: restarting\ncandidate: {GOOD}\nprevious: {PREV}\n---pending\n{{\"version\":1,\"mode\":\"image\",\"stage\":\"staged\",\"candidate\":\"{GOOD}\",\"previous\":\"{PREV}\",\"startedAt\":\"t\"}}\n"
         );
         let p = parse_probe(&text);
         assert!(p.running());
@@ -420,7 +456,7 @@ mod tests {
 
         // The container restarting: no task, no status; the file stands in.
         let text = format!(
-            "active=activating\ninvocation=def\n---info\n---status\n---pending\n{{\"stage\":\"switched\",\"candidate\":\"{GOOD}\",\"previous\":\"{PREV}\"}}\n"
+            "active=activating\ninvocation=def\n---info\n---status\n---pending\n{{\"version\":1,\"mode\":\"image\",\"stage\":\"switched\",\"candidate\":\"{GOOD}\",\"previous\":\"{PREV}\",\"startedAt\":\"t\"}}\n"
         );
         let p = parse_probe(&text);
         assert!(!p.running());
