@@ -761,14 +761,22 @@ async fn offline_file_url_tar_gz_real_processes_zero_http_requests() {
 
 struct NoRegistry;
 
+fn no_registry(reference: &str) -> aks_flex_node::oci::OciError {
+    aks_flex_node::oci::OciError::Layout {
+        reference: reference.into(),
+        dir: "/nonexistent".into(),
+        reason: "no registry in this test".into(),
+    }
+}
+
 #[async_trait::async_trait]
 impl aks_flex_node::machine::components::ArtifactFetcher for NoRegistry {
-    async fn check(&self, _: &str) -> Result<(), String> {
-        Err("no registry in this test".into())
+    async fn check(&self, r: &str) -> Result<(), aks_flex_node::oci::OciError> {
+        Err(no_registry(r))
     }
 
-    async fn fetch(&self, _: &str, _: &Path) -> Result<(), String> {
-        Err("no registry in this test".into())
+    async fn fetch(&self, r: &str, _: &Path) -> Result<(), aks_flex_node::oci::OciError> {
+        Err(no_registry(r))
     }
 }
 

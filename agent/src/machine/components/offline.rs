@@ -30,7 +30,7 @@ use super::spec::{
 };
 use super::versions::{RequestedVersions, is_version, strip_v};
 use crate::fs::HostFs;
-use crate::oci::{ImageSource, RegistryClient};
+use crate::oci::{ImageSource, OciError, RegistryClient};
 
 /// The config field the source comes from (every error about it names it).
 pub const SOURCE_FIELD: &str = "bootstrap.offlineArtifacts.source";
@@ -128,12 +128,12 @@ impl OfflineSource {
 #[async_trait]
 pub trait ArtifactFetcher: Send + Sync {
     /// Fetches `reference` (`oci://registry/repo:tag`) and leaves its files in `dest_dir`
-    /// (created if missing). The error message must not contain secrets.
-    async fn fetch(&self, reference: &str, dest_dir: &Path) -> Result<(), String>;
+    /// (created if missing). The error must not contain secrets.
+    async fn fetch(&self, reference: &str, dest_dir: &Path) -> Result<(), OciError>;
 
     /// Checks that `reference`'s manifest can be resolved, without fetching its layers (for
     /// preflight).
-    async fn check(&self, reference: &str) -> Result<(), String>;
+    async fn check(&self, reference: &str) -> Result<(), OciError>;
 }
 
 /// The real [`ArtifactFetcher`]: [`crate::oci::fetch_artifact`] and
@@ -155,20 +155,18 @@ impl OciArtifactFetcher {
 
 #[async_trait]
 impl ArtifactFetcher for OciArtifactFetcher {
-    async fn fetch(&self, reference: &str, dest_dir: &Path) -> Result<(), String> {
-        let source = ImageSource::parse(reference).map_err(|e| e.to_string())?;
+    async fn fetch(&self, reference: &str, dest_dir: &Path) -> Result<(), OciError> {
+        let source = ImageSource::parse(reference)?;
         crate::oci::fetch_artifact(&self.registry, &source, dest_dir)
             .await
             .map(|_| ())
-            .map_err(|e| e.to_string())
     }
 
-    async fn check(&self, reference: &str) -> Result<(), String> {
-        let source = ImageSource::parse(reference).map_err(|e| e.to_string())?;
+    async fn check(&self, reference: &str) -> Result<(), OciError> {
+        let source = ImageSource::parse(reference)?;
         crate::oci::manifest_reachable(&self.registry, &source, crate::oci::Arch::host())
             .await
             .map(|_| ())
-            .map_err(|e| e.to_string())
     }
 }
 

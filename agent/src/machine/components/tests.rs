@@ -534,14 +534,22 @@ fn unreachable_plan() -> ComponentPlan {
 
 struct NoFetcher;
 
+fn no_registry(reference: &str) -> crate::oci::OciError {
+    crate::oci::OciError::Layout {
+        reference: reference.into(),
+        dir: "/nonexistent".into(),
+        reason: "no registry in this test".into(),
+    }
+}
+
 #[async_trait::async_trait]
 impl ArtifactFetcher for NoFetcher {
-    async fn check(&self, _: &str) -> Result<(), String> {
-        Err("no registry in this test".into())
+    async fn check(&self, r: &str) -> Result<(), crate::oci::OciError> {
+        Err(no_registry(r))
     }
 
-    async fn fetch(&self, _: &str, _: &Path) -> Result<(), String> {
-        Err("no registry in this test".into())
+    async fn fetch(&self, r: &str, _: &Path) -> Result<(), crate::oci::OciError> {
+        Err(no_registry(r))
     }
 }
 
@@ -934,11 +942,11 @@ struct DirFetcher(PathBuf);
 
 #[async_trait::async_trait]
 impl ArtifactFetcher for DirFetcher {
-    async fn check(&self, _: &str) -> Result<(), String> {
+    async fn check(&self, _: &str) -> Result<(), crate::oci::OciError> {
         Ok(())
     }
 
-    async fn fetch(&self, reference: &str, dest: &Path) -> Result<(), String> {
+    async fn fetch(&self, reference: &str, dest: &Path) -> Result<(), crate::oci::OciError> {
         assert_eq!(reference, "oci://registry.local/bundle:v1.35.0");
         // Copies a prepared bundle, as the registry client would unpack it.
         let mut stack = vec![self.0.clone()];
@@ -981,7 +989,7 @@ async fn offline_oci_goes_through_the_fetcher_and_its_errors_name_the_field() {
     let e = install(&fake, &plan).await.unwrap_err().to_string();
     assert_eq!(
         e,
-        "bootstrap.offlineArtifacts.source: fetch oci://registry.local/bundle:v1.35.0: no registry in this test"
+        "bootstrap.offlineArtifacts.source: fetch oci://registry.local/bundle:v1.35.0: oci://registry.local/bundle:v1.35.0: OCI layout /nonexistent: no registry in this test"
     );
 }
 
