@@ -668,3 +668,57 @@ async fn arm_proxy_errors() {
         .unwrap();
     assert_eq!(s.seen().len(), 3);
 }
+
+fn controller_config(endpoint: &str) -> aks_flex_node::config::Config {
+    let mut c = arm_config();
+    c.agent.machine_client.mode = "controller".into();
+    c.agent.machine_client.endpoint_url = endpoint.into();
+    c
+}
+
+/// `controller` mode as `machine_client` builds it from a config, against the real controller
+/// on 127.0.0.1: the daemon's and `start`'s client both read the machine and report status
+/// straight to the controller's endpoint.
+#[tokio::test]
+async fn controller_mode_reaches_the_controller_directly() {
+    let c = controller().await;
+    c.store
+        .insert("node1.json", &machine_json("1.35.0", "etag-9"));
+    let client = aks_flex_node::goalclient::client_for_start(&controller_config(&c.base))
+        .await
+        .unwrap();
+    let m = client.get().await.unwrap();
+    assert_eq!(m.goal.settings_version, "etag-9");
+    client
+        .patch_status(&MachineStatus::succeeded("etag-9", ""))
+        .await
+        .unwrap();
+    let mut goal = goal("1.35.0");
+    ensure_machine(&MachineClientRegistry(client), &mut goal, true)
+        .await
+        .unwrap();
+    assert_eq!(goal.settings_version, "etag-9");
+}
+
+/// `controller` mode against a scripted server: the machine's path under the URL's path, and
+/// no credentials of any kind.
+#[tokio::test]
+async fn controller_mode_sends_no_credentials() {
+    let ok = leak(machine_json("1.35.0", "e1"));
+    let s = scripted(vec![(200, ok), (204, "")]).await;
+    let client = aks_flex_node::goalclient::client_for_start(&controller_config(&format!(
+        "{}/flex",
+        s.base
+    )))
+    .await
+    .unwrap();
+    client.get().await.unwrap();
+    client
+        .patch_status(&MachineStatus::succeeded("e1", ""))
+        .await
+        .unwrap();
+    let seen = s.seen();
+    assert_eq!(seen[0].path, "/flex/machines/node1");
+    assert_eq!(seen[1].path, "/flex/machines/node1/status");
+    assert!(seen.iter().all(|s| s.authorization.is_empty()), "{seen:?}");
+}

@@ -39,7 +39,7 @@ fn find<'a>(objs: &'a [Value], kind: &str, name: &str) -> &'a Value {
 #[test]
 fn every_object_is_named_and_placed() {
     let objs = objects();
-    assert_eq!(objs.len(), 14);
+    assert_eq!(objs.len(), 16);
     for o in &objs {
         let kind = o["kind"].as_str().unwrap();
         assert!(o["apiVersion"].is_string(), "{o}");
@@ -93,6 +93,23 @@ fn the_deployment_runs_valid_flags_on_its_port() {
     );
     assert_eq!(cm["data"], serde_json::json!({}));
     assert!(!args.enable_csr_approver);
+    // Not pulled on every start (the harness loads it into the cluster), and placed on a
+    // control-plane node where there is one, tolerating its taint.
+    assert_eq!(c["imagePullPolicy"], "IfNotPresent");
+    let preferred =
+        &pod["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0];
+    assert_eq!(
+        preferred["preference"]["matchExpressions"][0]["key"],
+        "node-role.kubernetes.io/control-plane"
+    );
+    assert!(
+        pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"].is_null(),
+        "a cluster without control-plane nodes (AKS) still schedules it"
+    );
+    assert_eq!(
+        pod["tolerations"][0]["key"],
+        "node-role.kubernetes.io/control-plane"
+    );
 }
 
 #[test]
@@ -189,12 +206,30 @@ fn rbac_grants_what_is_used() {
         defaults.daemon_group.as_str(),
         flex_api::machina::DAEMON_GROUP
     );
-    // Every binding names an existing role and the service account or the node groups.
+    // kubelet's TLS bootstrap with the Flex bootstrap group: it may create its CSR, and
+    // kube-controller-manager approves its node client certificate (kubeadm binds these for its
+    // own token group only).
+    for (binding, role) in [
+        ("aks-flex-node-bootstrapper", "system:node-bootstrapper"),
+        (
+            "aks-flex-node-autoapprove-bootstrap",
+            "system:certificates.k8s.io:certificatesigningrequests:nodeclient",
+        ),
+    ] {
+        let b = find(&objs, "ClusterRoleBinding", binding);
+        assert_eq!(b["roleRef"]["name"], role);
+        assert_eq!(b["subjects"][0]["kind"], "Group");
+        assert_eq!(b["subjects"][0]["name"], defaults.bootstrap_group.as_str());
+    }
+    // Every binding names an existing role (or one Kubernetes ships: `system:`).
     for b in objs
         .iter()
         .filter(|o| o["kind"].as_str().unwrap().ends_with("Binding"))
     {
         let role_kind = b["roleRef"]["kind"].as_str().unwrap();
-        find(&objs, role_kind, b["roleRef"]["name"].as_str().unwrap());
+        let role = b["roleRef"]["name"].as_str().unwrap();
+        if !role.starts_with("system:") {
+            find(&objs, role_kind, role);
+        }
     }
 }

@@ -27,6 +27,7 @@
 //! The bootstrap token goes to `kubectl` on stdin and never into an argument, a log or an error.
 
 pub mod checks;
+pub mod existing;
 pub mod kube;
 pub mod parse;
 pub mod render;
@@ -133,16 +134,33 @@ pub struct Tunnel {
     pub port: u16,
 }
 
-/// The cluster `up` made.
+/// Who made the cluster, and what `up` runs beside it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
+pub enum Provider {
+    /// A kind cluster `up` made, on `engine`.
+    Kind {
+        /// Its container engine.
+        engine: Engine,
+    },
+    /// A cluster that was there (`--kubeconfig`), with the controller as a local process.
+    Existing {
+        /// The controller `up` started.
+        controller: existing::LocalController,
+    },
+}
+
+/// The cluster `up` made or joined.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ClusterInfo {
-    /// The kind cluster's name.
+    /// The kind cluster's name (`existing` for an existing cluster).
     pub name: String,
-    /// Its engine.
-    pub engine: Engine,
+    /// Who made it.
+    pub provider: Provider,
     /// Its kubeconfig (admin), under the work directory.
     pub kubeconfig: PathBuf,
-    /// The API server's port on the host (`https://10.0.2.2:<port>` from the guest).
+    /// The kind API server's port on the host (`https://10.0.2.2:<port>` from the guest; 0 for
+    /// an existing cluster).
     pub api_port: u16,
     /// The cluster's Kubernetes version, which the node runs too.
     pub kubernetes_version: String,
@@ -152,9 +170,10 @@ pub struct ClusterInfo {
     pub settings_version: String,
     /// The bootstrap token's public id (the secret is in the bootstrap inputs only).
     pub token_id: String,
-    /// The control plane's address (kube-proxy's and kindnet's endpoint).
+    /// The kind control plane's address (kube-proxy's and kindnet's endpoint; empty for an
+    /// existing cluster).
     pub control_plane_ip: String,
-    /// The controller's image as the Deployment names it.
+    /// The controller's image as the Deployment names it (empty when it runs locally).
     pub controller_image: String,
     /// The kubelet port forward.
     pub tunnel: Tunnel,
@@ -316,6 +335,8 @@ pub struct Request {
     /// The controller's OCI layout (`cargo xtask image --controller`); `None` when it was not
     /// built because [`tools`] found something missing.
     pub controller_layout: Option<PathBuf>,
+    /// `--kubeconfig`: join this existing cluster rather than make a kind cluster.
+    pub existing: Option<existing::ExistingRequest>,
 }
 
 /// What `up --cluster` needs.
@@ -326,9 +347,12 @@ pub struct Options<'a> {
     pub work: &'a Path,
     /// The controller's OCI layout (`cargo xtask image --controller`), if built.
     pub controller_layout: Option<&'a Path>,
+    /// An existing cluster to join instead ([`existing`]).
+    pub existing: Option<&'a existing::ExistingRequest>,
     /// The VM's node name.
     pub node_name: &'a str,
-    /// The API server's host port.
+    /// A free host port: the kind API server's, or the local controller's for an existing
+    /// cluster.
     pub api_port: u16,
     /// The kubelet forward's host port.
     pub tunnel_port: u16,
@@ -355,6 +379,9 @@ pub struct Join {
     pub node_ip: String,
     /// The cluster's DNS service address.
     pub dns_service_ip: String,
+    /// The controller's machine endpoint when the node reaches it directly (`controller`
+    /// mode); `None`: through the API server's service proxy (`in-cluster`).
+    pub machine_endpoint: Option<String>,
 }
 
 /// A made cluster.
@@ -386,15 +413,25 @@ impl<T, E: std::fmt::Display> Step<T> for Result<T, E> {
 }
 
 /// One line of a (long) error for a reason: the first line that starts with `error` (kind's
-/// `ERROR: failed to create cluster: …`, kubectl's `Error from server …`), else the first line.
+/// `ERROR: failed to create cluster: …`, kubectl's `Error from server …`), else the first line;
+/// without the runner's `<argv> failed: exit status <n>: ` in front of the command's own words.
 pub fn summary(s: &str) -> String {
     let lines: Vec<&str> = s.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
     lines
         .iter()
         .find(|l| l.to_ascii_lowercase().starts_with("error"))
         .or_else(|| lines.first())
-        .map(|l| l.to_string())
+        .map(|l| without_runner_prefix(l).to_string())
         .unwrap_or_default()
+}
+
+fn without_runner_prefix(line: &str) -> &str {
+    const MARK: &str = " failed: exit status ";
+    line.find(MARK)
+        .map(|i| &line[i + MARK.len()..])
+        .and_then(|rest| rest.split_once(": ").map(|(_, words)| words))
+        .filter(|w| !w.trim().is_empty())
+        .unwrap_or(line)
 }
 
 /// Whether this machine has what a cluster needs: `kind`, `kubectl`, and podman or docker
@@ -415,6 +452,9 @@ pub fn tools(r: &dyn Runner, provider: Option<&str>) -> Result<Engine, String> {
 /// Makes the cluster. `Err` is why there is none (what was made is deleted first); it becomes
 /// the skip reason of the cluster groups.
 pub async fn up(r: &dyn Runner, o: &Options<'_>) -> Result<Created, String> {
+    if let Some(req) = o.existing {
+        return existing::up(r, o, req).await;
+    }
     let engine = tools(r, o.provider)?;
     let Some(layout) = o.controller_layout else {
         return Err("no controller image (cargo xtask up --cluster builds it)".into());
@@ -452,12 +492,12 @@ async fn create(
     let (version, ca) = read_cluster(&k, o.api_port).await?;
     let image = load_controller(r, o, engine, layout, dir).await?;
     deploy_controller(&k, o, dir, &image).await?;
-    let token = register_machine(&k, o, &version).await?;
+    let token = register_machine(&k, o, &version, true).await?;
     let (control_plane_ip, gateway) = route_to_the_node(r, &k, o, engine).await?;
     Ok(Created {
         info: ClusterInfo {
             name: CLUSTER_NAME.into(),
-            engine,
+            provider: Provider::Kind { engine },
             kubeconfig: kubeconfig.to_path_buf(),
             api_port: o.api_port,
             kubernetes_version: version.clone(),
@@ -484,6 +524,7 @@ async fn create(
             node_name: o.node_name.into(),
             node_ip: GUEST_NODE_IP.into(),
             dns_service_ip: render::DNS_SERVICE_IP.into(),
+            machine_endpoint: None,
         },
     })
 }
@@ -606,12 +647,14 @@ async fn deploy_controller(
     Ok(())
 }
 
-/// Registers the VM's machine with the controller, creates a bootstrap token and waits for the
-/// controller to roll out; returns the token.
+/// Registers the VM's machine with the controller, creates a bootstrap token and, when
+/// `rollout` (the controller is the Deployment), waits for the controller to roll out; returns
+/// the token.
 async fn register_machine(
     k: &Kubectl<'_>,
     o: &Options<'_>,
     version: &str,
+    rollout: bool,
 ) -> Result<BootstrapToken, StepError> {
     (o.say)(&format!(
         "cluster: registering {} in {}/{} and creating a bootstrap token",
@@ -628,6 +671,9 @@ async fn register_machine(
     k.apply_secret(&render::token_secret(&token), &[token.secret().expose()])
         .await
         .step("create the bootstrap token")?;
+    if !rollout {
+        return Ok(token);
+    }
     k.run_t(
         [
             "-n",
@@ -760,7 +806,7 @@ pub fn controller_archive(layout: &Path, dir: &Path) -> anyhow::Result<(PathBuf,
     if copy.exists() {
         std::fs::remove_dir_all(&copy)?;
     }
-    copy_tree(layout, &copy)?;
+    crate::devhost::copy_tree(layout, &copy)?;
     let index = copy.join("index.json");
     let (renamed, name) = render::normalize_index(
         &std::fs::read(&index).map_err(|e| anyhow::anyhow!("read {}: {e}", index.display()))?,
@@ -769,21 +815,6 @@ pub fn controller_archive(layout: &Path, dir: &Path) -> anyhow::Result<(PathBuf,
     let archive = dir.join("aks-flex-controller.tar");
     flex_image::write_oci_archive(&copy, &archive, 0)?;
     Ok((archive, name))
-}
-
-fn copy_tree(from: &Path, to: &Path) -> anyhow::Result<()> {
-    std::fs::create_dir_all(to)?;
-    for e in std::fs::read_dir(from).map_err(|e| anyhow::anyhow!("read {}: {e}", from.display()))? {
-        let e = e?;
-        let t = e.file_type()?;
-        let dest = to.join(e.file_name());
-        if t.is_dir() {
-            copy_tree(&e.path(), &dest)?;
-        } else if t.is_file() {
-            std::fs::copy(e.path(), &dest)?;
-        }
-    }
-    Ok(())
 }
 
 /// Deletes the kind cluster if kind lists it.
@@ -861,10 +892,27 @@ pub async fn down(r: &dyn Runner, work: &Path, provider: Option<&str>) -> anyhow
     if let Some(t) = &tunnel {
         let _ = r.output(&control_cmd(t, "exit")).await;
     }
+    // An existing cluster's `up` that failed before recording may have started the controller.
+    let pidfile = dir.join("controller.pid");
+    if recorded.is_none() && pidfile.exists() {
+        let _ = r
+            .output(&existing::LocalController::at(&dir, 0).stop_cmd())
+            .await;
+    }
+    if let Some(info) = &recorded
+        && let Provider::Existing { controller } = &info.provider
+    {
+        existing::down(r, info, controller).await?;
+        let _ = std::fs::remove_dir_all(&dir);
+        return Ok(());
+    }
     if r.which("kind").is_some() {
         let engine = match &recorded {
-            Some(i) => Some(i.engine),
-            None => Engine::choose(r, provider).ok(),
+            Some(ClusterInfo {
+                provider: Provider::Kind { engine },
+                ..
+            }) => Some(*engine),
+            _ => Engine::choose(r, provider).ok(),
         };
         if let Some(engine) = engine {
             delete_cluster(r, engine, &dir.join("kubeconfig"))

@@ -27,8 +27,8 @@
 mod build;
 
 pub(crate) use build::{
-    RecipeHasher, allocated_bytes, build_dir, clean_stale_builds, ensure_tool, lock, publish,
-    remove_build_dir, require_root, run_logged, sh_quote, single_entry, write_file,
+    RecipeHasher, allocated_bytes, build_dir, clean_stale_builds, copy_tree, ensure_tool, lock,
+    publish, remove_build_dir, require_root, run_logged, sh_quote, single_entry, write_file,
 };
 
 use std::fmt;

@@ -653,6 +653,77 @@ pub fn write_bundle(
     Ok(())
 }
 
+/// The Kubernetes binaries a bundle can take from a directory (`up --k8s-bin-dir`).
+pub const KUBERNETES_BINARIES: &[&str] = &["kubelet", "kubectl", "kube-proxy"];
+
+/// The version `kubelet --version` prints (`Kubernetes v1.36.2`), without its `v`.
+pub fn parse_kubelet_version(out: &str) -> Result<String> {
+    let v = out
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix('v'))
+        .filter(|v| flex_api::versions::is_version(v))
+        .with_context(|| format!("kubelet --version printed no version: {:?}", out.trim()))?;
+    Ok(v.to_string())
+}
+
+/// `base` (a bundle [`write_bundle`] wrote for `v`) copied into `dest` (replaced) with the real
+/// Kubernetes binaries of `bin_dir` in place of the stand-ins ([`KUBERNETES_BINARIES`], each
+/// with its `.sha256`), at `version` (what its kubelet says), and crictl's stand-in at the
+/// version the agent derives from it; returns the bundle's versions. For a node that joins a
+/// real cluster offline.
+pub fn bundle_with_kubernetes(
+    base: &Path,
+    v: &BundleVersions,
+    bin_dir: &Path,
+    version: &str,
+    dest: &Path,
+) -> Result<BundleVersions> {
+    for b in KUBERNETES_BINARIES {
+        let f = bin_dir.join(b);
+        if !f.is_file() {
+            bail!("{} is not in {} (--k8s-bin-dir)", b, bin_dir.display());
+        }
+    }
+    if dest.exists() {
+        std::fs::remove_dir_all(dest).with_context(|| format!("removing {}", dest.display()))?;
+    }
+    crate::devhost::copy_tree(base, dest)?;
+    for b in KUBERNETES_BINARIES {
+        let bytes = std::fs::read(bin_dir.join(b))
+            .with_context(|| format!("reading {}", bin_dir.join(b).display()))?;
+        write_file(dest, &format!("kubernetes/{b}"), &bytes, 0o755)?;
+        let sum = hex::encode(Sha256::digest(&bytes));
+        write_file(
+            dest,
+            &format!("kubernetes/{b}.sha256"),
+            sum.as_bytes(),
+            0o644,
+        )?;
+    }
+    let old = dest.join(format!("crictl-v{}-linux-{ARCH}.tar.gz", v.crictl()?));
+    std::fs::remove_file(&old).with_context(|| format!("removing {}", old.display()))?;
+    let out = BundleVersions {
+        kubernetes: version.to_string(),
+        ..v.clone()
+    };
+    let crictl = out.crictl()?;
+    write_tgz(
+        &dest.join(format!("crictl-v{crictl}-linux-{ARCH}.tar.gz")),
+        vec![(
+            "crictl".into(),
+            Member::Text(render_stand_in(stand_in("crictl")?, &crictl)),
+        )],
+    )?;
+    let readme = dest.join("README.md");
+    let mut text = std::fs::read_to_string(&readme).unwrap_or_default();
+    text.push_str(&format!(
+        "\nkubelet, kubectl and kube-proxy in this copy are real binaries (Kubernetes {version}) from {}, not stand-ins.\n",
+        bin_dir.display()
+    ));
+    write_file(dest, "README.md", text.as_bytes(), 0o644)?;
+    Ok(out)
+}
+
 /// One member of a generated archive.
 enum Member {
     /// A file's bytes.

@@ -73,34 +73,61 @@ pub fn cluster_bootstrap_env(
     join: &crate::cluster::Join,
     machine_image: &str,
     location: &str,
+    bundle: Option<&OfflineBundle>,
 ) -> String {
     let loc = location.replace('\'', "");
-    [
-        "# Written by cargo xtask up --cluster: joins the harness's kind cluster.".to_string(),
+    let kubernetes = bundle.map_or(join.kubernetes_version.as_str(), |b| &b.kubernetes);
+    let mut lines = vec![
+        "# Written by cargo xtask up --cluster: joins the cluster up made or was given."
+            .to_string(),
         format!(
             "AKS_FLEX_NODE_CLUSTER_RESOURCE_ID=/subscriptions/00000000-0000-0000-0000-000000000000/resourceGroups/harness/providers/Microsoft.ContainerService/managedClusters/{}",
             crate::cluster::CLUSTER_NAME
         ),
         format!("AKS_FLEX_NODE_LOCATION='{loc}'"),
-        format!("AKS_FLEX_NODE_KUBERNETES_VERSION={}", join.kubernetes_version),
+        format!("AKS_FLEX_NODE_KUBERNETES_VERSION={kubernetes}"),
         format!("AKS_FLEX_NODE_API_SERVER={}", join.api_server),
         format!("AKS_FLEX_NODE_CA_CERT_DATA={}", join.ca_cert_data),
-        format!("AKS_FLEX_NODE_BOOTSTRAP_TOKEN={}", join.token.token().expose()),
+        format!(
+            "AKS_FLEX_NODE_BOOTSTRAP_TOKEN={}",
+            join.token.token().expose()
+        ),
         format!("AKS_FLEX_NODE_NODE_NAME={}", join.node_name),
         format!("AKS_FLEX_NODE_NODE_IP={}", join.node_ip),
         format!("AKS_FLEX_NODE_DNS_SERVICE_IP={}", join.dns_service_ip),
-        "AKS_FLEX_NODE_MACHINE_CLIENT_MODE=in-cluster".into(),
+        match &join.machine_endpoint {
+            Some(_) => "AKS_FLEX_NODE_MACHINE_CLIENT_MODE=controller".into(),
+            None => "AKS_FLEX_NODE_MACHINE_CLIENT_MODE=in-cluster".into(),
+        },
         format!(
             "AKS_FLEX_NODE_MACHINE_CLIENT_ENDPOINT_URL={}",
-            flex_api::arm::DEFAULT_ENDPOINT_PATH
+            join.machine_endpoint
+                .as_deref()
+                .unwrap_or(flex_api::arm::DEFAULT_ENDPOINT_PATH)
         ),
         "AKS_FLEX_NODE_REQUIRE_MACHINE_REGISTRATION=true".into(),
         format!("AKS_FLEX_NODE_OCI_IMAGE={machine_image}"),
         "AKS_FLEX_NODE_LOG_LEVEL=debug".into(),
         "AKS_FLEX_NODE_PREFLIGHT_IGNORE=disk-space".into(),
-        String::new(),
-    ]
-    .join("\n")
+    ];
+    if let Some(b) = bundle {
+        lines.push(format!(
+            "AKS_FLEX_NODE_OFFLINE_ARTIFACTS=oci://{}",
+            b.reference
+        ));
+    }
+    lines.push(String::new());
+    lines.join("\n")
+}
+
+/// A component bundle with real Kubernetes binaries (`up --k8s-bin-dir`), for a node that joins
+/// a cluster without downloading them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OfflineBundle {
+    /// The bundle's pinned reference as the guest pulls it.
+    pub reference: String,
+    /// Its Kubernetes version (the node runs it).
+    pub kubernetes: String,
 }
 
 /// Renders the Ignition JSON for the VM.
@@ -189,6 +216,7 @@ mod tests {
             node_name: "flex-dev-node".into(),
             node_ip: "10.0.2.15".into(),
             dns_service_ip: "10.96.0.10".into(),
+            machine_endpoint: None,
         }
     }
 
@@ -202,6 +230,7 @@ mod tests {
             &join(),
             "10.0.2.2:5000/aks-flex/machine@sha256:00",
             &hostile_location(),
+            None,
         );
         let entries = env::parse(&text).unwrap();
         let inputs = Inputs::from_sources(None, &entries, Vec::new()).unwrap();
@@ -224,6 +253,39 @@ mod tests {
         assert_eq!(json["agent"]["machineClient"]["mode"], "in-cluster");
         assert!(text.lines().all(|l| !l.contains("OFFLINE_ARTIFACTS")));
         insta::assert_snapshot!(text.replace(TEST_CA, "<ca>"));
+    }
+
+    /// An existing cluster's local controller: the agent's own renderer takes the `controller`
+    /// mode and its URL.
+    #[test]
+    fn cluster_env_with_a_local_controller_uses_controller_mode() {
+        use aks_flex_node::flows::bootstrap::{env, inputs::Inputs, render};
+        let mut j = join();
+        j.machine_endpoint = Some("http://10.0.2.2:18080".into());
+        let bundle = OfflineBundle {
+            reference: "10.0.2.2:5000/aks-flex/bundle@sha256:11".into(),
+            kubernetes: "1.36.2".into(),
+        };
+        let text = cluster_bootstrap_env(&j, "10.0.2.2:5000/m@sha256:00", "westus2", Some(&bundle));
+        assert!(
+            text.contains(
+                "AKS_FLEX_NODE_OFFLINE_ARTIFACTS=oci://10.0.2.2:5000/aks-flex/bundle@sha256:11\n"
+            ),
+            "{text}"
+        );
+        let entries = env::parse(&text).unwrap();
+        let inputs = Inputs::from_sources(None, &entries, Vec::new()).unwrap();
+        let rendered = render::render(&inputs, &|| Ok("flex-dev-node".to_string())).unwrap();
+        let json: serde_json::Value = serde_json::from_slice(rendered.bytes()).unwrap();
+        assert_eq!(json["agent"]["machineClient"]["mode"], "controller");
+        assert_eq!(
+            json["agent"]["machineClient"]["endpointUrl"],
+            "http://10.0.2.2:18080"
+        );
+        assert_eq!(
+            json["components"]["kubernetes"], "1.36.2",
+            "the bundle's version"
+        );
     }
 
     #[test]

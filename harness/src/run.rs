@@ -152,9 +152,24 @@ pub async fn up(
     let cache = devhost::default_cache_root();
     let os = os_image(r, &p, work, &cache, opts).await?;
     laps.lap("os image");
-    let images = push_images(r, &p, work, &cache, agent_layout).await?;
+    let images = push_images(
+        r,
+        &p,
+        work,
+        &cache,
+        agent_layout,
+        opts.kubernetes_bin.as_deref(),
+    )
+    .await?;
     laps.lap("registry and images");
     let pubkey = ssh::ensure_key(r, &work.join("id_ed25519")).await?;
+    let real_bundle = opts
+        .kubernetes_bin
+        .as_ref()
+        .map(|_| provision::OfflineBundle {
+            reference: images.bundle.clone(),
+            kubernetes: images.kubernetes.clone(),
+        });
     let (availability, cluster_env) = cluster_step(
         &|m| p.say(m),
         r,
@@ -163,6 +178,7 @@ pub async fn up(
         cluster,
         HOSTNAME,
         &images.machine,
+        real_bundle.as_ref(),
     )
     .await;
     if cluster.is_some() {
@@ -353,6 +369,7 @@ async fn push_images(
     work: &Path,
     cache: &Path,
     agent_layout: &Path,
+    kubernetes_bin: Option<&Path>,
 ) -> anyhow::Result<Pushed> {
     p.say("starting the registry");
     let reg = vm::start_registry(r, work).await?;
@@ -391,6 +408,25 @@ async fn push_images(
             fixtures::offline_bundle_with(r, cache, &|m| p.say(m)),
         )
         .await?;
+    let (bundle_dir, versions) = match kubernetes_bin {
+        None => (bundle_dir, versions),
+        Some(bin) => {
+            let out = r
+                .run(
+                    &flex_host::runner::Cmd::new(bin.join("kubelet").display().to_string())
+                        .arg("--version"),
+                )
+                .await?;
+            let version = fixtures::parse_kubelet_version(&out.stdout)?;
+            p.say(&format!(
+                "component bundle with the real Kubernetes {version} binaries of {}",
+                bin.display()
+            ));
+            let dest = work.join("bundle-kubernetes");
+            let v = fixtures::bundle_with_kubernetes(&bundle_dir, &versions, bin, &version, &dest)?;
+            (dest, v)
+        }
+    };
     let tmp2 = tempfile::tempdir_in(work)?;
     let bundle_digest = images::push_tree_image(
         r,
@@ -425,6 +461,7 @@ pub async fn cluster_step(
     request: Option<&crate::cluster::Request>,
     node_name: &str,
     machine_image: &str,
+    bundle: Option<&provision::OfflineBundle>,
 ) -> (Availability, Option<String>) {
     let Some(request) = request else {
         return (
@@ -445,6 +482,7 @@ pub async fn cluster_step(
         repo,
         work,
         controller_layout: request.controller_layout.as_deref(),
+        existing: request.existing.as_ref(),
         node_name,
         api_port,
         tunnel_port,
@@ -457,10 +495,19 @@ pub async fn cluster_step(
                 "cluster {} ready (Kubernetes {}); the VM joins it at {}",
                 c.info.name, c.info.kubernetes_version, c.join.api_server
             ));
+            if let Some(b) = bundle
+                && b.kubernetes != c.join.kubernetes_version
+            {
+                say(&format!(
+                    "warning: the node runs the bundle's Kubernetes {} against a {} control plane",
+                    b.kubernetes, c.join.kubernetes_version
+                ));
+            }
             let env = crate::provision::cluster_bootstrap_env(
                 &c.join,
                 machine_image,
                 &provision::hostile_location(),
+                bundle,
             );
             (Availability::Ready(Box::new(c.info)), Some(env))
         }

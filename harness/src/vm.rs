@@ -62,6 +62,9 @@ pub struct UpOptions {
     pub boot_timeout: Duration,
     /// How long the bootstrap may take.
     pub bootstrap_timeout: Duration,
+    /// Real kubelet, kubectl and kube-proxy for the component bundle (`--k8s-bin-dir`); `None`:
+    /// the bundle's stand-ins.
+    pub kubernetes_bin: Option<PathBuf>,
 }
 
 impl Default for UpOptions {
@@ -75,6 +78,7 @@ impl Default for UpOptions {
             snapshot: true,
             boot_timeout: Duration::from_secs(600),
             bootstrap_timeout: Duration::from_secs(1500),
+            kubernetes_bin: None,
         }
     }
 }

@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 
 pub use flex_api::duration::{GoDuration, format_go_duration, parse_go_duration};
 pub use flex_host::secret::Secret;
-pub use validate::{ValidationError, api_server_url, is_dns1123_subdomain};
+pub use validate::{ControllerEndpoint, ValidationError, api_server_url, is_dns1123_subdomain};
 
 /// Default config path used by the systemd unit.
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/aks-flex-node/config.json";

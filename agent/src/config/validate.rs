@@ -361,10 +361,14 @@ fn validate_agent(c: &Config) -> Result<(), ValidationError> {
                 ));
             }
         }
+        "controller" => {
+            ControllerEndpoint::parse(endpoint)
+                .map_err(|e| err("agent.machineClient.endpointUrl", e))?;
+        }
         other => {
             return Err(err(
                 "agent.machineClient.mode",
-                format!("{other:?} is not one of arm, in-cluster"),
+                format!("{other:?} is not one of arm, in-cluster, controller"),
             ));
         }
     }
@@ -446,6 +450,48 @@ fn validate_bootstrap_token(c: &Config) -> Result<(), ValidationError> {
         ));
     }
     Ok(())
+}
+
+/// A controller's machine endpoint reached directly (`controller` mode): the server's URL and
+/// the path the machines are under.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ControllerEndpoint {
+    /// `scheme://host[:port]`.
+    pub base: http::Uri,
+    /// The path below it (`/` when the URL has none).
+    pub path: String,
+}
+
+impl ControllerEndpoint {
+    /// Parses `agent.machineClient.endpointUrl` for `controller` mode: an absolute `http` or
+    /// `https` URL with a host, no credentials, query or fragment.
+    pub fn parse(raw: &str) -> Result<Self, String> {
+        let raw = raw.trim();
+        if raw.is_empty() {
+            return Err("is required in controller mode".into());
+        }
+        let url = url::Url::parse(raw).map_err(|e| {
+            format!("{raw:?} is not a URL ({e}); controller mode needs http(s)://host:port")
+        })?;
+        if !matches!(url.scheme(), "http" | "https") || !url.has_host() {
+            return Err(format!(
+                "{raw:?} must be an absolute http or https URL in controller mode"
+            ));
+        }
+        if !url.username().is_empty() || url.password().is_some() {
+            return Err(format!("{raw:?} must not carry credentials"));
+        }
+        if url.query().is_some() || url.fragment().is_some() {
+            return Err(format!("{raw:?} must not have a query or fragment"));
+        }
+        let base: http::Uri = url[..url::Position::BeforePath]
+            .parse()
+            .map_err(|e| format!("{raw:?}: {e}"))?;
+        Ok(Self {
+            base,
+            path: url.path().to_string(),
+        })
+    }
 }
 
 #[cfg(test)]

@@ -8,8 +8,12 @@
 //!    (`crate::kubeclient::bootstrap_config`: API server from `node.kubelet.clusterFQDN`, CA from
 //!    `node.kubelet.caCertData`, bearer token from `azure.bootstrapToken`, else the exec
 //!    credential plugin);
-//! 3. `arm` with `endpointUrl` → [`ArmMachineClient::proxy`] (the dev-test proxy, static token);
-//! 4. `arm` → [`ArmMachineClient`] with [`NoAzureCredential`]: built, but every call fails with
+//! 3. `controller` → [`InClusterClient`] straight to an `aks-flex-controller`'s machine endpoint
+//!    at `endpointUrl` ([`ControllerEndpoint`]: an `http`/`https` URL), with no credentials: for
+//!    a controller that runs outside the cluster, which the API server's service proxy cannot
+//!    reach (a development or test cluster; not upstream's);
+//! 4. `arm` with `endpointUrl` → [`ArmMachineClient::proxy`] (the dev-test proxy, static token);
+//! 5. `arm` → [`ArmMachineClient`] with [`NoAzureCredential`]: built, but every call fails with
 //!    [`super::arm::NO_CREDENTIAL`] (so `start` fails only with
 //!    `agent.requireMachineRegistration`, and the daemon keeps running and reports it).
 //!
@@ -22,7 +26,7 @@ use async_trait::async_trait;
 use super::arm::{ArmMachineClient, NoAzureCredential};
 use super::incluster::InClusterClient;
 use super::{Machine, MachineClient, MachineError};
-use crate::config::Config;
+use crate::config::{Config, ControllerEndpoint};
 use crate::kubeclient::KubeClients;
 use crate::machine::seams::{MachineRegistry, RemoteMachine};
 use flex_api::goal::GoalState;
@@ -59,6 +63,19 @@ pub async fn machine_client(
             };
             Ok(Arc::new(client))
         }
+        "controller" => {
+            let endpoint = ControllerEndpoint::parse(&mc.endpoint_url)
+                .map_err(|e| MachineError::Other(anyhow::anyhow!(e)))?;
+            tracing::info!(
+                endpoint = %endpoint.base,
+                "using the aks-flex-controller machine endpoint directly (no credentials sent)"
+            );
+            Ok(Arc::new(InClusterClient::from_kube_config(
+                kube::Config::new(endpoint.base.clone()),
+                &endpoint.path,
+                node,
+            )?))
+        }
         "arm" | "" if !mc.endpoint_url.trim().is_empty() => {
             tracing::warn!(
                 endpoint = %mc.endpoint_url,
@@ -79,7 +96,7 @@ pub async fn machine_client(
             )?))
         }
         other => Err(MachineError::Other(anyhow::anyhow!(
-            "agent.machineClient.mode {other:?} is not one of arm, in-cluster"
+            "agent.machineClient.mode {other:?} is not one of arm, in-cluster, controller"
         ))),
     }
 }
@@ -268,6 +285,40 @@ mod tests {
             e.starts_with("ensure-machine: get machine: get AKS machine: get an Azure token: ARM machine client needs an Azure credential"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn controller_endpoints() {
+        let e = ControllerEndpoint::parse(" http://10.0.2.2:18080 ").unwrap();
+        assert_eq!(e.base.to_string(), "http://10.0.2.2:18080/");
+        assert_eq!(e.path, "/");
+        let e = ControllerEndpoint::parse("https://ctl.example:8443/flex").unwrap();
+        assert_eq!(e.path, "/flex");
+        for (bad, why) in [
+            ("", "is required"),
+            (
+                "/api/v1/namespaces/kube-system/services/x/proxy",
+                "is not a URL",
+            ),
+            ("ftp://h/", "absolute http or https"),
+            ("http://u:p@h:1/", "credentials"),
+            ("http://h:1/?a=b", "query or fragment"),
+            ("http://h:1/#x", "query or fragment"),
+        ] {
+            let e = ControllerEndpoint::parse(bad).unwrap_err();
+            assert!(e.contains(why), "{bad:?}: {e}");
+        }
+    }
+
+    #[tokio::test]
+    async fn controller_mode_needs_a_url_and_no_credentials() {
+        let mut c = arm_config();
+        c.agent.machine_client.mode = "controller".into();
+        c.agent.machine_client.endpoint_url = "http://127.0.0.1:9".into();
+        assert!(client_for_start(&c).await.is_ok());
+        c.agent.machine_client.endpoint_url = "/proxy".into();
+        let e = client_for_start(&c).await.err().unwrap().to_string();
+        assert!(e.contains("is not a URL"), "{e}");
     }
 
     #[tokio::test]

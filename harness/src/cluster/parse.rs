@@ -236,9 +236,35 @@ pub fn kubeconfig_ca(json: &str) -> anyhow::Result<String> {
         .map_err(|e| anyhow::anyhow!("kubectl config view: not JSON ({e})"))?;
     let ca = s(&v, "/clusters/0/cluster/certificate-authority-data");
     if ca.is_empty() {
-        anyhow::bail!("the kind kubeconfig has no certificate-authority-data");
+        anyhow::bail!("the kubeconfig has no certificate-authority-data for its cluster");
     }
     Ok(ca)
+}
+
+/// The server URL of the current context's cluster from `kubectl config view --raw --minify
+/// -o json`.
+pub fn kubeconfig_server(json: &str) -> anyhow::Result<String> {
+    let v: Value = serde_json::from_str(json)
+        .map_err(|e| anyhow::anyhow!("kubectl config view: not JSON ({e})"))?;
+    let server = s(&v, "/clusters/0/cluster/server");
+    if server.is_empty() {
+        anyhow::bail!("the kubeconfig's current context names no cluster with a server");
+    }
+    Ok(server)
+}
+
+/// The source address of `ip -4 route get <addr>` (`10.99.0.2 dev veth0 src 10.99.0.1 uid 0`).
+pub fn route_source(text: &str) -> Option<String> {
+    let mut words = text.split_whitespace();
+    while let Some(w) = words.next() {
+        if w == "src" {
+            return words
+                .next()
+                .filter(|a| a.parse::<std::net::Ipv4Addr>().is_ok())
+                .map(str::to_string);
+        }
+    }
+    None
 }
 
 /// The clusters `kind get clusters` lists (it says "No kind clusters found." on stderr).

@@ -76,7 +76,9 @@ fn kind_fake(kc: &str) -> FakeRunner {
 pub(crate) fn info() -> ClusterInfo {
     ClusterInfo {
         name: "aks-flex".into(),
-        engine: Engine::Podman,
+        provider: Provider::Kind {
+            engine: Engine::Podman,
+        },
         kubeconfig: "/w/cluster/kubeconfig".into(),
         api_port: 36443,
         kubernetes_version: "1.34.0".into(),
@@ -107,6 +109,7 @@ fn options<'a>(
         repo,
         work,
         controller_layout: layout,
+        existing: None,
         node_name: "flex-dev-node",
         api_port: 36443,
         tunnel_port: 40250,
@@ -373,6 +376,22 @@ async fn down_stops_the_forward_and_deletes_the_cluster() {
     );
     let e = down(&r, work, None).await.unwrap_err().to_string();
     assert!(e.starts_with("delete the kind cluster aks-flex: "), "{e}");
+
+    // An existing cluster's up that failed before recording may have left its controller.
+    std::fs::create_dir_all(work.join("cluster")).unwrap();
+    std::fs::write(work.join("cluster/controller.pid"), "1\n").unwrap();
+    let r = FakeRunner::new();
+    r.without("kind");
+    down(&r, work, None).await.unwrap();
+    assert_eq!(
+        r.calls()
+            .iter()
+            .map(|c| tidy(c, tmp.path()))
+            .collect::<Vec<_>>(),
+        vec![
+            "start-stop-daemon --stop --retry TERM/10/KILL/5 --remove-pidfile --pidfile /tmp/cluster/controller.pid"
+        ]
+    );
 }
 
 #[test]
@@ -470,5 +489,258 @@ fn summaries_pick_the_error_line() {
         "error: accumulating resources: x"
     );
     assert_eq!(summary("plain\nsecond"), "plain");
+    assert_eq!(
+        summary(
+            "kubectl --kubeconfig /k version failed: exit status 1: The connection to the server 10.99.0.2:6443 was refused\n"
+        ),
+        "The connection to the server 10.99.0.2:6443 was refused"
+    );
     assert_eq!(summary(""), "");
+}
+
+// --- the existing-cluster provider ---
+
+#[test]
+fn route_sources() {
+    assert_eq!(
+        parse::route_source("10.99.0.2 dev veth-k8s src 10.99.0.1 uid 0 \n    cache \n"),
+        Some("10.99.0.1".into())
+    );
+    assert_eq!(
+        parse::route_source("local 127.0.0.1 dev lo table local"),
+        None
+    );
+    assert_eq!(parse::route_source("x src notanaddress"), None);
+}
+
+#[test]
+fn the_guest_reaches_a_loopback_api_server_at_the_hosts_address() {
+    for (server, want) in [
+        ("https://127.0.0.1:6443", "https://10.0.2.2:6443"),
+        ("https://localhost:6443/", "https://10.0.2.2:6443"),
+        ("https://[::1]:7443", "https://10.0.2.2:7443"),
+        ("https://127.0.0.1", "https://10.0.2.2:443"),
+        ("https://10.99.0.2:6443", "https://10.99.0.2:6443"),
+        ("https://api.example.test", "https://api.example.test:443"),
+    ] {
+        assert_eq!(existing::guest_server(server).unwrap(), want, "{server}");
+    }
+    for (bad, why) in [
+        ("http://127.0.0.1:8080", "is not https"),
+        ("127.0.0.1:6443", "is not a URL"),
+        ("", "is not a URL"),
+    ] {
+        let e = existing::guest_server(bad).unwrap_err().to_string();
+        assert!(e.contains(why), "{bad:?}: {e}");
+    }
+}
+
+/// A real HTTP server on 127.0.0.1 that answers every request `200 ok` (the local
+/// controller's `/readyz`, as the harness waits for it); returns its port.
+async fn ready_server() -> u16 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = l.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            let mut buf = [0u8; 512];
+            let _ = s.read(&mut buf).await;
+            let _ = s
+                .write_all(b"HTTP/1.0 200 OK\r\nContent-Length: 3\r\n\r\nok\n")
+                .await;
+        }
+    });
+    port
+}
+
+/// A fake on which the kubeconfig names a loopback API server that answers.
+fn existing_fake(kc: &str) -> FakeRunner {
+    let r = FakeRunner::new();
+    r.on(
+        "kubectl --kubeconfig /given/kubeconfig config view",
+        Output::ok(
+            json!({"clusters": [{"cluster": {"server": "https://127.0.0.1:6443", "certificate-authority-data": "Q0E="}}]})
+                .to_string(),
+        ),
+    );
+    r.on(
+        &format!("{kc} version"),
+        Output::ok(json!({"serverVersion": {"gitVersion": "v1.36.2"}}).to_string()),
+    );
+    r.on(
+        &format!("{kc} -n kube-system get service kube-dns"),
+        Output::ok("10.0.0.10"),
+    );
+    r
+}
+
+fn existing_request() -> existing::ExistingRequest {
+    existing::ExistingRequest {
+        kubeconfig: "/given/kubeconfig".into(),
+        controller_binary: "/build/aks-flex-controller".into(),
+    }
+}
+
+/// `up` against an existing cluster, over the recording fake runner (kubectl and
+/// start-stop-daemon faked) with a real HTTP server standing in for the local controller's
+/// `/readyz`.
+#[tokio::test]
+async fn up_joins_an_existing_cluster_with_a_local_controller() {
+    let tmp = tempfile::tempdir().unwrap();
+    let work = tmp.path().join("w");
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let r = existing_fake(&kc(&work));
+    let port = ready_server().await;
+    let req = existing_request();
+    let say = |_: &str| {};
+    let mut o = options(&repo, &work, None, &say);
+    o.existing = Some(&req);
+    o.api_port = port;
+    let created = up(&r, &o).await.unwrap();
+    assert_eq!(created.join.api_server, "https://10.0.2.2:6443");
+    assert_eq!(created.join.ca_cert_data, "Q0E=");
+    assert_eq!(created.join.kubernetes_version, "1.36.2");
+    assert_eq!(created.join.dns_service_ip, "10.0.0.10");
+    assert_eq!(
+        created.join.machine_endpoint.as_deref(),
+        Some(format!("http://10.0.2.2:{port}").as_str())
+    );
+    assert_eq!(created.info.name, "existing");
+    assert!(matches!(
+        created.info.provider,
+        Provider::Existing { ref controller } if controller.port == port
+    ));
+    assert_eq!(created.info.tunnel.bind, "127.0.0.1");
+    // The copy of the kubeconfig holds credentials: root only.
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(work.join("cluster/kubeconfig"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600);
+    let transcript = r.transcript();
+    assert!(!transcript.contains(created.join.token.secret().expose()));
+    assert!(
+        !transcript.contains("kind "),
+        "no kind for an existing cluster"
+    );
+    assert!(
+        !transcript.contains("deployment.yaml") && !transcript.contains("rollout"),
+        "the controller runs locally, not as the Deployment"
+    );
+    insta::assert_snapshot!(
+        tidy(&transcript, tmp.path())
+            .replace(&repo.display().to_string(), "<repo>")
+            .replace(&port.to_string(), "<port>")
+    );
+}
+
+#[tokio::test]
+async fn an_existing_cluster_that_cannot_be_used_is_the_reason() {
+    let tmp = tempfile::tempdir().unwrap();
+    let work = tmp.path().join("w");
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let req = existing_request();
+    let say = |_: &str| {};
+    let mut o = options(&repo, &work, None, &say);
+    o.existing = Some(&req);
+
+    let r = FakeRunner::new();
+    r.without("kubectl");
+    assert_eq!(up(&r, &o).await.unwrap_err(), "no kubectl binary on PATH");
+
+    // A kubeconfig that does not parse: kubectl says why; nothing is left running.
+    let r = FakeRunner::new();
+    r.on(
+        "kubectl --kubeconfig /given/kubeconfig config view",
+        Output::failed(
+            1,
+            "error: error loading config file \"/given/kubeconfig\": yaml: line 3: mapping values are not allowed in this context\n",
+        ),
+    );
+    let reason = up(&r, &o).await.unwrap_err();
+    assert_eq!(
+        reason,
+        "read the kubeconfig failed: error: error loading config file \"/given/kubeconfig\": yaml: line 3: mapping values are not allowed in this context"
+    );
+    assert!(
+        r.calls()
+            .last()
+            .unwrap()
+            .starts_with("start-stop-daemon --stop")
+    );
+
+    // An API server that does not answer.
+    let r = existing_fake(&kc(&work));
+    r.on(
+        &format!("{} version", kc(&work)),
+        Output::failed(1, "The connection to the server 127.0.0.1:6443 was refused - did you specify the right host or port?\n"),
+    );
+    let reason = up(&r, &o).await.unwrap_err();
+    assert_eq!(
+        reason,
+        "reach the API server failed: The connection to the server 127.0.0.1:6443 was refused - did you specify the right host or port?"
+    );
+
+    // A cluster without the CRDs' API group, or RBAC that refuses: the apply says which.
+    let r = existing_fake(&kc(&work));
+    r.on(
+        &format!("{} apply --server-side", kc(&work)),
+        Output::failed(1, "Error from server (Forbidden): customresourcedefinitions.apiextensions.k8s.io is forbidden: User \"dev\" cannot patch resource\n"),
+    );
+    let reason = up(&r, &o).await.unwrap_err();
+    assert!(
+        reason.starts_with("apply deploy/crds failed: Error from server (Forbidden)"),
+        "{reason}"
+    );
+
+    // A controller that never answers (nothing listens on its port): the wait names what it
+    // saw last and the controller's log.
+    let free = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let dir = tmp.path().join("ctl");
+    std::fs::create_dir_all(&dir).unwrap();
+    let c = existing::LocalController::at(&dir, free);
+    std::fs::write(&c.log, "error: no Kubernetes config\n").unwrap();
+    let e = existing::wait_ready(&c, std::time::Duration::from_millis(300))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("the local controller to answer /readyz"), "{e}");
+    assert!(e.contains("Connection refused"), "{e}");
+    assert!(
+        e.ends_with("its log:\nerror: no Kubernetes config\n"),
+        "{e}"
+    );
+}
+
+#[tokio::test]
+async fn down_for_an_existing_cluster_stops_the_controller_and_deletes_the_token() {
+    let tmp = tempfile::tempdir().unwrap();
+    let work = tmp.path();
+    std::fs::write(work.join("state.json"), r#"{"qemu_pid": 1}"#).unwrap();
+    std::fs::create_dir_all(work.join("cluster")).unwrap();
+    std::fs::write(work.join("cluster/kubeconfig"), "{}").unwrap();
+    let mut info = info();
+    info.name = "existing".into();
+    info.kubeconfig = work.join("cluster/kubeconfig");
+    info.provider = Provider::Existing {
+        controller: existing::LocalController::at(&work.join("cluster"), 18080),
+    };
+    record(work, &Availability::Ready(Box::new(info))).unwrap();
+    let r = FakeRunner::new();
+    down(&r, work, None).await.unwrap();
+    let calls: Vec<String> = r.calls().iter().map(|c| tidy(c, tmp.path())).collect();
+    assert_eq!(
+        calls,
+        vec![
+            "ssh -S /w/cluster/kubelet-forward.sock -O exit flexadm@127.0.0.1",
+            "start-stop-daemon --stop --retry TERM/10/KILL/5 --remove-pidfile --pidfile /tmp/cluster/controller.pid",
+            "kubectl --kubeconfig /tmp/cluster/kubeconfig -n kube-system delete secret bootstrap-token-abcdef --ignore-not-found",
+        ]
+    );
+    assert!(!work.join("cluster").exists());
 }

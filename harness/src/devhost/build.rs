@@ -196,6 +196,24 @@ pub(crate) fn publish(build: &Path, dest: &Path) -> Result<()> {
     }
 }
 
+/// Copies the directories and regular files of `from` into `to` (created), recursively; links
+/// and other kinds of files are left out.
+pub(crate) fn copy_tree(from: &Path, to: &Path) -> Result<()> {
+    std::fs::create_dir_all(to).with_context(|| format!("creating {}", to.display()))?;
+    for e in std::fs::read_dir(from).with_context(|| format!("reading {}", from.display()))? {
+        let e = e?;
+        let t = e.file_type()?;
+        let dest = to.join(e.file_name());
+        if t.is_dir() {
+            copy_tree(&e.path(), &dest)?;
+        } else if t.is_file() {
+            std::fs::copy(e.path(), &dest)
+                .with_context(|| format!("copying {} to {}", e.path().display(), dest.display()))?;
+        }
+    }
+    Ok(())
+}
+
 /// Writes `contents` to `root/rel` with `mode`, creating parent directories with mode 0755.
 pub(crate) fn write_file(root: &Path, rel: &str, contents: &[u8], mode: u32) -> Result<()> {
     let path = root.join(rel);

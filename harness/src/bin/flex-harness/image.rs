@@ -104,6 +104,11 @@ pub async fn build(out: &Path) -> anyhow::Result<(ImageInfo, PathBuf, AgentImage
 
 /// `cargo build --release -p <package>` reproducibly; returns the binary `<bin>`, the epoch
 /// (HEAD's commit time) and HEAD's revision.
+/// `aks-flex-controller` built for this host (release): its path, the commit time and revision.
+pub async fn controller_binary() -> anyhow::Result<(PathBuf, u64, String)> {
+    cargo_release("aks-flex-controller", "aks-flex-controller").await
+}
+
 async fn cargo_release(package: &str, bin: &str) -> anyhow::Result<(PathBuf, u64, String)> {
     let root = crate::project_root();
     let epoch: u64 = git(&root, &["log", "-1", "--format=%ct"])

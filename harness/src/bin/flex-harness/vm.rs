@@ -64,6 +64,21 @@ pub struct UpArgs {
     /// VM boots offline and check reports those groups skipped with the reason
     #[arg(long, env = "ACLC_CLUSTER")]
     pub cluster: bool,
+    /// With --cluster: join the cluster of this kubeconfig's current context instead of making
+    /// a kind cluster (its API server must be reachable from the guest; aks-flex-controller runs
+    /// as a local process beside it)
+    #[arg(
+        long,
+        env = "ACLC_KUBECONFIG",
+        value_name = "FILE",
+        requires = "cluster"
+    )]
+    pub kubeconfig: Option<PathBuf>,
+    /// A directory with real kubelet, kubectl and kube-proxy binaries: the component bundle
+    /// carries them instead of its stand-ins (with --cluster the node then joins without
+    /// downloading Kubernetes)
+    #[arg(long, env = "ACLC_K8S_BIN_DIR", value_name = "DIR")]
+    pub k8s_bin_dir: Option<PathBuf>,
     /// vCPUs
     #[arg(long, default_value_t = 2)]
     pub cpus: u32,
@@ -108,6 +123,8 @@ impl UpArgs {
             label_containerd: false,
             no_snapshot: false,
             cluster: false,
+            kubeconfig: None,
+            k8s_bin_dir: None,
             cpus: 2,
             memory: 3072,
         }
@@ -171,7 +188,7 @@ pub async fn up(a: UpArgs) -> anyhow::Result<()> {
         )
         .await?;
     let cluster = if a.cluster {
-        Some(cluster_request(&runner, &progress).await?)
+        Some(cluster_request(&runner, &progress, a.kubeconfig.as_deref()).await?)
     } else {
         None
     };
@@ -192,6 +209,7 @@ pub async fn up(a: UpArgs) -> anyhow::Result<()> {
         snapshot: !a.no_snapshot,
         boot_timeout: Duration::from_secs(900),
         bootstrap_timeout: Duration::from_secs(1800),
+        kubernetes_bin: a.k8s_bin_dir.clone(),
     };
     let state = flex_harness::run::up(
         &runner,
@@ -218,7 +236,22 @@ pub async fn up(a: UpArgs) -> anyhow::Result<()> {
 async fn cluster_request(
     runner: &ProcessRunner,
     progress: &Progress,
+    kubeconfig: Option<&Path>,
 ) -> anyhow::Result<flex_harness::cluster::Request> {
+    if let Some(kubeconfig) = kubeconfig {
+        progress.say(&format!(
+            "xtask up --cluster --kubeconfig {}: building aks-flex-controller to run beside it",
+            kubeconfig.display()
+        ));
+        let (binary, _, _) = crate::image::controller_binary().await?;
+        return Ok(flex_harness::cluster::Request {
+            controller_layout: None,
+            existing: Some(flex_harness::cluster::existing::ExistingRequest {
+                kubeconfig: kubeconfig.to_path_buf(),
+                controller_binary: binary,
+            }),
+        });
+    }
     let provider = flex_harness::cluster::provider();
     match flex_harness::cluster::tools(runner, provider.as_deref()) {
         Ok(engine) => {
@@ -230,6 +263,7 @@ async fn cluster_request(
             crate::image::run_controller(Some(out.clone())).await?;
             Ok(flex_harness::cluster::Request {
                 controller_layout: Some(out.join(crate::image::CONTROLLER_IMAGE)),
+                existing: None,
             })
         }
         Err(why) => {
@@ -238,6 +272,7 @@ async fn cluster_request(
             ));
             Ok(flex_harness::cluster::Request {
                 controller_layout: None,
+                existing: None,
             })
         }
     }
@@ -345,5 +380,7 @@ mod tests {
     fn cluster_flag() {
         assert!(!UpArgs::defaults().cluster);
         assert!(args(&["--cluster"]).cluster);
+        let a = args(&["--cluster", "--kubeconfig", "/k"]);
+        assert_eq!(a.kubeconfig.as_deref(), Some(Path::new("/k")));
     }
 }
