@@ -170,17 +170,13 @@ pub async fn up(
             reference: images.bundle.clone(),
             kubernetes: images.kubernetes.clone(),
         });
-    let (availability, cluster_env) = cluster_step(
-        &|m| p.say(m),
-        r,
-        repo,
-        work,
-        cluster,
-        HOSTNAME,
-        &images.machine,
-        real_bundle.as_ref(),
-    )
-    .await;
+    let node = JoiningNode {
+        name: HOSTNAME,
+        machine_image: &images.machine,
+        bundle: real_bundle.as_ref(),
+    };
+    let (availability, cluster_env) =
+        cluster_step(&|m| p.say(m), r, repo, work, cluster, &node).await;
     if cluster.is_some() {
         laps.lap("kind cluster");
     }
@@ -449,6 +445,18 @@ async fn push_images(
     })
 }
 
+/// The node a cluster step joins: its name, its machine image and, with `--k8s-bin-dir`, the
+/// bundle with real Kubernetes binaries it installs from.
+#[derive(Clone, Copy)]
+pub struct JoiningNode<'a> {
+    /// The node (and machine) name.
+    pub name: &'a str,
+    /// The machine rootfs image, pinned.
+    pub machine_image: &'a str,
+    /// The bundle with real Kubernetes binaries.
+    pub bundle: Option<&'a provision::OfflineBundle>,
+}
+
 /// `up`'s cluster step, before the Ignition config is rendered: without a request, "not
 /// requested"; else [`crate::cluster::up`], and with a cluster the bootstrap inputs that join it
 /// ([`crate::provision::cluster_bootstrap_env`]). Without one, `say` tells why and the VM boots
@@ -459,10 +467,13 @@ pub async fn cluster_step(
     repo: &Path,
     work: &Path,
     request: Option<&crate::cluster::Request>,
-    node_name: &str,
-    machine_image: &str,
-    bundle: Option<&provision::OfflineBundle>,
+    node: &JoiningNode<'_>,
 ) -> (Availability, Option<String>) {
+    let JoiningNode {
+        name: node_name,
+        machine_image,
+        bundle,
+    } = *node;
     let Some(request) = request else {
         return (
             Availability::unavailable(crate::cluster::NOT_REQUESTED),

@@ -1,9 +1,7 @@
 //! `cargo xtask up | check | down`: thin wrappers over `flex_harness::run`, which make the
 //! one `ProcessRunner` every command of the harness goes through.
 
-#[cfg(test)]
-use std::path::Path;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use flex_harness::acl::gallery::{self, GalleryOptions};
