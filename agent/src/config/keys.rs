@@ -98,6 +98,7 @@ pub(crate) const SCHEMA: Shape = Struct(&[
             ("maxPods", Leaf),
             ("labels", FreeMap),
             ("taints", Leaf),
+            ("registryMirrors", FreeMap),
             (
                 "kubelet",
                 Struct(&[

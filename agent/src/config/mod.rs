@@ -21,7 +21,10 @@ use serde::{Deserialize, Serialize};
 
 pub use flex_api::duration::{GoDuration, format_go_duration, parse_go_duration};
 pub use flex_host::secret::Secret;
-pub use validate::{ControllerEndpoint, ValidationError, api_server_url, is_dns1123_subdomain};
+pub use validate::{
+    ControllerEndpoint, ValidationError, api_server_url, check_registry_mirror,
+    is_dns1123_subdomain,
+};
 
 /// Default config path used by the systemd unit.
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/aks-flex-node/config.json";
@@ -243,6 +246,11 @@ pub struct NodeConfig {
     pub taints: Vec<String>,
     /// kubelet settings.
     pub kubelet: KubeletConfig,
+    /// Registry host (`registry.k8s.io`, `host:port`) → the mirror the machines' containerd
+    /// pulls its images from first (`http://10.0.2.2:5000`; plain HTTP allowed), falling back
+    /// to the registry itself.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub registry_mirrors: BTreeMap<String, String>,
 }
 
 /// `node.kubelet`.

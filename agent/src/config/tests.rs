@@ -157,6 +157,24 @@ fn invalid_configs_name_their_field() {
             "azure.tenantId",
         ),
         (
+            "registry mirror without scheme",
+            |v| v["node"]["registryMirrors"] = json!({"registry.k8s.io": "10.0.2.2:5000"}),
+            "node.registryMirrors[\"registry.k8s.io\"]: mirror \"10.0.2.2:5000\"",
+        ),
+        (
+            "registry mirror for a URL",
+            |v| v["node"]["registryMirrors"] = json!({"https://r.io": "http://m"}),
+            "node.registryMirrors[\"https://r.io\"]: \"https://r.io\" is not a registry host",
+        ),
+        (
+            "controller mode with a path",
+            |v| {
+                v["agent"]["machineClient"]["mode"] = json!("controller");
+                v["agent"]["machineClient"]["endpointUrl"] = json!("/api/v1/x");
+            },
+            "agent.machineClient.endpointUrl: \"/api/v1/x\" is not a URL",
+        ),
+        (
             "endpoint with port",
             |v| v["azure"]["resourceManagerEndpoint"] = json!("https://management.azure.com:443"),
             "azure.resourceManagerEndpoint",

@@ -146,6 +146,10 @@ pub(crate) fn validate(
     validate_azure(c)?;
     validate_agent(c)?;
     validate_bootstrap(c)?;
+    for (registry, mirror) in &c.node.registry_mirrors {
+        check_registry_mirror(registry, mirror)
+            .map_err(|m| err(&format!("node.registryMirrors[{registry:?}]"), m))?;
+    }
     validate_auth(c)?;
     if c.azure.bootstrap_token.is_some() {
         validate_bootstrap_token(c).map_err(|e| ValidationError {
@@ -447,6 +451,39 @@ fn validate_bootstrap_token(c: &Config) -> Result<(), ValidationError> {
         return Err(err(
             "node.kubelet.caCertData",
             "is required when using bootstrap token authentication",
+        ));
+    }
+    Ok(())
+}
+
+/// Checks one registry mirror: `registry` a host name or address with an optional port (no
+/// scheme or path), `mirror` an absolute `http` or `https` URL with a host and no credentials,
+/// query or fragment.
+pub fn check_registry_mirror(registry: &str, mirror: &str) -> Result<(), String> {
+    let host_ok = !registry.is_empty()
+        && registry
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | ':' | '_'))
+        && !registry.starts_with(['.', '-', ':']);
+    if !host_ok {
+        return Err(format!(
+            "{registry:?} is not a registry host (name or address, optional :port; no scheme or path)"
+        ));
+    }
+    let url = url::Url::parse(mirror)
+        .map_err(|e| format!("mirror {mirror:?} of {registry:?} is not a URL ({e})"))?;
+    if !matches!(url.scheme(), "http" | "https") || !url.has_host() {
+        return Err(format!(
+            "mirror {mirror:?} of {registry:?} must be an absolute http or https URL"
+        ));
+    }
+    if !url.username().is_empty()
+        || url.password().is_some()
+        || url.query().is_some()
+        || url.fragment().is_some()
+    {
+        return Err(format!(
+            "mirror {mirror:?} of {registry:?} must not carry credentials, a query or a fragment"
         ));
     }
     Ok(())

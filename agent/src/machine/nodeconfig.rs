@@ -106,7 +106,19 @@ pub fn render_rootfs(
         machine: goal.machine.clone(),
         reason,
     })?;
-    let mut out = vec![
+    let mut out: Vec<Entry> = goal
+        .registry_mirrors
+        .iter()
+        .map(|(registry, mirror)| {
+            file(
+                &root,
+                &format!("etc/containerd/certs.d/{registry}/hosts.toml"),
+                render_hosts_toml(registry, mirror),
+                0o644,
+            )
+        })
+        .collect();
+    out.extend([
         file(
             &root,
             "etc/containerd/config.toml",
@@ -154,7 +166,7 @@ pub fn render_rootfs(
             "[Service]\nEnvironmentFile=-/etc/default/kubelet\n",
             0o644,
         ),
-    ];
+    ]);
     let (kubeconfig_path, kubeconfig) = render_kubeconfig(goal);
     out.push(file(&root, kubeconfig_path, kubeconfig, 0o600));
     out.push(file(
@@ -251,6 +263,14 @@ DeviceAllow=char-ipvtap rwm\nDeviceAllow=char-macvtap rwm\n"
         let _ = writeln!(s, "DeviceAllow={d} rwm");
     }
     s
+}
+
+/// containerd's `hosts.toml` for `registry`: pull and resolve through `mirror` first, then the
+/// registry itself (`server`).
+pub fn render_hosts_toml(registry: &str, mirror: &str) -> String {
+    format!(
+        "# Written by aks-flex-node: node.registryMirrors.\nserver = \"https://{registry}\"\n\n[host.\"{mirror}\"]\n  capabilities = [\"pull\", \"resolve\"]\n"
+    )
 }
 
 /// containerd's config (version 2).
@@ -555,6 +575,47 @@ mod tests {
     #[test]
     fn bootstrap_token_machine_files() {
         insta::assert_snapshot!(render_all(&goal(|_| {})));
+    }
+
+    /// Registry mirrors: one `hosts.toml` per registry in the machine's containerd
+    /// `config_path`, the mirror first, the registry as the fallback server.
+    #[test]
+    fn registry_mirrors_render_hosts_toml() {
+        let g = goal(|v| {
+            v["node"]["registryMirrors"] = serde_json::json!({
+                "registry.k8s.io": "http://10.0.2.2:5000",
+                "10.0.2.2:5000": "http://10.0.2.2:5000"
+            });
+        });
+        let entries = render_rootfs(&g, b"").unwrap();
+        let hosts: Vec<(String, String)> = entries
+            .iter()
+            .filter_map(|e| match e {
+                Entry::File { path, content, .. } if path.ends_with("hosts.toml") => Some((
+                    path.display().to_string(),
+                    String::from_utf8_lossy(content).into_owned(),
+                )),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(hosts.len(), 2, "{hosts:?}");
+        assert_eq!(
+            hosts[1].0,
+            "/var/lib/machines/kube1/etc/containerd/certs.d/registry.k8s.io/hosts.toml"
+        );
+        assert_eq!(
+            hosts[1].1,
+            "# Written by aks-flex-node: node.registryMirrors.\nserver = \"https://registry.k8s.io\"\n\n[host.\"http://10.0.2.2:5000\"]\n  capabilities = [\"pull\", \"resolve\"]\n"
+        );
+        // containerd reads them from the config_path its config names.
+        assert!(render_containerd_config(&g).contains("config_path = \"/etc/containerd/certs.d\""));
+        // Without mirrors, nothing is written there.
+        let none = render_rootfs(&goal(|_| {}), b"").unwrap();
+        assert!(
+            !none
+                .iter()
+                .any(|e| matches!(e, Entry::File { path, .. } if path.ends_with("hosts.toml")))
+        );
     }
 
     #[test]

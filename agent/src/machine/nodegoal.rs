@@ -68,6 +68,8 @@ pub struct MachineGoal {
     pub image_gc: (i64, i64),
     /// Pause image.
     pub sandbox_image: String,
+    /// Registry host → mirror URL, for the machine's containerd (`hosts.toml`).
+    pub registry_mirrors: BTreeMap<String, String>,
     /// Host devices bound into the machine (paths) and device-group specifiers (DeviceAllow only).
     pub devices: Devices,
 }
@@ -208,6 +210,7 @@ pub fn resolve(config: &Config, machine: &str, host: &HostFacts) -> Result<Machi
             config.node.kubelet.image_gc_low_threshold,
         ),
         sandbox_image,
+        registry_mirrors: config.node.registry_mirrors.clone(),
         devices,
     })
 }

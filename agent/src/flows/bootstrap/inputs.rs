@@ -66,6 +66,7 @@ pub const INPUTS: &[InputSpec] = &[
     spec(NODE_IP, Kind::Render),
     spec(LABELS, Kind::Render),
     spec(TAINTS, Kind::Render),
+    spec(REGISTRY_MIRRORS, Kind::Render),
     spec(DNS_SERVICE_IP, Kind::Render),
     spec(MACHINE_CLIENT_MODE, Kind::Render),
     spec(MACHINE_CLIENT_ENDPOINT_URL, Kind::Render),
@@ -112,6 +113,8 @@ pub struct Inputs {
     pub labels: String,
     /// `AKS_FLEX_NODE_TAINTS`.
     pub taints: String,
+    /// `AKS_FLEX_NODE_REGISTRY_MIRRORS`.
+    pub registry_mirrors: String,
     /// `AKS_FLEX_NODE_DNS_SERVICE_IP`.
     pub dns_service_ip: String,
     /// `AKS_FLEX_NODE_MACHINE_CLIENT_MODE`.
@@ -173,6 +176,7 @@ impl Inputs {
             NODE_IP => self.node_ip = v,
             LABELS => self.labels = v,
             TAINTS => self.taints = v,
+            REGISTRY_MIRRORS => self.registry_mirrors = v,
             DNS_SERVICE_IP => self.dns_service_ip = v,
             MACHINE_CLIENT_MODE => self.machine_client_mode = v,
             MACHINE_CLIENT_ENDPOINT_URL => self.machine_client_endpoint_url = v,
@@ -200,6 +204,7 @@ impl Inputs {
             (NODE_IP, &self.node_ip),
             (LABELS, &self.labels),
             (TAINTS, &self.taints),
+            (REGISTRY_MIRRORS, &self.registry_mirrors),
             (DNS_SERVICE_IP, &self.dns_service_ip),
             (MACHINE_CLIENT_MODE, &self.machine_client_mode),
             (

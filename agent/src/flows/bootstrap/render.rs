@@ -114,6 +114,7 @@ pub fn render(
     let dns_ip = ip(names::DNS_SERVICE_IP, &inputs.dns_service_ip)?;
     let labels = labels(&inputs.labels)?;
     let taints = taints(&inputs.taints)?;
+    let mirrors = registry_mirrors(&inputs.registry_mirrors)?;
     let require_registration = parse_bool(
         names::REQUIRE_MACHINE_REGISTRATION,
         &inputs.require_machine_registration,
@@ -173,6 +174,12 @@ pub fn render(
     }
     if !taints.is_empty() {
         node.insert("taints".into(), taints.into());
+    }
+    if !mirrors.is_empty() {
+        node.insert(
+            "registryMirrors".into(),
+            Value::Object(mirrors.into_iter().map(|(k, v)| (k, v.into())).collect()),
+        );
     }
     node.insert("kubelet".into(), Value::Object(kubelet));
 
@@ -358,6 +365,31 @@ fn labels(value: &str) -> Result<BTreeMap<String, String>, RenderError> {
             return Err(invalid(
                 names::LABELS,
                 format!("label {k:?} is given twice"),
+            ));
+        }
+    }
+    Ok(out)
+}
+
+fn registry_mirrors(value: &str) -> Result<BTreeMap<String, String>, RenderError> {
+    let mut out = BTreeMap::new();
+    for item in items(value) {
+        let Some((registry, mirror)) = item.split_once('=') else {
+            return Err(invalid(
+                names::REGISTRY_MIRRORS,
+                format!("{item:?} is not registry=url (registry.k8s.io=http://10.0.2.2:5000,…)"),
+            ));
+        };
+        let (registry, mirror) = (registry.trim(), mirror.trim());
+        crate::config::check_registry_mirror(registry, mirror)
+            .map_err(|m| invalid(names::REGISTRY_MIRRORS, m))?;
+        if out
+            .insert(registry.to_string(), mirror.to_string())
+            .is_some()
+        {
+            return Err(invalid(
+                names::REGISTRY_MIRRORS,
+                format!("registry {registry:?} is given twice"),
             ));
         }
     }

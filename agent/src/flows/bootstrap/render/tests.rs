@@ -36,6 +36,10 @@ pub(crate) fn full() -> Inputs {
         (names::NODE_IP, " 10.225.0.5 "),
         (names::LABELS, "team=edge, example.com/tier=gold,empty="),
         (names::TAINTS, "dedicated=flex:NoSchedule,gpu:NoExecute"),
+        (
+            names::REGISTRY_MIRRORS,
+            "registry.k8s.io=http://10.0.2.2:5000, mcr.microsoft.com=https://mirror.example:8443",
+        ),
         (names::DNS_SERVICE_IP, "10.0.0.10"),
         (names::MACHINE_CLIENT_MODE, "in-cluster"),
         (
@@ -70,6 +74,14 @@ fn full_inputs_snapshot() {
     assert_eq!(
         c.node.taints,
         vec!["dedicated=flex:NoSchedule", "gpu:NoExecute"]
+    );
+    assert_eq!(
+        c.node.registry_mirrors["registry.k8s.io"],
+        "http://10.0.2.2:5000"
+    );
+    assert_eq!(
+        c.node.registry_mirrors["mcr.microsoft.com"],
+        "https://mirror.example:8443"
     );
     assert!(c.agent.require_machine_registration);
     assert!(c.offline());
@@ -178,6 +190,31 @@ fn errors_name_the_input() {
             names::TAINTS,
             "=b:NoSchedule",
             "does not have a valid key and value",
+        ),
+        (
+            names::REGISTRY_MIRRORS,
+            "registry.k8s.io",
+            "is not registry=url",
+        ),
+        (
+            names::REGISTRY_MIRRORS,
+            "https://registry.k8s.io=http://m:5000",
+            "is not a registry host",
+        ),
+        (
+            names::REGISTRY_MIRRORS,
+            "registry.k8s.io=m:5000",
+            "must be an absolute http or https URL",
+        ),
+        (
+            names::REGISTRY_MIRRORS,
+            "registry.k8s.io=http://u:p@m:5000",
+            "must not carry credentials",
+        ),
+        (
+            names::REGISTRY_MIRRORS,
+            "r.io=http://a,r.io=http://b",
+            "registry \"r.io\" is given twice",
         ),
         (
             names::MACHINE_CLIENT_MODE,
