@@ -53,6 +53,31 @@ pub async fn push_tree_image(
     epoch: u64,
     work: &Path,
 ) -> anyhow::Result<String> {
+    let config = TreeImage {
+        cmd: &["/sbin/init"],
+        created_by: "cargo xtask up: machine rootfs fixture",
+    };
+    push_tree_image_with(r, client, tree, reference, epoch, work, &config).await
+}
+
+/// What a tree image's config says.
+pub struct TreeImage<'a> {
+    /// Its command.
+    pub cmd: &'a [&'a str],
+    /// Its history entry.
+    pub created_by: &'a str,
+}
+
+/// [`push_tree_image`] with another command and history entry.
+pub async fn push_tree_image_with(
+    r: &dyn flex_host::runner::Runner,
+    client: &RegistryClient,
+    tree: &Path,
+    reference: &str,
+    epoch: u64,
+    work: &Path,
+    image: &TreeImage<'_>,
+) -> anyhow::Result<String> {
     use flex_host::runner::Cmd;
     use sha2::{Digest as _, Sha256};
     let tar_path = work.join("layer.tar");
@@ -92,8 +117,8 @@ pub async fn push_tree_image(
             architecture: flex_image::oci::host_architecture().to_string(),
             os: "linux".into(),
             created: epoch,
-            cmd: vec!["/sbin/init".into()],
-            created_by: "cargo xtask up: machine rootfs fixture".into(),
+            cmd: image.cmd.iter().map(|c| c.to_string()).collect(),
+            created_by: image.created_by.to_string(),
             ..Default::default()
         },
         &[diff_id],

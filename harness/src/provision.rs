@@ -74,6 +74,7 @@ pub fn cluster_bootstrap_env(
     machine_image: &str,
     location: &str,
     bundle: Option<&OfflineBundle>,
+    mirror: Option<&str>,
 ) -> String {
     let loc = location.replace('\'', "");
     let kubernetes = bundle.map_or(join.kubernetes_version.as_str(), |b| &b.kubernetes);
@@ -114,6 +115,16 @@ pub fn cluster_bootstrap_env(
         lines.push(format!(
             "AKS_FLEX_NODE_OFFLINE_ARTIFACTS=oci://{}",
             b.reference
+        ));
+    }
+    if let Some(m) = mirror {
+        let pairs: Vec<String> = crate::run::MIRRORED_REGISTRIES
+            .iter()
+            .map(|r| format!("{r}={m}"))
+            .collect();
+        lines.push(format!(
+            "AKS_FLEX_NODE_REGISTRY_MIRRORS={}",
+            pairs.join(",")
         ));
     }
     lines.push(String::new());
@@ -231,6 +242,7 @@ mod tests {
             "10.0.2.2:5000/aks-flex/machine@sha256:00",
             &hostile_location(),
             None,
+            None,
         );
         let entries = env::parse(&text).unwrap();
         let inputs = Inputs::from_sources(None, &entries, Vec::new()).unwrap();
@@ -266,7 +278,13 @@ mod tests {
             reference: "10.0.2.2:5000/aks-flex/bundle@sha256:11".into(),
             kubernetes: "1.36.2".into(),
         };
-        let text = cluster_bootstrap_env(&j, "10.0.2.2:5000/m@sha256:00", "westus2", Some(&bundle));
+        let text = cluster_bootstrap_env(
+            &j,
+            "10.0.2.2:5000/m@sha256:00",
+            "westus2",
+            Some(&bundle),
+            Some("http://10.0.2.2:5000"),
+        );
         assert!(
             text.contains(
                 "AKS_FLEX_NODE_OFFLINE_ARTIFACTS=oci://10.0.2.2:5000/aks-flex/bundle@sha256:11\n"
@@ -285,6 +303,10 @@ mod tests {
         assert_eq!(
             json["components"]["kubernetes"], "1.36.2",
             "the bundle's version"
+        );
+        assert_eq!(
+            json["node"]["registryMirrors"],
+            serde_json::json!({"mcr.microsoft.com": "http://10.0.2.2:5000", "registry.k8s.io": "http://10.0.2.2:5000"})
         );
     }
 

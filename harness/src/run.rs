@@ -152,6 +152,7 @@ pub async fn up(
     let cache = devhost::default_cache_root();
     let os = os_image(r, &p, work, &cache, opts).await?;
     laps.lap("os image");
+    let pod_images = cluster.is_some_and(|c| c.existing.is_some());
     let images = push_images(
         r,
         &p,
@@ -159,6 +160,7 @@ pub async fn up(
         &cache,
         agent_layout,
         opts.kubernetes_bin.as_deref(),
+        pod_images,
     )
     .await?;
     laps.lap("registry and images");
@@ -174,6 +176,7 @@ pub async fn up(
         name: HOSTNAME,
         machine_image: &images.machine,
         bundle: real_bundle.as_ref(),
+        mirror: images.pod_mirror.as_deref(),
     };
     let (availability, cluster_env) =
         cluster_step(&|m| p.say(m), r, repo, work, cluster, &node).await;
@@ -355,6 +358,9 @@ struct Pushed {
     bundle: String,
     /// The bundle's Kubernetes version.
     kubernetes: String,
+    /// The registry as the guest reaches it (`http://10.0.2.2:<port>`), when it holds the pod
+    /// images a node pulls through it ([`push_pod_images`]).
+    pod_mirror: Option<String>,
 }
 
 /// Starts the registry and pushes the agent's image, the machine rootfs and the component
@@ -366,6 +372,7 @@ async fn push_images(
     cache: &Path,
     agent_layout: &Path,
     kubernetes_bin: Option<&Path>,
+    pod_images: bool,
 ) -> anyhow::Result<Pushed> {
     p.say("starting the registry");
     let reg = vm::start_registry(r, work).await?;
@@ -434,7 +441,6 @@ async fn push_images(
     )
     .await?;
     Ok(Pushed {
-        registry: reg,
         agent: agent_image,
         machine: images::pinned(
             &format!("{guest_registry}/aks-flex/machine"),
@@ -442,7 +448,66 @@ async fn push_images(
         ),
         bundle: images::pinned(&format!("{guest_registry}/aks-flex/bundle"), &bundle_digest),
         kubernetes: versions.kubernetes,
+        pod_mirror: if pod_images {
+            p.say("pod images: the pause and probe images, for a node that pulls through the registry");
+            push_pod_images(r, &client, &reg, &tree, epoch, work).await?;
+            Some(format!("http://{guest_registry}"))
+        } else {
+            None
+        },
+        registry: reg,
     })
+}
+
+/// The registries whose images a node of an offline cluster pulls through the harness's
+/// registry (`node.registryMirrors`): the pause image's and the probe pod's.
+pub const MIRRORED_REGISTRIES: &[&str] = &["mcr.microsoft.com", "registry.k8s.io"];
+
+/// Where an image reference's repository and tag sit in a mirror: the reference without its
+/// registry host (`registry.k8s.io/e2e-test-images/busybox:1.36.1-1` →
+/// `e2e-test-images/busybox:1.36.1-1`).
+pub fn mirror_path(reference: &str) -> &str {
+    reference
+        .split_once('/')
+        .map_or(reference, |(_, rest)| rest)
+}
+
+/// Pushes the images a node's pods need, built from the machine rootfs fixture `tree` (it has
+/// a shell and coreutils): the agent's default pause image (`sleep infinity`) and the cluster
+/// checks' probe image, each under the path its registry would serve it at, so that a node
+/// whose containerd mirrors [`MIRRORED_REGISTRIES`] here finds them offline.
+async fn push_pod_images(
+    r: &dyn Runner,
+    client: &flex_oci::RegistryClient,
+    reg: &Registry,
+    tree: &Path,
+    epoch: u64,
+    work: &Path,
+) -> anyhow::Result<()> {
+    for (reference, cmd) in [
+        (
+            flex_api::versions::DEFAULT_SANDBOX_IMAGE,
+            &["/bin/sleep", "infinity"][..],
+        ),
+        (crate::cluster::render::PROBE_IMAGE, &["/bin/sh"][..]),
+    ] {
+        let tmp = tempfile::tempdir_in(work)?;
+        let image = images::TreeImage {
+            cmd,
+            created_by: "cargo xtask up: pod image from the machine rootfs fixture",
+        };
+        images::push_tree_image_with(
+            r,
+            client,
+            tree,
+            &format!("{}/{}", reg.host_addr(), mirror_path(reference)),
+            epoch,
+            tmp.path(),
+            &image,
+        )
+        .await?;
+    }
+    Ok(())
 }
 
 /// The node a cluster step joins: its name, its machine image and, with `--k8s-bin-dir`, the
@@ -455,6 +520,9 @@ pub struct JoiningNode<'a> {
     pub machine_image: &'a str,
     /// The bundle with real Kubernetes binaries.
     pub bundle: Option<&'a provision::OfflineBundle>,
+    /// The registry mirror (`http://10.0.2.2:<port>`) holding the pod images, for a node that
+    /// pulls them offline.
+    pub mirror: Option<&'a str>,
 }
 
 /// `up`'s cluster step, before the Ignition config is rendered: without a request, "not
@@ -473,6 +541,7 @@ pub async fn cluster_step(
         name: node_name,
         machine_image,
         bundle,
+        mirror,
     } = *node;
     let Some(request) = request else {
         return (
@@ -519,6 +588,7 @@ pub async fn cluster_step(
                 machine_image,
                 &provision::hostile_location(),
                 bundle,
+                mirror,
             );
             (Availability::Ready(Box::new(c.info)), Some(env))
         }
@@ -800,6 +870,27 @@ pub async fn down(r: &dyn Runner, work: &Path) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The pod images sit in the mirror where containerd asks for them: the repository path
+    /// without the registry host, for the pause image the agent configures and the probe's.
+    #[test]
+    fn mirror_paths() {
+        assert_eq!(
+            mirror_path(flex_api::versions::DEFAULT_SANDBOX_IMAGE),
+            "oss/v2/kubernetes/pause:3.9"
+        );
+        assert_eq!(
+            mirror_path(crate::cluster::render::PROBE_IMAGE),
+            "e2e-test-images/busybox:1.36.1-1"
+        );
+        for image in [
+            flex_api::versions::DEFAULT_SANDBOX_IMAGE,
+            crate::cluster::render::PROBE_IMAGE,
+        ] {
+            let registry = image.split('/').next().unwrap();
+            assert!(MIRRORED_REGISTRIES.contains(&registry), "{image}");
+        }
+    }
 
     #[test]
     fn offline_env_is_valid_bootstrap_input() {

@@ -10,8 +10,7 @@ use crate::machine::nspawn;
 
 /// Default node rootfs image (upstream's Ubuntu 24.04 agent image).
 pub const DEFAULT_OCI_IMAGE: &str = "ghcr.io/azure/agent-ubuntu2404:v20260619";
-/// Default pause image.
-pub const DEFAULT_SANDBOX_IMAGE: &str = "mcr.microsoft.com/oss/v2/kubernetes/pause:3.9";
+pub use flex_api::versions::DEFAULT_SANDBOX_IMAGE;
 /// Environment override for the rootfs image (after `bootstrap.ociImage`).
 pub const OCI_IMAGE_ENV: &str = "AGENT_OCI_IMAGE";
 /// The `token kubelogin` server id kubelet passes in exec-credential mode.

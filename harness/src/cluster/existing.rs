@@ -202,6 +202,12 @@ async fn create(
         .await
         .step("wait for the controller")?;
     let token = register_machine(&k, o, &version, false).await?;
+    (o.say)(
+        "cluster: a bridge pod network for the VM's node, unless it has one (DaemonSet aks-flex-harness-cni)",
+    );
+    k.apply(&render::bridge_cni_daemonset(o.node_name))
+        .await
+        .step("apply the bridge CNI DaemonSet")?;
     let dns_service_ip = dns_service_ip(&k).await;
     let tunnel = Tunnel {
         socket: dir.join(TUNNEL_SOCKET),

@@ -345,6 +345,80 @@ pub fn relative_path(from: &Path, to: &Path) -> PathBuf {
     out
 }
 
+/// The pod address range of the bridge network the harness gives a node of an existing cluster
+/// that has no CNI of its own.
+pub const BRIDGE_SUBNET: &str = "10.244.250.0/24";
+
+/// The CNI network list the harness writes on such a node: a `bridge` (`cni0`, the name the
+/// agent's reset removes) with `host-local` addresses from [`BRIDGE_SUBNET`], no masquerade (no
+/// iptables in the machine), as the bundle's CNI plugins implement it.
+pub fn bridge_conflist() -> String {
+    pretty(&json!({
+        "cniVersion": "1.0.0",
+        "name": "aks-flex-harness",
+        "plugins": [{
+            "type": "bridge",
+            "bridge": "cni0",
+            "isGateway": true,
+            "ipMasq": false,
+            "hairpinMode": true,
+            "ipam": {
+                "type": "host-local",
+                "ranges": [[{"subnet": BRIDGE_SUBNET}]],
+                "routes": [{"dst": "0.0.0.0/0"}],
+            },
+        }],
+    }))
+}
+
+/// The DaemonSet that gives the VM's node (`node`) a pod network on an existing cluster without
+/// one: a host-network pod (which needs no CNI) of the probe image writes [`bridge_conflist`]
+/// into the node's `/etc/cni/net.d` — the active machine's, since kubelet runs there, so a
+/// repaved machine gets it again — unless a network config is there already, then idles.
+pub fn bridge_cni_daemonset(node: &str) -> String {
+    let script = format!(
+        "trap 'exit 0' TERM INT; \
+         found=; for f in /host/etc/cni/net.d/*.conf /host/etc/cni/net.d/*.conflist; do [ -e \"$f\" ] && found=1; done; \
+         if [ -z \"$found\" ]; then \
+         cat > /host/etc/cni/net.d/.10-aks-flex-harness.tmp <<'EOF'\n{}EOF\n\
+         mv /host/etc/cni/net.d/.10-aks-flex-harness.tmp /host/etc/cni/net.d/10-aks-flex-harness.conflist; fi; \
+         while true; do sleep 1; done",
+        bridge_conflist()
+    );
+    pretty(&json!({
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": {
+            "name": "aks-flex-harness-cni",
+            "namespace": NAMESPACE,
+            "labels": {MANAGED_BY.0: MANAGED_BY.1},
+        },
+        "spec": {
+            "selector": {"matchLabels": {"app.kubernetes.io/name": "aks-flex-harness-cni"}},
+            "template": {
+                "metadata": {"labels": {"app.kubernetes.io/name": "aks-flex-harness-cni"}},
+                "spec": {
+                    "hostNetwork": true,
+                    "nodeSelector": {"kubernetes.io/hostname": node},
+                    "tolerations": [{"operator": "Exists"}],
+                    "terminationGracePeriodSeconds": 1,
+                    "containers": [{
+                        "name": "cni",
+                        "image": PROBE_IMAGE,
+                        "imagePullPolicy": "IfNotPresent",
+                        "command": ["sh", "-c", script],
+                        "volumeMounts": [{"name": "net-d", "mountPath": "/host/etc/cni/net.d"}],
+                    }],
+                    "volumes": [{
+                        "name": "net-d",
+                        "hostPath": {"path": "/etc/cni/net.d", "type": "DirectoryOrCreate"},
+                    }],
+                },
+            },
+        },
+    }))
+}
+
 fn pretty(v: &Value) -> String {
     let mut s = serde_json::to_string_pretty(v).unwrap_or_default();
     s.push('\n');

@@ -744,3 +744,62 @@ async fn down_for_an_existing_cluster_stops_the_controller_and_deletes_the_token
     );
     assert!(!work.join("cluster").exists());
 }
+
+/// The bridge CNI DaemonSet's script, run for real by `sh` against a temporary directory in
+/// place of the node's `/etc/cni/net.d`: it writes the network list once (valid JSON, the
+/// bridge `cni0`), leaves a node's own network config alone, and exits at once on SIGTERM.
+#[tokio::test]
+async fn the_bridge_cni_script_writes_a_network_unless_there_is_one() {
+    let ds: serde_json::Value =
+        serde_json::from_str(&render::bridge_cni_daemonset("flex-dev-node")).unwrap();
+    let spec = &ds["spec"]["template"]["spec"];
+    assert_eq!(spec["hostNetwork"], true, "it runs before any pod network");
+    assert_eq!(
+        spec["nodeSelector"]["kubernetes.io/hostname"],
+        "flex-dev-node"
+    );
+    let script = spec["containers"][0]["command"][2].as_str().unwrap();
+    for own in [false, true] {
+        let d = tempfile::tempdir().unwrap();
+        let netd = d.path().join("etc/cni/net.d");
+        std::fs::create_dir_all(&netd).unwrap();
+        if own {
+            std::fs::write(netd.join("05-own.conflist"), "{}").unwrap();
+        }
+        let script = script.replace("/host", &d.path().display().to_string());
+        let mut child = tokio::process::Command::new("sh")
+            .arg("-c")
+            .arg(&script)
+            .spawn()
+            .unwrap();
+        let written = netd.join("10-aks-flex-harness.conflist");
+        for _ in 0..50 {
+            if written.exists() {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        rustix::process::kill_process(
+            rustix::process::Pid::from_raw(child.id().unwrap() as i32).unwrap(),
+            rustix::process::Signal::TERM,
+        )
+        .unwrap();
+        let status = tokio::time::timeout(std::time::Duration::from_secs(5), child.wait())
+            .await
+            .expect("exits on SIGTERM")
+            .unwrap();
+        assert!(status.success(), "{status:?}");
+        if own {
+            assert!(!written.exists(), "a node's own network stays alone");
+        } else {
+            let v: serde_json::Value =
+                serde_json::from_slice(&std::fs::read(&written).unwrap()).unwrap();
+            assert_eq!(v["plugins"][0]["bridge"], "cni0");
+            assert_eq!(
+                v["plugins"][0]["ipam"]["ranges"][0][0]["subnet"],
+                render::BRIDGE_SUBNET
+            );
+        }
+    }
+}
