@@ -342,11 +342,9 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             crate::logging::init(&cfg.agent.log_level, Some(Path::new(&cfg.agent.log_dir)));
             log_loaded(&loaded);
             let host = Host::real().await?;
-            let registry = crate::flows::start::NoRegistry(
-                "this agent has no machine-goal client yet; machine registration skipped",
-            );
+            let registry = crate::flows::start::registry_for(cfg).await;
             let machines = crate::machine::node::NodeMachines::new(host.clone(), cfg.clone())?;
-            crate::flows::start::run_start(&host, cfg, &registry, &machines).await?;
+            crate::flows::start::run_start(&host, cfg, registry.as_ref(), &machines).await?;
             print!("{}", crate::flows::start::START_SUCCESS);
             Ok(())
         }
@@ -376,11 +374,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             let host = Host::real().await?;
             let cfg_for_probe = config::Config::default();
             let machines = crate::machine::node::NodeMachines::new(host.clone(), cfg_for_probe)?;
-            let registry = crate::flows::start::NoRegistry(
-                "this agent has no machine-goal client yet; machine registration skipped",
-            );
             let starter = crate::flows::bootstrap::RunStart {
-                registry: &registry,
                 node: &MachinesForConfig(host.clone()),
             };
             crate::flows::bootstrap::main_entry(

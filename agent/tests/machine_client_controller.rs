@@ -722,3 +722,37 @@ async fn controller_mode_sends_no_credentials() {
     assert_eq!(seen[1].path, "/flex/machines/node1/status");
     assert!(seen.iter().all(|s| s.authorization.is_empty()), "{seen:?}");
 }
+
+/// What `start` and the bootstrap register through (`registry_for`), from a config: the real
+/// controller on 127.0.0.1 in `controller` mode; and a client that cannot be built (in-cluster
+/// without credentials) fails the registration only when it is required, naming why.
+#[tokio::test]
+async fn start_registers_through_the_configs_machine_client() {
+    use aks_flex_node::flows::start::registry_for;
+    let c = controller().await;
+    c.store
+        .insert("node1.json", &machine_json("1.35.0", "etag-3"));
+    let registry = registry_for(&controller_config(&c.base)).await;
+    let mut g = goal("1.35.0");
+    ensure_machine(registry.as_ref(), &mut g, true)
+        .await
+        .unwrap();
+    assert_eq!(
+        g.settings_version, "etag-3",
+        "adopted the registered machine"
+    );
+
+    let mut broken = controller_config(&c.base);
+    broken.agent.machine_client.mode = "in-cluster".into();
+    broken.agent.machine_client.endpoint_url = PROXY.into();
+    let registry = registry_for(&broken).await;
+    let mut g = goal("1.35.0");
+    ensure_machine(registry.as_ref(), &mut g, false)
+        .await
+        .unwrap();
+    let e = ensure_machine(registry.as_ref(), &mut g, true)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("machine client: "), "{e}");
+}

@@ -43,8 +43,21 @@ pub fn goal_from_config(c: &Config) -> Result<GoalState, String> {
     Ok(g)
 }
 
-/// A [`MachineRegistry`] for builds or configs without a machine-goal client.
-pub struct NoRegistry(pub &'static str);
+/// A [`MachineRegistry`] whose every call fails with why there is no machine client (one that
+/// could not be built for the config).
+pub struct NoRegistry(pub String);
+
+/// The registry `start` registers the machine through: the machine client for `config`
+/// ([`crate::goalclient::MachineClientRegistry::for_start`]: in-cluster with the bootstrap
+/// credentials, the controller directly, or ARM). A client that cannot be built is a
+/// [`NoRegistry`] saying why, so that [`ensure_machine`] fails the start only with
+/// `agent.requireMachineRegistration`, as for any other registration failure.
+pub async fn registry_for(config: &Config) -> Box<dyn MachineRegistry> {
+    match crate::goalclient::MachineClientRegistry::for_start(config).await {
+        Ok(r) => Box::new(r),
+        Err(e) => Box::new(NoRegistry(format!("machine client: {e}"))),
+    }
+}
 
 #[async_trait]
 impl MachineRegistry for NoRegistry {

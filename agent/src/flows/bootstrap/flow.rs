@@ -20,7 +20,7 @@ use async_trait::async_trait;
 use crate::config::{self, Config, DEFAULT_CONFIG_PATH};
 use crate::context::Host;
 use crate::flows::preflight::{self, RemoteProbe};
-use crate::flows::start::{MachineRegistry, NodeStarter};
+use crate::flows::start::NodeStarter;
 use crate::state::STATE_PATH;
 
 use super::inputs::{CONFIG, Inputs};
@@ -38,10 +38,10 @@ pub trait StartRunner: Send + Sync {
     async fn start(&self, host: &Host, config: &Config) -> anyhow::Result<()>;
 }
 
-/// The real [`StartRunner`]: [`crate::flows::start::run_start`] in this process.
+/// The real [`StartRunner`]: [`crate::flows::start::run_start`] in this process, registering
+/// the machine through the machine client of the rendered config
+/// ([`crate::flows::start::registry_for`]).
 pub struct RunStart<'a> {
-    /// Machine-goal registration.
-    pub registry: &'a dyn MachineRegistry,
     /// The node-machine layer.
     pub node: &'a dyn NodeStarter,
 }
@@ -49,7 +49,8 @@ pub struct RunStart<'a> {
 #[async_trait]
 impl StartRunner for RunStart<'_> {
     async fn start(&self, host: &Host, config: &Config) -> anyhow::Result<()> {
-        crate::flows::start::run_start(host, config, self.registry, self.node).await
+        let registry = crate::flows::start::registry_for(config).await;
+        crate::flows::start::run_start(host, config, registry.as_ref(), self.node).await
     }
 }
 

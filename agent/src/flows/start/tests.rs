@@ -75,9 +75,14 @@ async fn start_runs_in_order_and_saves_state_after_the_node() {
         calls: calls.clone(),
         fail: false,
     };
-    run_start(&f.host, &config(), &NoRegistry("no machine client"), &node)
-        .await
-        .unwrap();
+    run_start(
+        &f.host,
+        &config(),
+        &NoRegistry("no machine client".into()),
+        &node,
+    )
+    .await
+    .unwrap();
     assert_eq!(
         *calls.lock().unwrap(),
         vec!["start_node kube1 state_saved_before=false"]
@@ -113,7 +118,7 @@ async fn node_failure_saves_no_state_and_installs_no_service() {
         calls: Default::default(),
         fail: true,
     };
-    let e = run_start(&f.host, &config(), &NoRegistry("x"), &node)
+    let e = run_start(&f.host, &config(), &NoRegistry("x".into()), &node)
         .await
         .unwrap_err()
         .to_string();
@@ -134,10 +139,15 @@ async fn required_registration_failure_is_fatal() {
         calls: Default::default(),
         fail: false,
     };
-    let e = run_start(&f.host, &c, &NoRegistry("API server unreachable"), &node)
-        .await
-        .unwrap_err()
-        .to_string();
+    let e = run_start(
+        &f.host,
+        &c,
+        &NoRegistry("API server unreachable".into()),
+        &node,
+    )
+    .await
+    .unwrap_err()
+    .to_string();
     assert_eq!(
         e,
         "bootstrap failed: ensure-machine: get machine: API server unreachable"
