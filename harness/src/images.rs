@@ -56,6 +56,7 @@ pub async fn push_tree_image(
     let config = TreeImage {
         cmd: &["/sbin/init"],
         created_by: "cargo xtask up: machine rootfs fixture",
+        for_pods: false,
     };
     push_tree_image_with(r, client, tree, reference, epoch, work, &config).await
 }
@@ -66,6 +67,9 @@ pub struct TreeImage<'a> {
     pub cmd: &'a [&'a str],
     /// Its history entry.
     pub created_by: &'a str,
+    /// For a pod (unpacked by a containerd inside a machine, which may not make device nodes or
+    /// set security xattrs): without `/dev`'s entries and without xattrs.
+    pub for_pods: bool,
 }
 
 /// [`push_tree_image`] with another command and history entry.
@@ -83,12 +87,16 @@ pub async fn push_tree_image_with(
     let tar_path = work.join("layer.tar");
     r.run(
         &Cmd::new("tar")
-            .args([
-                "--sort=name",
-                "--numeric-owner",
-                "--xattrs",
-                "--format=posix",
-            ])
+            .args(["--sort=name", "--numeric-owner"])
+            .args(
+                if image.for_pods {
+                    ["--exclude=./dev/*", "--format=posix"]
+                } else {
+                    ["--xattrs", "--format=posix"]
+                }
+                .iter()
+                .copied(),
+            )
             .arg(format!("--mtime=@{epoch}"))
             .args([
                 "--clamp-mtime",

@@ -495,6 +495,7 @@ async fn push_pod_images(
         let image = images::TreeImage {
             cmd,
             created_by: "cargo xtask up: pod image from the machine rootfs fixture",
+            for_pods: true,
         };
         images::push_tree_image_with(
             r,
