@@ -37,7 +37,7 @@ enum Task {
         controller: bool,
     },
     /// Boot the dev host (or ACL) under QEMU with the agent bootstrapped in its container
-    Up(vm::UpArgs),
+    Up(Box<vm::UpArgs>),
     /// Run the check groups against the VM `up` started
     Check(vm::CheckArgs),
     /// Remove the VM, its disks and the registry
@@ -74,7 +74,7 @@ fn main() -> ExitCode {
                 check_reproducible,
                 controller: false,
             } => image::run(out, check_reproducible).await,
-            Task::Up(a) => vm::up(a).await,
+            Task::Up(a) => vm::up(*a).await,
             Task::Check(a) => vm::check(a).await,
             Task::Down => vm::down().await,
         }
