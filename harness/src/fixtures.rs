@@ -54,9 +54,15 @@ pub const MACHINE_PACKAGES: &[&str] = &[
 pub const BUNDLE_PACKAGES: &[&str] = &["containerd", "runc", "containernetworking-plugins"];
 
 /// mmdebstrap customize hooks of the machine tree: no `/etc/hostname` (the machine keeps the
-/// name systemd-nspawn gives it) and an empty `/etc/resolv.conf` (mmdebstrap copies both from
-/// the build machine).
-pub const MACHINE_HOOKS: &[&str] = &[r#"rm -f "$1/etc/hostname""#, r#": > "$1/etc/resolv.conf""#];
+/// name systemd-nspawn gives it), an empty `/etc/resolv.conf` (mmdebstrap copies both from the
+/// build machine), and an `/etc/hosts` for localhost, as a distribution image has (minbase has
+/// none; containerd copies the node's into every host-network pod and fails without it: found
+/// joining a real control plane).
+pub const MACHINE_HOOKS: &[&str] = &[
+    r#"rm -f "$1/etc/hostname""#,
+    r#": > "$1/etc/resolv.conf""#,
+    r#"printf '127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n' > "$1/etc/hosts""#,
+];
 
 /// The architecture of the bundle's files.
 pub const ARCH: &str = "amd64";
