@@ -118,7 +118,7 @@ pub fn cluster_bootstrap_env(
         ));
     }
     if let Some(m) = mirror {
-        let pairs: Vec<String> = crate::run::MIRRORED_REGISTRIES
+        let pairs: Vec<String> = MIRRORED_REGISTRIES
             .iter()
             .map(|r| format!("{r}={m}"))
             .collect();
@@ -129,6 +129,19 @@ pub fn cluster_bootstrap_env(
     }
     lines.push(String::new());
     lines.join("\n")
+}
+
+/// The registries whose images a node of an offline cluster pulls through the harness's
+/// registry (`node.registryMirrors`): the pause image's and the probe pod's.
+pub const MIRRORED_REGISTRIES: &[&str] = &["mcr.microsoft.com", "registry.k8s.io"];
+
+/// Where an image reference's repository and tag sit in a mirror: the reference without its
+/// registry host (`registry.k8s.io/e2e-test-images/busybox:1.36.1-1` →
+/// `e2e-test-images/busybox:1.36.1-1`).
+pub fn mirror_path(reference: &str) -> &str {
+    reference
+        .split_once('/')
+        .map_or(reference, |(_, rest)| rest)
 }
 
 /// A component bundle with real Kubernetes binaries (`up --k8s-bin-dir`), for a node that joins

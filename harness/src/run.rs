@@ -459,23 +459,10 @@ async fn push_images(
     })
 }
 
-/// The registries whose images a node of an offline cluster pulls through the harness's
-/// registry (`node.registryMirrors`): the pause image's and the probe pod's.
-pub const MIRRORED_REGISTRIES: &[&str] = &["mcr.microsoft.com", "registry.k8s.io"];
-
-/// Where an image reference's repository and tag sit in a mirror: the reference without its
-/// registry host (`registry.k8s.io/e2e-test-images/busybox:1.36.1-1` →
-/// `e2e-test-images/busybox:1.36.1-1`).
-pub fn mirror_path(reference: &str) -> &str {
-    reference
-        .split_once('/')
-        .map_or(reference, |(_, rest)| rest)
-}
-
 /// Pushes the images a node's pods need, built from the machine rootfs fixture `tree` (it has
 /// a shell and coreutils): the agent's default pause image (`sleep infinity`) and the cluster
 /// checks' probe image, each under the path its registry would serve it at, so that a node
-/// whose containerd mirrors [`MIRRORED_REGISTRIES`] here finds them offline.
+/// whose containerd mirrors [`provision::MIRRORED_REGISTRIES`] here finds them offline.
 async fn push_pod_images(
     r: &dyn Runner,
     client: &flex_oci::RegistryClient,
@@ -501,7 +488,7 @@ async fn push_pod_images(
             r,
             client,
             tree,
-            &format!("{}/{}", reg.host_addr(), mirror_path(reference)),
+            &format!("{}/{}", reg.host_addr(), provision::mirror_path(reference)),
             epoch,
             tmp.path(),
             &image,
@@ -877,11 +864,11 @@ mod tests {
     #[test]
     fn mirror_paths() {
         assert_eq!(
-            mirror_path(flex_api::versions::DEFAULT_SANDBOX_IMAGE),
+            provision::mirror_path(flex_api::versions::DEFAULT_SANDBOX_IMAGE),
             "oss/v2/kubernetes/pause:3.9"
         );
         assert_eq!(
-            mirror_path(crate::cluster::render::PROBE_IMAGE),
+            provision::mirror_path(crate::cluster::render::PROBE_IMAGE),
             "e2e-test-images/busybox:1.36.1-1"
         );
         for image in [
@@ -889,7 +876,10 @@ mod tests {
             crate::cluster::render::PROBE_IMAGE,
         ] {
             let registry = image.split('/').next().unwrap();
-            assert!(MIRRORED_REGISTRIES.contains(&registry), "{image}");
+            assert!(
+                provision::MIRRORED_REGISTRIES.contains(&registry),
+                "{image}"
+            );
         }
     }
 
