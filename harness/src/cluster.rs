@@ -617,19 +617,7 @@ async fn deploy_controller(
     image: &str,
 ) -> Result<(), StepError> {
     (o.say)("cluster: deploy/crds, deploy/controller (CSR approver on, the daemons' RBAC)");
-    let crds = o.repo.join("deploy/crds/machina.yaml");
-    k.run(["apply", "--server-side", "-f", &crds.display().to_string()])
-        .await
-        .step("apply deploy/crds")?;
-    k.run([
-        "wait",
-        "--for=condition=established",
-        "--timeout=60s",
-        "crd/machineoperations.unbounded-cloud.io",
-        "crd/machines.unbounded-cloud.io",
-    ])
-    .await
-    .step("wait for the CRDs")?;
+    apply_crds(k, o.repo).await?;
     let overlay = dir.join("controller");
     std::fs::create_dir_all(&overlay).step("create the controller overlay")?;
     let base = render::relative_path(
@@ -644,6 +632,24 @@ async fn deploy_controller(
     k.run(["apply", "-k", &overlay.display().to_string()])
         .await
         .step("apply deploy/controller")?;
+    Ok(())
+}
+
+/// Applies `deploy/crds` (server-side) and waits until the API server serves them.
+async fn apply_crds(k: &Kubectl<'_>, repo: &Path) -> Result<(), StepError> {
+    let crds = repo.join("deploy/crds/machina.yaml");
+    k.run(["apply", "--server-side", "-f", &crds.display().to_string()])
+        .await
+        .step("apply deploy/crds")?;
+    k.run([
+        "wait",
+        "--for=condition=established",
+        "--timeout=60s",
+        "crd/machineoperations.unbounded-cloud.io",
+        "crd/machines.unbounded-cloud.io",
+    ])
+    .await
+    .step("wait for the CRDs")?;
     Ok(())
 }
 

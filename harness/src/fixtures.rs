@@ -607,14 +607,7 @@ pub fn write_bundle(
             0o644,
         )?;
     }
-    let crictl = v.crictl()?;
-    write_tgz(
-        &dest.join(format!("crictl-v{crictl}-linux-{ARCH}.tar.gz")),
-        vec![(
-            "crictl".into(),
-            Member::Text(render_stand_in(stand_in("crictl")?, &crictl)),
-        )],
-    )?;
+    write_crictl(dest, &v.crictl()?)?;
     let mut members: Vec<(String, Member)> = inputs
         .containerd
         .iter()
@@ -712,14 +705,7 @@ pub fn bundle_with_kubernetes(
         kubernetes: version.to_string(),
         ..v.clone()
     };
-    let crictl = out.crictl()?;
-    write_tgz(
-        &dest.join(format!("crictl-v{crictl}-linux-{ARCH}.tar.gz")),
-        vec![(
-            "crictl".into(),
-            Member::Text(render_stand_in(stand_in("crictl")?, &crictl)),
-        )],
-    )?;
+    write_crictl(dest, &out.crictl()?)?;
     let readme = dest.join("README.md");
     let mut text = std::fs::read_to_string(&readme).unwrap_or_default();
     text.push_str(&format!(
@@ -728,6 +714,17 @@ pub fn bundle_with_kubernetes(
     ));
     write_file(dest, "README.md", text.as_bytes(), 0o644)?;
     Ok(out)
+}
+
+/// The crictl stand-in's archive for version `crictl`, as cri-tools names it.
+fn write_crictl(dest: &Path, crictl: &str) -> Result<()> {
+    write_tgz(
+        &dest.join(format!("crictl-v{crictl}-linux-{ARCH}.tar.gz")),
+        vec![(
+            "crictl".into(),
+            Member::Text(render_stand_in(stand_in("crictl")?, crictl)),
+        )],
+    )
 }
 
 /// One member of a generated archive.

@@ -99,21 +99,23 @@ pub async fn start(r: &dyn Runner, dir: &Path) -> anyhow::Result<Registry> {
     Ok(reg)
 }
 
+/// `start-stop-daemon` stopping the daemon of `pidfile`: TERM, then KILL; exit 1 when nothing
+/// runs. The registry and an existing cluster's local controller stop through it.
+pub fn stop_daemon_cmd(pidfile: &Path) -> Cmd {
+    Cmd::new("start-stop-daemon")
+        .args([
+            "--stop",
+            "--retry",
+            "TERM/10/KILL/5",
+            "--remove-pidfile",
+            "--pidfile",
+        ])
+        .arg(pidfile.display().to_string())
+}
+
 /// Stops the registry with `r` (no error when it is not running).
 pub async fn stop(r: &dyn Runner, reg: &Registry) -> anyhow::Result<()> {
-    let out = r
-        .output(
-            &Cmd::new("start-stop-daemon")
-                .args([
-                    "--stop",
-                    "--retry",
-                    "TERM/10/KILL/5",
-                    "--remove-pidfile",
-                    "--pidfile",
-                ])
-                .arg(reg.pidfile().display().to_string()),
-        )
-        .await?;
+    let out = r.output(&stop_daemon_cmd(&reg.pidfile())).await?;
     // Exit 1: nothing was running.
     if !(out.success() || out.code == Some(1)) {
         anyhow::bail!("stop registry: {}", out.stderr.trim());

@@ -251,16 +251,8 @@ mod tests {
     #![allow(clippy::unwrap_used)] // test code: a panic is a failure
 
     use super::*;
+    use crate::machine::nodegoal::tests::config;
     use flex_testkit::FakeHost;
-
-    fn config(mutate: impl FnOnce(&mut serde_json::Value)) -> Config {
-        let mut v: serde_json::Value =
-            serde_json::from_str(include_str!("../../tests/fixtures/config-token.json")).unwrap();
-        mutate(&mut v);
-        crate::config::parse(v.to_string().as_bytes(), &|| Ok("h".into()))
-            .unwrap()
-            .config
-    }
 
     /// The real provision over a fake host (recording runner and systemd, a temporary root),
     /// config from the token fixture: a wrong machine name, Kubernetes version or image

@@ -222,10 +222,11 @@ impl MachineGoal {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn config(mutate: impl FnOnce(&mut serde_json::Value)) -> Config {
+    /// The token fixture's config with `mutate` applied (the node-machine tests use it too).
+    pub(crate) fn config(mutate: impl FnOnce(&mut serde_json::Value)) -> Config {
         let mut v: serde_json::Value =
             serde_json::from_str(include_str!("../../tests/fixtures/config-token.json")).unwrap();
         mutate(&mut v);

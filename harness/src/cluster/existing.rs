@@ -91,15 +91,7 @@ impl LocalController {
 
     /// `start-stop-daemon` stopping it (TERM, then KILL).
     pub fn stop_cmd(&self) -> Cmd {
-        Cmd::new("start-stop-daemon")
-            .args([
-                "--stop",
-                "--retry",
-                "TERM/10/KILL/5",
-                "--remove-pidfile",
-                "--pidfile",
-            ])
-            .arg(self.pidfile.display().to_string())
+        crate::registry::stop_daemon_cmd(&self.pidfile)
     }
 }
 
@@ -290,19 +282,7 @@ fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 /// `deploy/crds` (server-side, waited for), then the controller's ServiceAccount, ConfigMap and
 /// RBAC from `deploy/controller` (not its Deployment or Service: the controller runs locally).
 async fn apply_manifests(k: &Kubectl<'_>, repo: &Path) -> Result<(), StepError> {
-    let crds = repo.join("deploy/crds/machina.yaml");
-    k.run(["apply", "--server-side", "-f", &crds.display().to_string()])
-        .await
-        .step("apply deploy/crds")?;
-    k.run([
-        "wait",
-        "--for=condition=established",
-        "--timeout=60s",
-        "crd/machineoperations.unbounded-cloud.io",
-        "crd/machines.unbounded-cloud.io",
-    ])
-    .await
-    .step("wait for the CRDs")?;
+    super::apply_crds(k, repo).await?;
     for f in LOCAL_CONTROLLER_MANIFESTS {
         let path = repo.join("deploy/controller").join(f);
         k.run(["apply", "-f", &path.display().to_string()])
