@@ -745,9 +745,10 @@ async fn down_for_an_existing_cluster_stops_the_controller_and_deletes_the_token
     assert!(!work.join("cluster").exists());
 }
 
-/// The bridge CNI DaemonSet's script, run for real by `sh` against a temporary directory in
-/// place of the node's `/etc/cni/net.d`: it writes the network list once (valid JSON, the
-/// bridge `cni0`), leaves a node's own network config alone, and exits at once on SIGTERM.
+/// The bridge CNI DaemonSet's script, run for real by `sh` (through the harness's runner)
+/// against a temporary directory in place of the node's `/etc/cni/net.d`, its idle loop cut
+/// short: it writes the network list (valid JSON, the bridge `cni0`) and leaves a node's own
+/// network config alone.
 #[tokio::test]
 async fn the_bridge_cni_script_writes_a_network_unless_there_is_one() {
     let ds: serde_json::Value =
@@ -759,6 +760,10 @@ async fn the_bridge_cni_script_writes_a_network_unless_there_is_one() {
         "flex-dev-node"
     );
     let script = spec["containers"][0]["command"][2].as_str().unwrap();
+    let idle = "while true; do sleep 1; done";
+    assert!(script.ends_with(idle), "{script}");
+    assert!(script.starts_with("trap 'exit 0' TERM INT;"), "{script}");
+    let r = flex_host::runner::ProcessRunner::new();
     for own in [false, true] {
         let d = tempfile::tempdir().unwrap();
         let netd = d.path().join("etc/cni/net.d");
@@ -766,30 +771,11 @@ async fn the_bridge_cni_script_writes_a_network_unless_there_is_one() {
         if own {
             std::fs::write(netd.join("05-own.conflist"), "{}").unwrap();
         }
-        let script = script.replace("/host", &d.path().display().to_string());
-        let mut child = tokio::process::Command::new("sh")
-            .arg("-c")
-            .arg(&script)
-            .spawn()
-            .unwrap();
+        let once = script
+            .replace("/host", &d.path().display().to_string())
+            .replace(idle, "true");
+        r.run(&Cmd::new("sh").arg("-c").arg(once)).await.unwrap();
         let written = netd.join("10-aks-flex-harness.conflist");
-        for _ in 0..50 {
-            if written.exists() {
-                break;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-        rustix::process::kill_process(
-            rustix::process::Pid::from_raw(child.id().unwrap() as i32).unwrap(),
-            rustix::process::Signal::TERM,
-        )
-        .unwrap();
-        let status = tokio::time::timeout(std::time::Duration::from_secs(5), child.wait())
-            .await
-            .expect("exits on SIGTERM")
-            .unwrap();
-        assert!(status.success(), "{status:?}");
         if own {
             assert!(!written.exists(), "a node's own network stays alone");
         } else {
@@ -800,6 +786,7 @@ async fn the_bridge_cni_script_writes_a_network_unless_there_is_one() {
                 v["plugins"][0]["ipam"]["ranges"][0][0]["subnet"],
                 render::BRIDGE_SUBNET
             );
+            assert!(!netd.join(".10-aks-flex-harness.tmp").exists());
         }
     }
 }
