@@ -595,17 +595,9 @@ pub fn write_bundle(
 ) -> Result<()> {
     std::fs::create_dir_all(dest.join("kubernetes"))
         .with_context(|| format!("creating {}", dest.display()))?;
-    for b in ["kubelet", "kubectl", "kube-proxy"] {
+    for b in KUBERNETES_BINARIES {
         let text = render_stand_in(stand_in(b)?, &v.kubernetes);
-        write_file(dest, &format!("kubernetes/{b}"), text.as_bytes(), 0o755)?;
-        // As dl.k8s.io publishes them: the hex digest alone.
-        let sum = hex::encode(Sha256::digest(text.as_bytes()));
-        write_file(
-            dest,
-            &format!("kubernetes/{b}.sha256"),
-            sum.as_bytes(),
-            0o644,
-        )?;
+        write_kubernetes_binary(dest, b, text.as_bytes())?;
     }
     write_crictl(dest, &v.crictl()?)?;
     let mut members: Vec<(String, Member)> = inputs
@@ -690,14 +682,7 @@ pub fn bundle_with_kubernetes(
     for b in KUBERNETES_BINARIES {
         let bytes = std::fs::read(bin_dir.join(b))
             .with_context(|| format!("reading {}", bin_dir.join(b).display()))?;
-        write_file(dest, &format!("kubernetes/{b}"), &bytes, 0o755)?;
-        let sum = hex::encode(Sha256::digest(&bytes));
-        write_file(
-            dest,
-            &format!("kubernetes/{b}.sha256"),
-            sum.as_bytes(),
-            0o644,
-        )?;
+        write_kubernetes_binary(dest, b, &bytes)?;
     }
     let old = dest.join(format!("crictl-v{}-linux-{ARCH}.tar.gz", v.crictl()?));
     std::fs::remove_file(&old).with_context(|| format!("removing {}", old.display()))?;
@@ -714,6 +699,18 @@ pub fn bundle_with_kubernetes(
     ));
     write_file(dest, "README.md", text.as_bytes(), 0o644)?;
     Ok(out)
+}
+
+/// `kubernetes/<name>` (0755) and its `.sha256` as dl.k8s.io publishes it: the hex digest alone.
+fn write_kubernetes_binary(dest: &Path, name: &str, bytes: &[u8]) -> Result<()> {
+    write_file(dest, &format!("kubernetes/{name}"), bytes, 0o755)?;
+    let sum = hex::encode(Sha256::digest(bytes));
+    write_file(
+        dest,
+        &format!("kubernetes/{name}.sha256"),
+        sum.as_bytes(),
+        0o644,
+    )
 }
 
 /// The crictl stand-in's archive for version `crictl`, as cri-tools names it.
