@@ -240,7 +240,8 @@ const DISABLED_STATES: &[&str] = &[
 ];
 
 /// `StopMachine`: disables the machine, powers it off (`machinectl poweroff`, retried), waits
-/// for machined to drop it, and terminates it if it lingers.
+/// for machined to drop it, terminates it if it lingers, and at last kills every process in it
+/// (`machinectl kill --kill-whom=all --signal=SIGKILL`).
 pub async fn stop_machine(host: &Host, machine: &str, t: Timings) -> Result<(), MachineError> {
     if let Err(e) = host
         .runner
@@ -300,6 +301,24 @@ pub async fn stop_machine(host: &Host, machine: &str, t: Timings) -> Result<(), 
         tracing::warn!(machine, error = %e, "machinectl terminate failed");
     }
     if wait_gone(host, machine, t.poll, t.terminate_wait).await? {
+        return Ok(());
+    }
+    // `terminate` only asks systemd to stop the machine's unit, which waits for the machine's
+    // own shutdown: a pod whose process ignores SIGTERM (a container's PID 1 without a
+    // handler) holds it until the inner stop timeout. The machine is going away either way, so
+    // the last step kills every process in it.
+    if let Err(e) = host
+        .runner
+        .run(&Cmd::new("machinectl").args(["kill", "--kill-whom=all", "--signal=SIGKILL", machine]))
+        .await
+    {
+        tracing::warn!(machine, error = %e, "machinectl kill failed");
+    }
+    if wait_gone(host, machine, t.poll, t.terminate_wait).await? {
+        tracing::warn!(
+            machine,
+            "machine stopped only after SIGKILL to all its processes"
+        );
         return Ok(());
     }
     Err(MachineError::StillRegistered(machine.into()))
@@ -489,8 +508,8 @@ pub async fn cleanup_machine(host: &Host, machine: &str, t: Timings) -> Result<(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::runner::Output;
-    use flex_testkit::FakeHost;
+    use crate::runner::{CmdError, Output, Runner};
+    use flex_testkit::{FakeHost, FakeRunner};
 
     #[test]
     fn names_and_paths() {
@@ -653,10 +672,60 @@ mod tests {
             e.to_string(),
             "machine kube2 remains registered after termination"
         );
-        assert!(
-            f.runner
-                .calls()
-                .contains(&"machinectl terminate kube2".to_string())
+        let calls = f.runner.calls();
+        let at = |c: &str| calls.iter().position(|x| x == c);
+        let terminate = at("machinectl terminate kube2").unwrap();
+        let kill = at("machinectl kill --kill-whom=all --signal=SIGKILL kube2").unwrap();
+        assert!(terminate < kill, "SIGKILL only after terminate: {calls:?}");
+    }
+
+    /// Real: the stop ladder. Faked: the host (machinectl answers). A machine held by a process
+    /// that ignores SIGTERM lingers through poweroff and terminate and goes after SIGKILL.
+    #[tokio::test]
+    async fn a_machine_held_by_a_sigterm_ignoring_pod_is_killed() {
+        /// machined's view: the machine stays listed until SIGKILL reached its processes.
+        struct HeldUntilKilled(FakeRunner);
+        #[async_trait::async_trait]
+        impl Runner for HeldUntilKilled {
+            async fn output(&self, cmd: &Cmd) -> Result<Output, CmdError> {
+                let killed = self
+                    .0
+                    .calls()
+                    .iter()
+                    .any(|c| c.starts_with("machinectl kill"));
+                let out = self.0.output(cmd).await?;
+                Ok(
+                    if cmd.display_argv().starts_with("machinectl list") && !killed {
+                        Output::ok("kube1 container systemd-nspawn debian 12 -\n")
+                    } else {
+                        out
+                    },
+                )
+            }
+            fn which(&self, program: &str) -> Option<std::path::PathBuf> {
+                self.0.which(program)
+            }
+        }
+        let f = FakeHost::new().unwrap();
+        let mut host = f.host.clone();
+        host.runner = std::sync::Arc::new(HeldUntilKilled(f.runner.clone()));
+        stop_machine(&host, KUBE1, Timings::instant())
+            .await
+            .unwrap();
+        let calls: Vec<String> = f
+            .runner
+            .calls()
+            .into_iter()
+            .filter(|c| !c.starts_with("machinectl list"))
+            .collect();
+        assert_eq!(
+            calls,
+            [
+                "machinectl disable kube1",
+                "machinectl poweroff kube1",
+                "machinectl terminate kube1",
+                "machinectl kill --kill-whom=all --signal=SIGKILL kube1",
+            ]
         );
     }
 
