@@ -1,6 +1,7 @@
 //! The command line: `start` (`bootstrap`), `daemon` (`agent`), `reset` (`unbootstrap`),
-//! `preflight` and `version`, with upstream's messages and exit codes: on failure
-//! `Command execution failed: <error>` on stderr and exit code 1; usage errors also exit 1.
+//! `preflight`, `version` and `token kubelogin`, with upstream's messages and exit codes: on
+//! failure `Command execution failed: <error>` on stderr and exit code 1; usage errors also
+//! exit 1.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -74,6 +75,9 @@ pub enum Command {
     Reset,
     /// Print version information
     Version,
+    /// Kubernetes exec based authentication provider
+    #[command(subcommand)]
+    Token(TokenCommand),
     /// Bootstrap this host from AKS_FLEX_NODE_* inputs (what bootstrap.sh runs)
     #[command(
         long_about = "Render the config from AKS_FLEX_NODE_* inputs (an env file read as data, and the environment), run preflight, then run start once. scripts/bootstrap.sh runs this after installing the agent; the agent's image runs it as aks-flex-node-bootstrap."
@@ -103,6 +107,48 @@ pub enum Command {
         /// The machine: kube1 or kube2
         machine: String,
     },
+}
+
+/// `token` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum TokenCommand {
+    /// Print a Microsoft Entra ID token for the API server as an ExecCredential (kubelet's exec
+    /// credential plugin)
+    #[command(
+        long_about = "Print a Microsoft Entra ID token for the API server as a Kubernetes ExecCredential on stdout: the exec credential plugin kubelet and the daemon run for a service principal or managed identity. The request comes from KUBERNETES_EXEC_INFO, the credential from AAD_LOGIN_METHOD (spn: AAD_SERVICE_PRINCIPAL_CLIENT_ID, AAD_SERVICE_PRINCIPAL_CLIENT_SECRET, AZURE_TENANT_ID; msi: AZURE_CLIENT_ID for a user-assigned identity). AZURE_AUTHORITY_HOST and AKS_FLEX_NODE_IMDS_ENDPOINT override the endpoints."
+    )]
+    Kubelogin(KubeloginArgs),
+}
+
+/// `token kubelogin` flags.
+#[derive(Debug, Args)]
+pub struct KubeloginArgs {
+    /// Microsoft Entra ID application id of the API server (the token's audience)
+    #[arg(long, value_name = "ID", default_value = crate::flows::token::DEFAULT_SERVER_ID)]
+    pub server_id: String,
+    /// Ask for a proof-of-possession token (not supported: fails)
+    #[arg(long)]
+    pub pop_enabled: bool,
+    /// Proof-of-possession claims, k=v,... (not supported)
+    #[arg(long, value_name = "CLAIMS")]
+    pub pop_claims: Option<String>,
+}
+
+/// `token kubelogin`: logs (warnings and worse) on stderr, the credential on stdout.
+async fn run_kubelogin(a: KubeloginArgs) -> anyhow::Result<()> {
+    use crate::flows::token;
+    use crate::goalclient::azure;
+    crate::logging::init("warning", None);
+    let options = token::KubeloginOptions {
+        server_id: a.server_id,
+        pop_enabled: a.pop_enabled,
+        pop_claims: a.pop_claims.unwrap_or_default(),
+    };
+    token::check_options(&options)?;
+    let env = azure::process_env();
+    let credential = azure::from_kubelogin_env(&env)?;
+    print!("{}", token::kubelogin(&options, &env, &credential).await?);
+    Ok(())
 }
 
 /// `operation` subcommands.
@@ -357,6 +403,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             let shutdown = crate::flows::daemon::shutdown_on_signals()?;
             crate::flows::daemon::run(cfg, shutdown).await
         }
+        Command::Token(TokenCommand::Kubelogin(a)) => run_kubelogin(a).await,
         Command::Debug(d) => run_debug(d).await,
         Command::Operation(o) => run_operation(o).await,
         Command::Recover => {

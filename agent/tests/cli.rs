@@ -1,12 +1,16 @@
 //! The `aks-flex-node` binary, run for real (assert_cmd): help, version, preflight on good and
-//! bad configs, exit codes, root checks, and the daemon's clean SIGTERM path. Nothing is faked;
-//! no test here changes the machine (start and reset are only run where they must refuse).
+//! bad configs, exit codes, root checks, the daemon's clean SIGTERM path, and `token kubelogin`
+//! end to end. Nothing in the agent is faked; `token kubelogin` talks to a scripted HTTP server
+//! on 127.0.0.1 (`flex_testkit::http`) playing Microsoft Entra ID and IMDS, reached through
+//! `AZURE_AUTHORITY_HOST` and `AKS_FLEX_NODE_IMDS_ENDPOINT`. No test here changes the machine
+//! (start and reset are only run where they must refuse).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure
 
 use std::path::{Path, PathBuf};
 
 use assert_cmd::Command;
+use flex_testkit::http::{Reply, ScriptedServer};
 use predicates::prelude::*;
 
 const TOKEN_FIXTURE: &str = include_str!("fixtures/config-token.json");
@@ -315,4 +319,254 @@ fn daemon_stops_cleanly_on_sigterm_and_logs_no_secrets() {
         std::fs::metadata(&log_file).unwrap().permissions().mode() & 0o777,
         0o600
     );
+}
+
+// --- token kubelogin ---------------------------------------------------------------------------
+
+const SP_SECRET: &str = "sp-s3cret+/=&value";
+const AAD_TOKEN: &str = "eyJ0eXAiOiJKV1Qi.kubelogin.token";
+const AKS_SERVER_ID: &str = "6dae42f8-4368-4678-94ff-3960e28e3630";
+
+/// `token kubelogin` with only the given environment (so nothing on this host leaks in).
+fn kubelogin(env: &[(&str, &str)]) -> Command {
+    let mut c = bin();
+    c.env_clear().args(["token", "kubelogin"]);
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c
+}
+
+fn spn_env(authority: &str) -> Vec<(&'static str, String)> {
+    vec![
+        ("AAD_LOGIN_METHOD", "spn".into()),
+        ("AAD_SERVICE_PRINCIPAL_CLIENT_ID", "client-1".into()),
+        ("AAD_SERVICE_PRINCIPAL_CLIENT_SECRET", SP_SECRET.into()),
+        ("AZURE_TENANT_ID", "tenant-1".into()),
+        ("AZURE_AUTHORITY_HOST", authority.into()),
+    ]
+}
+
+fn as_refs<'a>(env: &'a [(&'static str, String)]) -> Vec<(&'static str, &'a str)> {
+    env.iter().map(|(k, v)| (*k, v.as_str())).collect()
+}
+
+fn form(body: &str) -> std::collections::BTreeMap<String, String> {
+    url::form_urlencoded::parse(body.as_bytes())
+        .into_owned()
+        .collect()
+}
+
+#[test]
+fn token_kubelogin_prints_an_exec_credential_from_entra_id() {
+    let aad = ScriptedServer::start(vec![Reply::json(
+        200,
+        &format!(r#"{{"token_type":"Bearer","expires_in":3599,"access_token":"{AAD_TOKEN}"}}"#),
+    )])
+    .unwrap();
+    let mut env = spn_env(&aad.url("/"));
+    env.push((
+        "KUBERNETES_EXEC_INFO",
+        r#"{"kind":"ExecCredential","apiVersion":"client.authentication.k8s.io/v1beta1","spec":{"interactive":false}}"#.into(),
+    ));
+    let out = kubelogin(&as_refs(&env))
+        .assert()
+        .success()
+        .stderr("")
+        .get_output()
+        .stdout
+        .clone();
+    let text = String::from_utf8(out).unwrap();
+    assert!(
+        text.starts_with("{\n  \"kind\": \"ExecCredential\",\n"),
+        "{text}"
+    );
+    assert!(text.ends_with("}\n"), "{text}");
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["apiVersion"], "client.authentication.k8s.io/v1beta1");
+    assert_eq!(v["spec"], serde_json::json!({"interactive": false}));
+    assert_eq!(v["status"]["token"], AAD_TOKEN);
+    let expiry = v["status"]["expirationTimestamp"].as_str().unwrap();
+    let expiry: k8s_openapi::jiff::Timestamp = expiry.parse().unwrap();
+    let left = expiry.as_second() - k8s_openapi::jiff::Timestamp::now().as_second();
+    assert!((3500..=3600).contains(&left), "{expiry} is {left}s away");
+
+    let reqs = aad.requests();
+    assert_eq!(reqs.len(), 1);
+    assert_eq!(reqs[0].method, "POST");
+    assert_eq!(reqs[0].target, "/tenant-1/oauth2/v2.0/token");
+    let f = form(&reqs[0].body_text());
+    assert_eq!(f["grant_type"], "client_credentials");
+    assert_eq!(f["client_id"], "client-1");
+    assert_eq!(f["client_secret"], SP_SECRET);
+    assert_eq!(f["scope"], format!("{AKS_SERVER_ID}/.default"));
+}
+
+#[test]
+fn token_kubelogin_with_a_managed_identity_asks_imds() {
+    let imds = ScriptedServer::start(vec![Reply::json(
+        200,
+        &format!(r#"{{"access_token":"{AAD_TOKEN}","expires_in":"86399","expires_on":"1900000000","token_type":"Bearer"}}"#),
+    )])
+    .unwrap();
+    let endpoint = imds.url("/metadata/identity/oauth2/token");
+    let out = kubelogin(&[
+        ("AAD_LOGIN_METHOD", "msi"),
+        ("AZURE_CLIENT_ID", "mi-client"),
+        ("AKS_FLEX_NODE_IMDS_ENDPOINT", &endpoint),
+    ])
+    .args(["--server-id", "api://custom"])
+    .assert()
+    .success()
+    .get_output()
+    .stdout
+    .clone();
+    let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    assert_eq!(
+        v["apiVersion"], "client.authentication.k8s.io/v1",
+        "no KUBERNETES_EXEC_INFO"
+    );
+    assert_eq!(v["status"]["expirationTimestamp"], "2030-03-17T17:46:40Z");
+    assert_eq!(v["status"]["token"], AAD_TOKEN);
+    let reqs = imds.requests();
+    assert_eq!(reqs.len(), 1);
+    assert_eq!(reqs[0].method, "GET");
+    assert_eq!(reqs[0].path(), "/metadata/identity/oauth2/token");
+    assert_eq!(reqs[0].header("metadata"), Some("true"));
+    assert_eq!(
+        form(reqs[0].query()),
+        std::collections::BTreeMap::from([
+            ("api-version".to_string(), "2018-02-01".to_string()),
+            ("resource".to_string(), "api://custom".to_string()),
+            ("client_id".to_string(), "mi-client".to_string()),
+        ])
+    );
+}
+
+#[test]
+fn token_kubelogin_failures_are_one_line_without_the_secret() {
+    let aad = ScriptedServer::start(vec![Reply::json(
+        401,
+        r#"{"error":"invalid_client","error_description":"AADSTS7000215: Invalid client secret provided."}"#,
+    )])
+    .unwrap();
+    let env = spn_env(&aad.url("/"));
+    let out = kubelogin(&as_refs(&env))
+        .assert()
+        .code(1)
+        .stdout("")
+        .get_output()
+        .stderr
+        .clone();
+    let stderr = String::from_utf8(out).unwrap();
+    assert_eq!(
+        stderr,
+        format!(
+            "Command execution failed: get a token for {AKS_SERVER_ID}/.default: Microsoft Entra ID token request to {}: status 401 Unauthorized: invalid_client: AADSTS7000215: Invalid client secret provided.\n",
+            aad.url("/tenant-1/oauth2/v2.0/token")
+        )
+    );
+    assert!(!stderr.contains(SP_SECRET));
+
+    // Refused before any request.
+    let env = as_refs(&env);
+    for (args, extra, want) in [
+        (vec!["--server-id", ""], None, "server-id is required"),
+        (
+            vec!["--pop-enabled", "--pop-claims", "u=https://k"],
+            None,
+            "--pop-enabled: proof-of-possession tokens are not supported by this agent",
+        ),
+        (
+            vec![],
+            Some(
+                r#"{"kind":"ExecCredential","apiVersion":"client.authentication.k8s.io/v1alpha1"}"#,
+            ),
+            "unsupported ExecCredential version \"v1alpha1\" (wanted v1 or v1beta1)",
+        ),
+    ] {
+        let mut c = kubelogin(&env);
+        if let Some(info) = extra {
+            c.env("KUBERNETES_EXEC_INFO", info);
+        }
+        c.args(&args)
+            .assert()
+            .code(1)
+            .stdout("")
+            .stderr(format!("Command execution failed: {want}\n"));
+    }
+    kubelogin(&[])
+        .assert()
+        .code(1)
+        .stderr("Command execution failed: AAD_LOGIN_METHOD is not set (supported: spn, msi)\n");
+    assert_eq!(aad.requests().len(), 1);
+}
+
+/// The daemon's Kubernetes client in service principal mode, end to end: the exec credential of
+/// `kubeclient::bootstrap_config` runs this binary's `token kubelogin` (kube spawns it, with the
+/// config's `AAD_*` environment), which gets its token from the scripted Entra ID, and the
+/// scripted API server receives that token as the bearer. Changed from the config's: only the
+/// plugin's path (this build's binary) and `AZURE_AUTHORITY_HOST`.
+#[tokio::test]
+async fn the_kube_client_sends_the_token_that_token_kubelogin_prints() {
+    use base64::Engine as _;
+    let aad = ScriptedServer::start(vec![Reply::json(
+        200,
+        &format!(r#"{{"token_type":"Bearer","expires_in":3599,"access_token":"{AAD_TOKEN}"}}"#),
+    )])
+    .unwrap();
+    let api = ScriptedServer::start(vec![Reply::json(
+        404,
+        r#"{"kind":"Status","apiVersion":"v1","status":"Failure","message":"nodes \"n1\" not found","reason":"NotFound","code":404}"#,
+    )])
+    .unwrap();
+    let ca = rcgen::generate_simple_self_signed(vec!["cluster-ca".to_string()]).unwrap();
+    let mut cfg = aks_flex_node::config::Config::default();
+    cfg.components.kubernetes = "1.35.0".into();
+    cfg.node.kubelet.cluster_fqdn = api.url("");
+    cfg.node.kubelet.ca_cert_data =
+        base64::engine::general_purpose::STANDARD.encode(ca.cert.pem().as_bytes());
+    cfg.azure.service_principal = Some(aks_flex_node::config::ServicePrincipal {
+        tenant_id: "tenant-1".into(),
+        client_id: "client-1".into(),
+        client_secret: aks_flex_node::config::Secret::new(SP_SECRET),
+    });
+    let mut kc = aks_flex_node::kubeclient::bootstrap_config(&cfg)
+        .await
+        .unwrap();
+    let exec = kc.auth_info.exec.as_mut().unwrap();
+    exec.command = Some(
+        assert_cmd::cargo::cargo_bin("aks-flex-node")
+            .display()
+            .to_string(),
+    );
+    exec.env.get_or_insert_default().push(
+        [
+            ("name".to_string(), "AZURE_AUTHORITY_HOST".to_string()),
+            ("value".to_string(), aad.url("/")),
+        ]
+        .into(),
+    );
+    let client = aks_flex_node::kubeclient::client_from(kc).unwrap();
+    let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(client);
+    match nodes.get("n1").await {
+        Err(kube::Error::Api(s)) => assert_eq!(s.code, 404),
+        other => panic!("want the API server's 404, got {other:?}"),
+    }
+    let sent = api.requests();
+    assert_eq!(sent.len(), 1);
+    assert_eq!(sent[0].path(), "/api/v1/nodes/n1");
+    assert_eq!(
+        sent[0].header("authorization"),
+        Some(format!("Bearer {AAD_TOKEN}").as_str())
+    );
+    // kube runs the plugin more than once while building the client (for a client certificate
+    // in its TLS setup, then for the bearer token); each run is a new process and asks anew.
+    let asked = aad.requests();
+    assert!(!asked.is_empty());
+    for r in &asked {
+        let f = form(&r.body_text());
+        assert_eq!(f["client_secret"], SP_SECRET);
+        assert_eq!(f["scope"], format!("{AKS_SERVER_ID}/.default"));
+    }
 }

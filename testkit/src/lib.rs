@@ -3,8 +3,10 @@
 //!
 //! They sit exactly at the trait boundaries ([`Runner`], [`SystemdManager`], [`HostInfo`]):
 //! everything above them is the real code. Files are never faked: tests give
-//! [`flex_host::fs::HostFs`] a temporary root instead.
+//! [`flex_host::fs::HostFs`] a temporary root instead. HTTP peers are not faked either:
+//! [`http::ScriptedServer`] is a real server on 127.0.0.1 with scripted answers.
 
+pub mod http;
 pub mod layer_builder;
 pub mod operations;
 

@@ -10,7 +10,9 @@
 //! - [`operations`]: MachineOperations: records, handlers, the reconciler, local runs;
 //! - [`upgrade`]: AgentUpgrade and recovery;
 //! - [`preflight`]: preflight checks and their report;
-//! - [`setup_host`]: host setup (`setupHost`: packages, OS configuration).
+//! - [`setup_host`]: host setup (`setupHost`: packages, OS configuration);
+//! - [`token`]: `token kubelogin`, the exec credential plugin (an Entra ID token as an
+//!   `ExecCredential`).
 
 pub mod bootstrap;
 pub mod daemon;
@@ -21,4 +23,5 @@ pub mod repave;
 pub mod reset;
 pub mod setup_host;
 pub mod start;
+pub mod token;
 pub mod upgrade;

@@ -2,12 +2,13 @@
 //! `<cluster>/agentPools/<pool>/machines/<node>` read and written through Azure Resource
 //! Manager, authenticated by an [`AzureCredential`].
 //!
-//! No real Azure credential (client secret, managed identity, the default chain) is implemented
-//! in this agent yet: [`NoAzureCredential`] stands in for them and every call fails with
-//! [`NO_CREDENTIAL`]. The dev-test proxy variant (`agent.machineClient.endpointUrl` set in
-//! `arm` mode) uses upstream's static bearer token ([`StaticToken`], `aks-flex-node-e2e`): every
-//! request goes to the proxy's scheme and host, with the proxy's path prefixed and its query
-//! kept before the request's own.
+//! The credential is the config's ([`super::azure::from_config`]): a service principal's client
+//! secret or a managed identity. A config with neither selects upstream's default Azure
+//! credential chain, which this agent does not implement: [`NoAzureCredential`] stands in for
+//! it and every call fails with [`NO_CREDENTIAL`]. The dev-test proxy variant
+//! (`agent.machineClient.endpointUrl` set in `arm` mode) uses upstream's static bearer token
+//! ([`StaticToken`], `aks-flex-node-e2e`): every request goes to the proxy's scheme and host,
+//! with the proxy's path prefixed and its query kept before the request's own.
 //!
 //! `create` is a PUT followed, while the resource's `provisioningState` is not terminal, by
 //! polling GET on the resource (not the async-operation URL) until `Succeeded`, `Failed` or
@@ -20,13 +21,14 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::armmodel::{parse_arm_machine, put_body};
+use super::azure::{AccessToken, AuthError, AzureCredential};
 use super::retry::{RetryPolicy, parse_retry_after, retryable_status};
 use super::{Machine, MachineClient, MachineError, MachineStatus};
 use crate::config::{Config, Secret};
 use flex_api::goal::GoalState;
 
 /// What every call of an ARM client without a credential fails with.
-pub const NO_CREDENTIAL: &str = "ARM machine client needs an Azure credential; none is implemented in this agent yet (use agent.machineClient.mode=in-cluster)";
+pub const NO_CREDENTIAL: &str = "ARM machine client needs an Azure credential: the config sets neither azure.servicePrincipal nor azure.managedIdentity, and the default Azure credential chain is not implemented in this agent (set one of them, or use agent.machineClient.mode=in-cluster)";
 /// The API version of the machines API the agent speaks.
 pub const API_VERSION: &str = "2026-01-02-preview";
 /// The bearer token the dev-test proxy accepts.
@@ -147,14 +149,9 @@ impl std::fmt::Display for MachineResourceId {
 /// The token audience of an ARM endpoint: the public, US Government and China clouds map to
 /// their management audiences; any other endpoint is its own audience.
 pub fn arm_audience(endpoint: &str) -> String {
-    let e = endpoint.trim().trim_end_matches('/');
-    match e.to_ascii_lowercase().as_str() {
-        "https://management.azure.com" => "https://management.core.windows.net/".into(),
-        "https://management.usgovcloudapi.net" => {
-            "https://management.core.usgovcloudapi.net/".into()
-        }
-        "https://management.chinacloudapi.cn" => "https://management.core.chinacloudapi.cn/".into(),
-        _ => format!("{e}/"),
+    match super::azure::cloud_of(endpoint) {
+        Some(cloud) => cloud.audience.into(),
+        None => format!("{}/", endpoint.trim().trim_end_matches('/')),
     }
 }
 
@@ -163,50 +160,16 @@ pub fn arm_scope(endpoint: &str) -> String {
     format!("{}.default", arm_audience(endpoint))
 }
 
-/// An access token.
-#[derive(Clone, Debug)]
-pub struct AccessToken {
-    /// The bearer token.
-    pub token: Secret,
-    /// When it expires, if known.
-    pub expires_at: Option<std::time::SystemTime>,
-}
-
-/// Azure authentication: a bearer token for a scope.
-#[async_trait]
-pub trait AzureCredential: Send + Sync {
-    /// A token for `scope` (e.g. `https://management.core.windows.net/.default`).
-    async fn token(&self, scope: &str) -> anyhow::Result<AccessToken>;
-}
-
-/// The stand-in for the credentials not implemented yet (client secret, managed identity,
-/// default chain): fails with [`NO_CREDENTIAL`] and names which one the config asked for.
-#[derive(Clone, Debug)]
-pub struct NoAzureCredential {
-    /// Which credential the config selects (`service principal`, `managed identity`,
-    /// `default Azure credential`).
-    pub wanted: &'static str,
-}
-
-impl NoAzureCredential {
-    /// The credential `config` selects (`azure.servicePrincipal`, `azure.managedIdentity`, else
-    /// the default chain).
-    pub fn for_config(config: &Config) -> Self {
-        let wanted = if config.azure.service_principal.is_some() {
-            "service principal (client secret)"
-        } else if config.azure.managed_identity.is_some() {
-            "managed identity"
-        } else {
-            "default Azure credential chain"
-        };
-        Self { wanted }
-    }
-}
+/// The stand-in for the default Azure credential chain (a config with neither
+/// `azure.servicePrincipal` nor `azure.managedIdentity`), which this agent does not implement:
+/// fails with [`NO_CREDENTIAL`].
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NoAzureCredential;
 
 #[async_trait]
 impl AzureCredential for NoAzureCredential {
-    async fn token(&self, _scope: &str) -> anyhow::Result<AccessToken> {
-        anyhow::bail!("{NO_CREDENTIAL}; the config selects a {}", self.wanted)
+    async fn token(&self, _scope: &str) -> Result<AccessToken, AuthError> {
+        Err(AuthError::Unavailable(NO_CREDENTIAL.into()))
     }
 }
 
@@ -216,7 +179,7 @@ pub struct StaticToken(pub Secret);
 
 #[async_trait]
 impl AzureCredential for StaticToken {
-    async fn token(&self, _scope: &str) -> anyhow::Result<AccessToken> {
+    async fn token(&self, _scope: &str) -> Result<AccessToken, AuthError> {
         Ok(AccessToken {
             token: self.0.clone(),
             expires_at: Some(std::time::SystemTime::now() + Duration::from_secs(3600)),
@@ -370,11 +333,9 @@ impl ArmMachineClient {
         method: reqwest::Method,
         body: Option<&[u8]>,
     ) -> Result<(reqwest::StatusCode, Vec<u8>), MachineError> {
-        let token = self
-            .credential
-            .token(&self.scope)
-            .await
-            .map_err(|e| other(e.context(format!("{op}: get an Azure token"))))?;
+        let token = self.credential.token(&self.scope).await.map_err(|e| {
+            other(anyhow::Error::new(e).context(format!("{op}: get an Azure token")))
+        })?;
         let url = self.machine_url();
         let max = self.retry.max_attempts();
         let mut attempt = 0;
@@ -627,11 +588,7 @@ mod tests {
 
     #[test]
     fn urls_direct_and_through_the_proxy() {
-        let c = ArmMachineClient::new(
-            &config(),
-            Arc::new(NoAzureCredential::for_config(&config())),
-        )
-        .unwrap();
+        let c = ArmMachineClient::new(&config(), Arc::new(NoAzureCredential)).unwrap();
         assert_eq!(
             c.machine_url(),
             format!(
@@ -649,12 +606,9 @@ mod tests {
 
     #[tokio::test]
     async fn without_a_credential_every_call_says_so() {
-        let mut cfg = config();
-        cfg.azure.managed_identity = Some(Default::default());
-        let c = ArmMachineClient::new(&cfg, Arc::new(NoAzureCredential::for_config(&cfg))).unwrap();
+        let c = ArmMachineClient::new(&config(), Arc::new(NoAzureCredential)).unwrap();
         let e = c.get().await.unwrap_err().to_string();
         assert!(e.contains(NO_CREDENTIAL), "{e}");
-        assert!(e.contains("managed identity"), "{e}");
         let e = c
             .create(&GoalState::default())
             .await
@@ -665,6 +619,41 @@ mod tests {
         c.patch_status(&MachineStatus::succeeded("v", ""))
             .await
             .unwrap();
+    }
+
+    /// The ARM client with a real client secret credential: Entra ID and the ARM endpoint
+    /// (through the proxy variant, which only moves scheme and host) are scripted HTTP servers
+    /// on 127.0.0.1.
+    #[tokio::test]
+    async fn the_bearer_token_comes_from_the_credential_and_is_reused() {
+        use flex_testkit::http::{Reply, ScriptedServer};
+        let aad = ScriptedServer::start(vec![Reply::json(
+            200,
+            r#"{"access_token":"arm-token-1","expires_in":3599}"#,
+        )])
+        .unwrap();
+        let arm = ScriptedServer::start(vec![Reply::json(404, r#"{"error":{"code":"NotFound"}}"#)])
+            .unwrap();
+        let host = url::Url::parse(&aad.url("/")).unwrap();
+        let cred =
+            super::super::azure::ClientSecretCredential::new("t1", "c1", Secret::new("s1"), &host)
+                .unwrap();
+        let c = ArmMachineClient::proxy_with_credential(&config(), &arm.url("/"), Arc::new(cred))
+            .unwrap();
+        assert!(matches!(c.get().await, Err(MachineError::NotFound(_))));
+        assert!(matches!(c.get().await, Err(MachineError::NotFound(_))));
+        let asked = aad.requests();
+        assert_eq!(asked.len(), 1, "the token is reused");
+        assert!(
+            asked[0]
+                .body_text()
+                .contains("scope=https%3A%2F%2Fmanagement.core.windows.net%2F.default"),
+            "{}",
+            asked[0].body_text()
+        );
+        let sent = arm.requests();
+        assert_eq!(sent.len(), 2);
+        assert_eq!(sent[0].header("authorization"), Some("Bearer arm-token-1"));
     }
 
     #[test]

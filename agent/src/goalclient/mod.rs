@@ -1,18 +1,21 @@
 //! The machine goal: the node's desired state held by AKS (ARM) or by the in-cluster
 //! controller (`aks-flex-controller`), and the client the agent reads it and reports status
 //! with. This file holds the shared model and the [`MachineClient`] trait; the implementations
-//! live in the submodules.
+//! live in the submodules, with the Azure credentials of the ARM client ([`azure`], which
+//! `aks-flex-node token kubelogin` uses too).
 
 use async_trait::async_trait;
 
 use flex_api::goal::GoalState;
 
 pub mod arm;
+pub mod azure;
 pub mod incluster;
 pub mod retry;
 pub mod select;
 
-pub use arm::{ArmMachineClient, AzureCredential, MachineResourceId, NoAzureCredential};
+pub use arm::{ArmMachineClient, MachineResourceId, NoAzureCredential};
+pub use azure::{AccessToken, AuthError, AzureCredential};
 pub use flex_api::arm as armmodel;
 pub use flex_api::arm::{ArmMachine, parse_arm_machine};
 pub use incluster::{Endpoint, InClusterClient};

@@ -13,8 +13,10 @@
 //!    a controller that runs outside the cluster, which the API server's service proxy cannot
 //!    reach (a development or test cluster; not upstream's);
 //! 4. `arm` with `endpointUrl` → [`ArmMachineClient::proxy`] (the dev-test proxy, static token);
-//! 5. `arm` → [`ArmMachineClient`] with [`NoAzureCredential`]: built, but every call fails with
-//!    [`super::arm::NO_CREDENTIAL`] (so `start` fails only with
+//! 5. `arm` → [`ArmMachineClient`] with the config's credential
+//!    ([`super::azure::from_config`]: service principal or managed identity); with neither (the
+//!    default credential chain, not implemented) [`NoAzureCredential`]: built, but every call
+//!    fails with [`super::arm::NO_CREDENTIAL`] (so `start` fails only with
 //!    `agent.requireMachineRegistration`, and the daemon keeps running and reports it).
 //!
 //! Building a Kubernetes client needs a Tokio runtime: call these from async code.
@@ -24,6 +26,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 
 use super::arm::{ArmMachineClient, NoAzureCredential};
+use super::azure::{self, AzureCredential};
 use super::incluster::InClusterClient;
 use super::{Machine, MachineClient, MachineError};
 use crate::config::{Config, ControllerEndpoint};
@@ -84,16 +87,20 @@ pub async fn machine_client(
             Ok(Arc::new(ArmMachineClient::proxy(config, &mc.endpoint_url)?))
         }
         "arm" | "" => {
-            let credential = NoAzureCredential::for_config(config);
-            tracing::warn!(
-                credential = credential.wanted,
-                "{}",
-                super::arm::NO_CREDENTIAL
-            );
-            Ok(Arc::new(ArmMachineClient::new(
-                config,
-                Arc::new(credential),
-            )?))
+            let credential: Arc<dyn AzureCredential> =
+                match azure::from_config(config, &azure::process_env())
+                    .map_err(|e| MachineError::Other(e.into()))?
+                {
+                    Some(c) => {
+                        tracing::info!(credential = c.kind(), "using the AKS machine API");
+                        Arc::new(c)
+                    }
+                    None => {
+                        tracing::warn!("{}", super::arm::NO_CREDENTIAL);
+                        Arc::new(NoAzureCredential)
+                    }
+                };
+            Ok(Arc::new(ArmMachineClient::new(config, credential)?))
         }
         other => Err(MachineError::Other(anyhow::anyhow!(
             "agent.machineClient.mode {other:?} is not one of arm, in-cluster, controller"
@@ -285,6 +292,26 @@ mod tests {
             e.starts_with("ensure-machine: get machine: get AKS machine: get an Azure token: ARM machine client needs an Azure credential"),
             "{e}"
         );
+    }
+
+    #[tokio::test]
+    async fn arm_with_a_service_principal_or_managed_identity_gets_a_credential() {
+        // Built only: asking for a token would reach Entra ID or IMDS (tested against a local
+        // server in `goalclient::azure` and, wired to this client, in `goalclient::arm`).
+        let mut c = arm_config();
+        c.azure.managed_identity = Some(Default::default());
+        assert!(client_for_start(&c).await.is_ok());
+        c.azure.service_principal = Some(crate::config::ServicePrincipal {
+            tenant_id: "t".into(),
+            client_id: "c".into(),
+            client_secret: crate::config::Secret::new("s"),
+        });
+        assert!(client_for_start(&c).await.is_ok());
+        if let Some(sp) = c.azure.service_principal.as_mut() {
+            sp.tenant_id = "not/a/tenant".into();
+        }
+        let e = client_for_start(&c).await.err().unwrap().to_string();
+        assert!(e.contains("is not a tenant id or domain"), "{e}");
     }
 
     #[test]

@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::csr::{self, Waits, generate_key, request_certificate};
 use super::store::{self, CredentialStore, Issued, needs_rotation, rotation_deadline};
-use super::{ISSUE_TIMEOUT, KubeClientError, KubeClients, client_from};
+use super::{Discovery, ISSUE_TIMEOUT, KubeClientError, KubeClients, client_from, discover};
 use crate::fs::HostFs;
 
 /// Waits and retries of the credential flow (tests shorten them).
@@ -132,6 +132,12 @@ impl DaemonCredentials {
     /// waits for it and stores it.
     pub async fn request(&self, client: &kube::Client) -> Result<Issued, KubeClientError> {
         self.store.prepare()?;
+        // Only the Flex controller approves this signer for daemons; without its API there is
+        // nothing to wait for. Any other answer (unreachable, 403) goes on to the request, whose
+        // own errors and retries name it.
+        if discover(client).await == Discovery::Absent {
+            return Err(KubeClientError::NoFlexController);
+        }
         let (key_pem, key) = match self.store.pending_key() {
             Some(p) => {
                 tracing::info!("resuming the pending daemon certificate request");

@@ -182,3 +182,15 @@ impl LogCapture {
             .unwrap_or_default()
     }
 }
+
+/// The discovery path of the AKS Flex API.
+pub(crate) const FLEX_API_PATH: &str = "/apis/unbounded-cloud.io/v1alpha3";
+
+/// An `APIResourceList` of `unbounded-cloud.io/v1alpha3` with these resources.
+pub(crate) fn flex_api_resources(names: &[&str]) -> serde_json::Value {
+    let list: Vec<serde_json::Value> = names
+        .iter()
+        .map(|n| serde_json::json!({"name": n, "singularName": "", "namespaced": false, "kind": "K", "verbs": ["get"]}))
+        .collect();
+    serde_json::json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": "unbounded-cloud.io/v1alpha3", "resources": list})
+}

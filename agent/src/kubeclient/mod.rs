@@ -18,12 +18,14 @@
 //! sent: the CSR carries the public key. The key is held as a [`Secret`] (redacted `Debug`) and
 //! no log line carries it.
 //!
-//! `aks-flex-node token kubelogin` (the exec plugin) is not implemented yet; until it is, a
-//! daemon without a bootstrap token gets an exec error on every API call, which it logs and
-//! retries with backoff.
+//! The exec plugin, `aks-flex-node token kubelogin` (`crate::flows::token`), gets a Microsoft
+//! Entra ID token for the service principal's client secret or from the managed identity's
+//! IMDS endpoint (`crate::goalclient::azure`). When it fails, the daemon gets an exec error on
+//! that API call, which it logs and retries with backoff.
 
 mod credentials;
 mod csr;
+mod discovery;
 #[cfg(test)]
 pub(crate) mod mock;
 mod store;
@@ -43,6 +45,7 @@ use crate::fs::{FsError, HostFs};
 
 pub use credentials::{CredentialTimings, DaemonCredentials};
 pub use csr::{csr_name, csr_pem, csr_resource};
+pub use discovery::{Discovery, discover};
 pub use store::{Issued, Validity, needs_rotation, rotation_deadline};
 
 /// Where the daemon's client credentials live (mode 0700).
@@ -146,6 +149,12 @@ pub enum KubeClientError {
         /// `; last error: ...` when the last attempt failed.
         last_error: String,
     },
+    /// The cluster does not serve the AKS Flex API, so no controller is there to approve the
+    /// daemon's request: failing at once beats a certificate wait that can only time out.
+    #[error(
+        "the cluster has no AKS Flex controller: unbounded-cloud.io/v1alpha3 machineoperations is not served, so nothing would approve the daemon's CertificateSigningRequest (signer {SIGNER_NAME}); apply deploy/crds and deploy/controller (with its CSR approver on) to the cluster"
+    )]
+    NoFlexController,
     /// The issued certificate is unusable.
     #[error("certificate issued for CertificateSigningRequest {name}: {reason}")]
     BadIssued {

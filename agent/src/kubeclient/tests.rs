@@ -12,7 +12,9 @@ use tokio_util::sync::CancellationToken;
 
 use x509_parser::prelude::FromDer as _;
 
-use super::mock::{LogCapture, Reply, Seen, seen, serve};
+use super::mock::{
+    FLEX_API_PATH, LogCapture, Reply, Seen, flex_api_resources, seen as all_seen, serve,
+};
 use super::store::{CredentialStore, check};
 use super::*;
 use crate::config::ServicePrincipal;
@@ -64,6 +66,7 @@ struct FakeCsrApi {
     validity: (SystemTime, SystemTime),
     post_failure: Option<(u16, &'static str)>,
     deny: bool,
+    no_flex_api: bool,
 }
 
 impl FakeCsrApi {
@@ -80,10 +83,22 @@ impl FakeCsrApi {
             ),
             post_failure: None,
             deny: false,
+            no_flex_api: false,
         }
     }
 
     fn route(&mut self, s: &Seen) -> Reply {
+        if s.method == "GET" && s.path() == FLEX_API_PATH {
+            return if self.no_flex_api {
+                Reply::status(
+                    404,
+                    "NotFound",
+                    "the server could not find the requested resource",
+                )
+            } else {
+                Reply::Json(200, flex_api_resources(&["machineoperations"]))
+            };
+        }
         if s.method == "POST" && s.path() == CSR_PATH {
             if let Some((code, reason)) = self.post_failure {
                 return Reply::status(code, reason, "injected failure");
@@ -478,7 +493,12 @@ async fn csr_flow_issues_stores_and_never_sends_or_logs_the_key() {
         issued.cert_pem
     );
 
-    // Requests: one create, then reads until issued.
+    // Requests: the Flex API discovery, one create, then reads until issued.
+    assert_eq!(
+        all_seen(&log)[0].path(),
+        FLEX_API_PATH,
+        "discovery comes first"
+    );
     let reqs = seen(&log);
     let methods: Vec<_> = reqs.iter().map(|r| r.method.as_str()).collect();
     assert_eq!(methods, vec!["POST", "GET", "GET", "GET"]);
@@ -769,6 +789,8 @@ fn exec_plugin_errors_do_not_carry_secrets() {
     );
     assert!(KubeClientError::NoCredential.is_permanent());
     assert!(!KubeClientError::Client("x".into()).is_permanent());
+    // The controller may be installed after the node: retried with backoff, each attempt named.
+    assert!(!KubeClientError::NoFlexController.is_permanent());
 }
 
 #[tokio::test]
@@ -782,7 +804,7 @@ async fn a_failing_exec_plugin_is_reported_without_its_secret() {
         client_secret: Secret::new("sp-client-secret-value"),
     });
     let mut kc = bootstrap_config(&c).await.unwrap();
-    // A plugin that fails, as `token kubelogin` (not implemented) does today.
+    // A plugin that fails, as `token kubelogin` does when Entra ID refuses the secret.
     if let Some(exec) = kc.auth_info.exec.as_mut() {
         exec.command = Some("false".into());
     }
@@ -827,4 +849,39 @@ fn describe_names_status_code_reason_and_message() {
             .boxed(),
     );
     assert!(is_refused(&e));
+}
+
+/// What the fake API server saw, without the Flex API discovery that precedes every request.
+fn seen(log: &super::mock::Log) -> Vec<Seen> {
+    all_seen(log)
+        .into_iter()
+        .filter(|r| r.path() != FLEX_API_PATH)
+        .collect()
+}
+
+/// Real: the certificate flow and discovery. Faked: the API server, without the Flex API.
+/// A cluster without the controller's API fails at once with an error that names what is
+/// missing, and no CertificateSigningRequest is created.
+#[tokio::test]
+async fn a_cluster_without_the_flex_controller_is_named_at_once() {
+    let mut api = FakeCsrApi::new(Arc::new(test_ca()));
+    api.no_flex_api = true;
+    let (client, log, _t) = serve(move |s| api.route(s));
+    let root = tempfile::tempdir().unwrap();
+    let fs = HostFs::new(root.path());
+    let creds = DaemonCredentials::new(fs.clone(), NODE, base_config()).with_timings(fast());
+    let e = creds.obtain(&client).await.unwrap_err();
+    assert!(matches!(e, KubeClientError::NoFlexController), "{e}");
+    let text = e.to_string();
+    assert!(
+        text.starts_with("the cluster has no AKS Flex controller: unbounded-cloud.io/v1alpha3"),
+        "{text}"
+    );
+    assert!(text.contains("deploy/crds and deploy/controller"), "{text}");
+    let all = all_seen(&log);
+    assert_eq!(all.len(), 1, "only the discovery: {all:?}");
+    assert_eq!(
+        (all[0].method.as_str(), all[0].path()),
+        ("GET", FLEX_API_PATH)
+    );
 }

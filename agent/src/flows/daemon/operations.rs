@@ -31,7 +31,6 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use futures::StreamExt as _;
-use kube::Resource as _;
 use tokio_util::sync::CancellationToken;
 
 use super::watch::watch_error;
@@ -43,7 +42,6 @@ use crate::flows::operations::{
 };
 use crate::flows::repave::{NodeOps, SeamError};
 use crate::kubeclient::{KubeClients, describe};
-use crate::machina::{GROUP, MachineOperation, VERSION};
 use flex_host::retry::Attempt;
 
 /// Logged when the reconciler is enabled.
@@ -55,18 +53,7 @@ pub const API_NOT_FOUND: &str =
 /// The prefix of a failed discovery.
 pub const DISCOVER_FAILED: &str = "discover Machina MachineOperation API";
 
-/// What discovery found for `unbounded-cloud.io/v1alpha3` `machineoperations`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Discovery {
-    /// The group version serves it.
-    Served,
-    /// The group version does not exist (404) or does not serve it.
-    Absent,
-    /// The API server could not be reached (transport error, credential plugin), with the cause.
-    Unreachable(String),
-    /// Any other answer (403, 500, ...), with the cause.
-    Failed(String),
-}
+pub use crate::kubeclient::{Discovery, discover};
 
 /// What the daemon does about MachineOperations at start.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -102,22 +89,6 @@ pub fn guard(mode: &str, found: Option<&Discovery>) -> Guard {
         (other, _) => Guard::Fail(format!(
             "agent.machineOperationMode {other:?} is not one of auto, disable"
         )),
-    }
-}
-
-/// Asks the API server whether `unbounded-cloud.io/v1alpha3` serves `machineoperations` (one
-/// `GET /apis/unbounded-cloud.io/v1alpha3`).
-pub async fn discover(client: &kube::Client) -> Discovery {
-    let plural = MachineOperation::plural(&());
-    match client
-        .list_api_group_resources(&format!("{GROUP}/{VERSION}"))
-        .await
-    {
-        Ok(list) if list.resources.iter().any(|r| r.name == plural) => Discovery::Served,
-        Ok(_) => Discovery::Absent,
-        Err(kube::Error::Api(s)) if s.code == 404 => Discovery::Absent,
-        Err(e @ kube::Error::Api(_)) => Discovery::Failed(describe(&e)),
-        Err(e) => Discovery::Unreachable(describe(&e)),
     }
 }
 
@@ -303,17 +274,9 @@ mod tests {
 
     use super::*;
     use crate::flows::daemon::queue::{DAEMON_BACKOFF, Item, WorkQueue};
-    use crate::kubeclient::mock::{LogCapture, Reply, Seen, seen, serve};
-
-    const GROUP_PATH: &str = "/apis/unbounded-cloud.io/v1alpha3";
-
-    fn resources(names: &[&str]) -> Value {
-        let list: Vec<Value> = names
-            .iter()
-            .map(|n| json!({"name": n, "singularName": "", "namespaced": false, "kind": "K", "verbs": ["get"]}))
-            .collect();
-        json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": "unbounded-cloud.io/v1alpha3", "resources": list})
-    }
+    use crate::kubeclient::mock::{
+        LogCapture, Reply, Seen, flex_api_resources as resources, seen, serve,
+    };
 
     #[test]
     fn guard_table() {
@@ -352,55 +315,6 @@ mod tests {
         ];
         for (mode, found, want) in cases {
             assert_eq!(guard(mode, found), want, "{mode:?} {found:?}");
-        }
-    }
-
-    /// Real: discovery. Faked: the API server (kube's `tower_test` mock).
-    #[tokio::test]
-    async fn discovery_against_a_fake_api_server() {
-        type Route = fn(&Seen) -> Reply;
-        let answers: Vec<(Route, Discovery)> = vec![
-            (
-                |_| {
-                    Reply::Json(
-                        200,
-                        resources(&["machines", "machineoperations", "machineoperations/status"]),
-                    )
-                },
-                Discovery::Served,
-            ),
-            (
-                |_| Reply::Json(200, resources(&["machines", "machineoperations/status"])),
-                Discovery::Absent,
-            ),
-            (
-                |_| Reply::status(404, "NotFound", "the server could not find the requested resource"),
-                Discovery::Absent,
-            ),
-            // Not a `Status`: the bare 404 of a path nobody serves.
-            (|_| Reply::Json(404, json!("404 page not found")), Discovery::Absent),
-            (
-                |_| Reply::status(500, "InternalError", "etcdserver: leader changed"),
-                Discovery::Failed(
-                    "API server answered 500 InternalError: etcdserver: leader changed".into(),
-                ),
-            ),
-            (
-                |_| Reply::status(403, "Forbidden", "cannot get path /apis/unbounded-cloud.io/v1alpha3"),
-                Discovery::Failed(
-                    "API server answered 403 Forbidden: cannot get path /apis/unbounded-cloud.io/v1alpha3".into(),
-                ),
-            ),
-        ];
-        for (i, (reply, want)) in answers.into_iter().enumerate() {
-            let (client, log, _server) = serve(reply);
-            assert_eq!(discover(&client).await, want, "case {i}");
-            let reqs = seen(&log);
-            assert_eq!(reqs.len(), 1);
-            assert_eq!(
-                (reqs[0].method.as_str(), reqs[0].uri.as_str()),
-                ("GET", GROUP_PATH)
-            );
         }
     }
 
