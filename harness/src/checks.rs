@@ -283,35 +283,19 @@ async fn node_reboot_operation(c: &Ctx<'_>) -> anyhow::Result<Outcome> {
 
 async fn back_after_reboot(c: &Ctx<'_>) -> anyhow::Result<Outcome> {
     let m = c.active_machine().await?;
-    let boot_id = c.sh("cat /proc/sys/kernel/random/boot_id").await?;
+    let g = c.guest();
+    let boot_id = g.boot_id().await?;
     let _ = c.output("systemctl reboot", Duration::from_secs(20)).await;
     // The guest takes a while to go down: the first look is after the first pause.
     tokio::time::sleep(Duration::from_secs(5)).await;
-    flex_host::retry::wait_until(
-        "the guest to come back with a new boot id",
-        Duration::from_secs(600),
-        Duration::from_secs(5),
-        || async {
-            match c
-                .output(
-                    "cat /proc/sys/kernel/random/boot_id",
-                    Duration::from_secs(20),
-                )
-                .await
-            {
-                Ok(o) if o.success() && o.stdout.trim() != boot_id => Ok(()),
-                Ok(o) => Err(format!("boot id {:?}", o.stdout.trim())),
-                Err(e) => Err(format!("{e:#}")),
-            }
-        },
-    )
-    .await
-    .map_err(|_| {
-        anyhow::anyhow!(
-            "the guest did not come back within 600s:\n{}",
-            vm::tail(&c.state.serial_log(), 20)
-        )
-    })?;
+    g.wait_new_boot(&boot_id, Duration::from_secs(600))
+        .await
+        .map_err(|_| {
+            anyhow::anyhow!(
+                "the guest did not come back within 600s:\n{}",
+                vm::tail(&c.state.serial_log(), 20)
+            )
+        })?;
     c.wait_for(
         &format!("machine {m} running after reboot"),
         &format!("test \"$(machinectl show {m} -p State --value)\" = running"),

@@ -459,8 +459,18 @@ async fn push_images(
     })
 }
 
+/// The pause stand-in's command. As the real pause does, it waits for ever and exits on SIGTERM
+/// or SIGINT: a sandbox's process is PID 1 of its PID namespace, where a signal without a
+/// handler is ignored, so a bare `sleep infinity` would hold the machine's shutdown until the
+/// stop timeout (found by the NodeReboot check against a real kubelet).
+pub const PAUSE_CMD: &[&str] = &[
+    "/bin/sh",
+    "-c",
+    "trap 'exit 0' TERM INT; while :; do sleep 3600 & wait $!; done",
+];
+
 /// Pushes the images a node's pods need, built from the machine rootfs fixture `tree` (it has
-/// a shell and coreutils): the agent's default pause image (`sleep infinity`) and the cluster
+/// a shell and coreutils): the agent's default pause image ([`PAUSE_CMD`]) and the cluster
 /// checks' probe image, each under the path its registry would serve it at, so that a node
 /// whose containerd mirrors [`provision::MIRRORED_REGISTRIES`] here finds them offline.
 async fn push_pod_images(
@@ -472,10 +482,7 @@ async fn push_pod_images(
     work: &Path,
 ) -> anyhow::Result<()> {
     for (reference, cmd) in [
-        (
-            flex_api::versions::DEFAULT_SANDBOX_IMAGE,
-            &["/bin/sleep", "infinity"][..],
-        ),
+        (flex_api::versions::DEFAULT_SANDBOX_IMAGE, PAUSE_CMD),
         (crate::cluster::render::PROBE_IMAGE, &["/bin/sh"][..]),
     ] {
         let tmp = tempfile::tempdir_in(work)?;

@@ -12,6 +12,9 @@ use flex_host::secret::Secret;
 /// The harness user created by the Ignition config.
 pub const USER: &str = "flexadm";
 
+/// The guest kernel's boot id file.
+const BOOT_ID: &str = "cat /proc/sys/kernel/random/boot_id";
+
 /// How long one guest command may take, unless the caller says otherwise.
 pub const GUEST_TIMEOUT: Duration = Duration::from_secs(120);
 
@@ -102,6 +105,37 @@ impl<'a> Guest<'a> {
     /// Runs `script` with a deadline; its stdout (untrimmed), or an error unless it exits 0.
     pub async fn run(&self, script: &str, timeout: Duration) -> anyhow::Result<String> {
         self.ssh.run(self.runner, script, timeout).await
+    }
+
+    /// The guest kernel's boot id (`/proc/sys/kernel/random/boot_id`).
+    pub async fn boot_id(&self) -> anyhow::Result<String> {
+        self.sh(BOOT_ID).await
+    }
+
+    /// Waits until the guest answers with a boot id other than `old`: it went down and came
+    /// back. Looks every 5 s; on timeout the error names the last answer.
+    pub async fn wait_new_boot(
+        &self,
+        old: &str,
+        timeout: Duration,
+    ) -> Result<(), flex_host::retry::WaitTimeout> {
+        flex_host::retry::wait_until(
+            "the guest to come back from the reboot with a new boot id",
+            timeout,
+            Duration::from_secs(5),
+            || async move {
+                match self.output(BOOT_ID, Duration::from_secs(20)).await {
+                    Ok(o)
+                        if o.success() && !o.stdout.trim().is_empty() && o.stdout.trim() != old =>
+                    {
+                        Ok(())
+                    }
+                    Ok(o) => Err(format!("boot id {:?}", o.stdout.trim())),
+                    Err(e) => Err(format!("{e:#}")),
+                }
+            },
+        )
+        .await
     }
 
     /// Runs `script`; its trimmed stdout, or an error unless it exits 0.

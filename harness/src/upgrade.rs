@@ -484,36 +484,11 @@ async fn broken_image_removed(c: &Ctx<'_>) -> anyhow::Result<Checked> {
     })?
 }
 
-async fn boot_id(c: &Ctx<'_>) -> anyhow::Result<String> {
-    Ok(c.run("cat /proc/sys/kernel/random/boot_id", T)
-        .await?
-        .trim()
-        .to_string())
-}
-
 async fn wait_new_boot(c: &Ctx<'_>, old: &str) -> anyhow::Result<()> {
-    flex_host::retry::wait_until(
-        "the guest to come back from the reboot with a new boot id",
-        REBOOT_TIMEOUT,
-        POLL,
-        || async move {
-            match c
-                .output(
-                    "cat /proc/sys/kernel/random/boot_id",
-                    Duration::from_secs(20),
-                )
-                .await
-            {
-                Ok(o) if o.success() && !o.stdout.trim().is_empty() && o.stdout.trim() != old => {
-                    Ok(())
-                }
-                Ok(o) => Err(format!("boot id {:?}", o.stdout.trim())),
-                Err(e) => Err(format!("{e:#}")),
-            }
-        },
-    )
-    .await
-    .map_err(|_| {
+    c.guest()
+        .wait_new_boot(old, REBOOT_TIMEOUT)
+        .await
+        .map_err(|_| {
         anyhow::anyhow!(
             "timed out after {} waiting for the guest to come back from the reboot with a new boot id; last console lines:\n{}",
             secs(REBOOT_TIMEOUT),
@@ -532,7 +507,7 @@ async fn reboot_mid_upgrade(c: &Ctx<'_>) -> anyhow::Result<Checked> {
             short(&target)
         )
     })?;
-    let boot = boot_id(c).await?;
+    let boot = c.guest().boot_id().await?;
     let t0 = Instant::now();
     // One command: the upgrade, then at once the reboot (queued, so the command returns).
     let script = format!(

@@ -8,7 +8,8 @@
 //!   the Node is deleted; the daemon starts the other machine with the new settings, a new Node
 //!   is Ready, the old machine is removed with its bpffs mount, and a pod runs.
 //! - `machine-operations`: a NodeReboot MachineOperation finishes Complete, the machine
-//!   restarted and the node is Ready again; an AgentReset finishes Complete, after which no
+//!   restarted and the node is Ready again, and again after a VM reboot (from the new boot); an
+//!   AgentReset finishes Complete, after which no
 //!   machine, bpffs mount, config, state or agent unit is left; the bootstrap unit with a fresh
 //!   config joins the node again.
 //!
@@ -181,7 +182,7 @@ pub const REPAVE: Group = Group {
 /// The `machine-operations` group.
 pub const MACHINE_OPERATIONS: Group = Group {
     name: "machine-operations",
-    description: "NodeReboot and AgentReset MachineOperations through the API finish Complete; the node is Ready after the reboot, and joins again after the reset and a fresh bootstrap",
+    description: "NodeReboot and AgentReset MachineOperations through the API finish Complete; the node is Ready after the reboot and after a VM reboot, and joins again after the reset and a fresh bootstrap",
     needs: Needs::Cluster,
     checks: &[
         check!(
@@ -190,6 +191,11 @@ pub const MACHINE_OPERATIONS: Group = Group {
             via in_cluster
         ),
         check!("the node is Ready again", node_ready, via in_cluster),
+        check!(
+            "after a VM reboot the Node is Ready again, posted from the new boot",
+            ready_after_vm_reboot,
+            via in_cluster
+        ),
         check!(
             "an AgentReset MachineOperation completes",
             agent_reset,
@@ -546,6 +552,50 @@ async fn node_reboot(e: &Env<'_>) -> anyhow::Result<Checked> {
     )
     .await?;
     Ok(Checked::passed_with(format!("{op} in {}", secs(took))))
+}
+
+/// How long a rebooted VM may take to answer SSH again.
+const REBOOT_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// Reboots the VM and waits for the Node to be Ready with another `nodeInfo.bootID` than before:
+/// kubelet reports its machine's boot id (systemd-nspawn gives each machine boot its own), so a
+/// new one shows that the machine started again after the VM reboot and its kubelet posted the
+/// Ready; a Ready posted before the reboot does not count.
+async fn ready_after_vm_reboot(e: &Env<'_>) -> anyhow::Result<Checked> {
+    let before = wait_node_ready(e, None, NODE_READY_TIMEOUT).await?.boot_id;
+    let g = e.guest;
+    let old = g.boot_id().await?;
+    let t = Instant::now();
+    // Queued, so that the command returns before the connection goes.
+    let _ = g
+        .output("systemctl --no-block reboot", Duration::from_secs(20))
+        .await;
+    g.wait_new_boot(&old, REBOOT_TIMEOUT)
+        .await
+        .map_err(|w| anyhow::anyhow!("{w}"))?;
+    let up = t.elapsed();
+    let node = e.node();
+    let before = before.as_str();
+    let n = poll(
+        &format!("Node {node} to be Ready from a boot other than {before}"),
+        NODE_READY_TIMEOUT,
+        e.pace,
+        || async move {
+            let json = e.kubectl.get_json(&["node", node]).await?;
+            Ok(match parse::node(&json)? {
+                None => Seen::Not("no Node".into()),
+                Some(n) if n.ready && n.boot_id != before => Seen::Done(n),
+                Some(n) => Seen::Not(format!("{n} from boot {}", n.boot_id)),
+            })
+        },
+    )
+    .await?;
+    Ok(Checked::passed_with(format!(
+        "VM back after {}, Node Ready after {} (kubelet {})",
+        secs(up),
+        secs(t.elapsed()),
+        n.kubelet_version
+    )))
 }
 
 async fn agent_reset(e: &Env<'_>) -> anyhow::Result<Checked> {

@@ -37,6 +37,9 @@ pub struct NodeView {
     pub internal_ip: Option<String>,
     /// `status.nodeInfo.kubeletVersion`.
     pub kubelet_version: String,
+    /// `status.nodeInfo.bootID`: the boot id kubelet read, which is its machine's
+    /// (systemd-nspawn gives each boot of a machine its own), not the VM's.
+    pub boot_id: String,
 }
 
 impl std::fmt::Display for NodeView {
@@ -94,6 +97,7 @@ pub fn node(json: &str) -> anyhow::Result<Option<NodeView>> {
         ready_detail: detail,
         internal_ip,
         kubelet_version: s(&v, "/status/nodeInfo/kubeletVersion"),
+        boot_id: s(&v, "/status/nodeInfo/bootID"),
     }))
 }
 
@@ -316,7 +320,7 @@ mod tests {
                     {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "kubelet is posting ready status"},
                 ],
                 "addresses": [{"type": "Hostname", "address": "flex-dev-node"}, {"type": "InternalIP", "address": "10.0.2.15"}],
-                "nodeInfo": {"kubeletVersion": "v1.34.0"},
+                "nodeInfo": {"kubeletVersion": "v1.34.0", "bootID": "b-1"},
             },
         });
         let n = node(&ready.to_string()).unwrap().unwrap();
@@ -324,6 +328,7 @@ mod tests {
         assert_eq!(n.uid, "u1");
         assert_eq!(n.internal_ip.as_deref(), Some("10.0.2.15"));
         assert_eq!(n.kubelet_version, "v1.34.0");
+        assert_eq!(n.boot_id, "b-1");
         assert_eq!(
             n.to_string(),
             "Ready (uid u1, Ready True: KubeletReady: kubelet is posting ready status)"
