@@ -29,6 +29,7 @@
 pub mod checks;
 pub mod existing;
 pub mod kube;
+pub mod lifecycle;
 pub mod parse;
 pub mod render;
 pub mod token;

@@ -22,6 +22,7 @@ pub const GROUPS: &[Group] = &[
     crate::cluster::checks::NODE_JOIN,
     crate::cluster::checks::REPAVE,
     crate::cluster::checks::MACHINE_OPERATIONS,
+    crate::cluster::lifecycle::NODE_LIFECYCLE,
 ];
 
 /// Why a selection is refused.

@@ -230,6 +230,44 @@ pub fn pinned(repository: &str, digest: &str) -> String {
 mod tests {
     use super::*;
 
+    /// Real: the choice of tar options. Faked: tar (a recording runner, so no layer is made and
+    /// the push stops there). A pod image leaves out `/dev`'s entries and xattrs, which a
+    /// containerd inside a machine cannot make; the machine rootfs keeps xattrs.
+    #[tokio::test]
+    async fn pod_images_leave_out_dev_entries_and_xattrs() {
+        let client = crate::vm::registry_client().unwrap();
+        let work = tempfile::tempdir().unwrap();
+        for (for_pods, want, not) in [
+            (true, "--exclude=./dev/*", "--xattrs"),
+            (false, "--xattrs", "--exclude=./dev/*"),
+        ] {
+            let r = flex_testkit::FakeRunner::new();
+            let image = TreeImage {
+                cmd: &["/bin/sh"],
+                created_by: "test",
+                for_pods,
+            };
+            let e = push_tree_image_with(
+                &r,
+                &client,
+                Path::new("/tree"),
+                "127.0.0.1:1/x:y",
+                1,
+                work.path(),
+                &image,
+            )
+            .await;
+            assert!(e.is_err(), "no layer was made");
+            let tar = r
+                .calls()
+                .into_iter()
+                .find(|c| c.starts_with("tar "))
+                .unwrap();
+            assert!(tar.contains(want), "{tar}");
+            assert!(!tar.contains(not), "{tar}");
+        }
+    }
+
     #[test]
     fn pinning_strips_tags() {
         assert_eq!(

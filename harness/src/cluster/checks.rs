@@ -78,6 +78,12 @@ pub struct Env<'a> {
     pub stamp: u64,
     /// Between the repave's checks.
     pub memo: &'a Mutex<Option<RepaveMemo>>,
+    /// The agent image `up` installed (pinned), as the guest pulls it.
+    pub agent_image: &'a str,
+    /// The local registry, if `up` started one.
+    pub registry: Option<&'a crate::registry::Registry>,
+    /// `up`'s work directory.
+    pub work: &'a std::path::Path,
 }
 
 impl<'a> Env<'a> {
@@ -94,10 +100,13 @@ impl<'a> Env<'a> {
                 .map(|d| d.as_secs())
                 .unwrap_or_default(),
             memo: &REPAVE_MEMO,
+            agent_image: &c.state.agent_image,
+            registry: c.state.registry.as_ref(),
+            work: &c.state.work,
         }
     }
 
-    fn node(&self) -> &str {
+    pub(super) fn node(&self) -> &str {
         &self.info.node_name
     }
 
@@ -215,7 +224,7 @@ pub const MACHINE_OPERATIONS: Group = Group {
 };
 
 /// Waits for the Node to be Ready (and, with `other_than`, to be a Node with another uid).
-async fn wait_node_ready(
+pub(super) async fn wait_node_ready(
     e: &Env<'_>,
     other_than: Option<&str>,
     timeout: Duration,
@@ -493,10 +502,25 @@ async fn run_operation(
     e: &Env<'_>,
     kind: &str,
 ) -> anyhow::Result<(parse::OperationView, Duration)> {
+    run_operation_with(e, kind, &[]).await
+}
+
+/// Applies a MachineOperation of `kind` with `parameters` for this node, polls it each second
+/// until it is `Complete` (a `Failed` one fails at once, with its reason), and deletes it.
+pub(super) async fn run_operation_with(
+    e: &Env<'_>,
+    kind: &str,
+    parameters: &[(&str, &str)],
+) -> anyhow::Result<(parse::OperationView, Duration)> {
     let name = format!("harness-{}-{}", kind.to_ascii_lowercase(), e.stamp);
     let k = e.kubectl;
-    k.apply(&render::machine_operation(&name, kind, e.node()))
-        .await?;
+    k.apply(&render::machine_operation(
+        &name,
+        kind,
+        e.node(),
+        parameters,
+    ))
+    .await?;
     let t = Instant::now();
     let op = name.as_str();
     let done = poll(
@@ -614,9 +638,14 @@ pub const RESET_LEFTOVERS: &str = "for p in /etc/systemd/system/aks-flex-node-ag
     systemctl is-active --quiet aks-flex-node-agent.service && echo 'aks-flex-node-agent.service active'; true";
 
 async fn agent_reset_leaves_nothing(e: &Env<'_>) -> anyhow::Result<Checked> {
+    nothing_left(e, "AgentReset").await
+}
+
+/// Waits until `what` (a reset) left no machine, bpffs mount, config, state or agent unit.
+pub(super) async fn nothing_left(e: &Env<'_>, what: &str) -> anyhow::Result<Checked> {
     let g = e.guest;
     poll(
-        "AgentReset to leave no machine, bpffs mount, config, state or agent unit",
+        &format!("{what} to leave no machine, bpffs mount, config, state or agent unit"),
         RESET_TIMEOUT,
         e.pace,
         || async move {
@@ -645,7 +674,7 @@ pub fn rejoin_env(env: &str) -> Secret {
     Secret::new(s)
 }
 
-fn token_in(env: &str) -> Option<String> {
+pub(super) fn token_in(env: &str) -> Option<String> {
     flex_api::bootstrap_env::parse(env)
         .ok()?
         .into_iter()
@@ -654,20 +683,31 @@ fn token_in(env: &str) -> Option<String> {
         .map(|e| e.value)
 }
 
-async fn rejoin_after_reset(e: &Env<'_>) -> anyhow::Result<Checked> {
-    if e.bootstrap_env.is_empty() {
-        anyhow::bail!("up recorded no bootstrap inputs");
-    }
-    let token = token_in(e.bootstrap_env).unwrap_or_default();
+/// Writes `env` as the bootstrap inputs (on stdin: they hold the token) and, with `image`,
+/// `agent-image.env` naming it; restarts the bootstrap unit; and waits until the agent's unit
+/// is active with its container running (the image it runs is returned).
+pub(super) async fn bootstrap_again(
+    e: &Env<'_>,
+    env: &Secret,
+    image: Option<&str>,
+) -> anyhow::Result<String> {
+    let token = token_in(env.expose()).unwrap_or_default();
     let hide: Vec<&str> = token.split('.').chain([token.as_str()]).collect();
     e.guest
         .sh_stdin(
             "mkdir -p /etc/aks-flex-node && umask 077 && cat > /etc/aks-flex-node/bootstrap.env",
-            &rejoin_env(e.bootstrap_env),
+            env,
             &hide,
         )
         .await?;
-    let t = Instant::now();
+    if let Some(image) = image {
+        e.guest
+            .sh(&format!(
+                "printf '%s=%s\\n' AKS_FLEX_NODE_IMAGE {} > /etc/aks-flex-node/agent-image.env",
+                crate::ssh::shell_quote(image)
+            ))
+            .await?;
+    }
     e.guest
         .sh_t(
             "systemctl reset-failed aks-flex-node-agent.service aks-flex-node-bootstrap.service 2>/dev/null; \
@@ -681,21 +721,31 @@ async fn rejoin_after_reset(e: &Env<'_>) -> anyhow::Result<Checked> {
         AGENT_TIMEOUT,
         e.pace,
         || async move {
-            let o = g
-                .output(
-                    "systemctl is-active aks-flex-node-agent.service; \
-                     ctr -n aks-flex tasks ls 2>/dev/null | grep -q '^aks-flex-agent .*RUNNING' && echo task-running; true",
-                    GUEST_TIMEOUT,
-                )
-                .await?;
-            Ok(if o.stdout.lines().next() == Some("active") && o.stdout.contains("task-running") {
-                Seen::Done(())
-            } else {
-                Seen::Not(o.stdout.trim().replace('\n', ", "))
+            let p = crate::upgrade::status::parse_probe(
+                &g.output(&crate::upgrade::status::probe_script(), GUEST_TIMEOUT)
+                    .await?
+                    .stdout,
+            );
+            Ok(match p.image {
+                Some(i) if p.running() => Seen::Done(i),
+                i => Seen::Not(format!(
+                    "unit {}, task {:?}, image {}",
+                    p.active,
+                    p.task,
+                    i.as_deref().unwrap_or("none")
+                )),
             })
         },
     )
-    .await?;
+    .await
+}
+
+async fn rejoin_after_reset(e: &Env<'_>) -> anyhow::Result<Checked> {
+    if e.bootstrap_env.is_empty() {
+        anyhow::bail!("up recorded no bootstrap inputs");
+    }
+    let t = Instant::now();
+    bootstrap_again(e, &rejoin_env(e.bootstrap_env), None).await?;
     let config: AgentConfig = guest_json::parse(
         guest_json::CONFIG,
         &e.guest.sh(&format!("cat {}", guest_json::CONFIG)).await?,
@@ -715,18 +765,18 @@ async fn rejoin_after_reset(e: &Env<'_>) -> anyhow::Result<Checked> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::ssh::Ssh;
     use flex_host::runner::Output;
     use flex_testkit::FakeRunner;
     use serde_json::json;
 
-    fn info() -> ClusterInfo {
+    pub(in crate::cluster) fn info() -> ClusterInfo {
         crate::cluster::tests::info()
     }
 
-    fn ssh() -> Ssh {
+    pub(in crate::cluster) fn ssh() -> Ssh {
         Ssh {
             port: 2222,
             key: "/w/id".into(),
@@ -734,15 +784,15 @@ mod tests {
     }
 
     /// The argv prefix of a guest script starting with `start`.
-    fn guest(start: &str) -> String {
+    pub(in crate::cluster) fn guest(start: &str) -> String {
         let base = ssh().cmd("x", Duration::ZERO).display_argv();
         let base = base.strip_suffix(" 'x'").unwrap();
         format!("{base} \"'{start}")
     }
 
-    const KC: &str = "kubectl --kubeconfig /w/cluster/kubeconfig";
+    pub(in crate::cluster) const KC: &str = "kubectl --kubeconfig /w/cluster/kubeconfig";
 
-    fn node_json(uid: &str, ready: &str) -> Output {
+    pub(in crate::cluster) fn node_json(uid: &str, ready: &str) -> Output {
         Output::ok(
             json!({"metadata": {"uid": uid}, "status": {
                 "conditions": [{"type": "Ready", "status": ready}],
@@ -751,7 +801,7 @@ mod tests {
         )
     }
 
-    fn env<'a>(
+    pub(in crate::cluster) fn env<'a>(
         r: &'a FakeRunner,
         info: &'a ClusterInfo,
         ssh: &'a Ssh,
@@ -768,11 +818,14 @@ mod tests {
             },
             stamp: 7,
             memo,
+            agent_image: "10.0.2.2:5000/aks-flex/agent@sha256:1",
+            registry: None,
+            work: std::path::Path::new("/w"),
         }
     }
 
     /// Drops the ssh options from a transcript, for readable snapshots.
-    fn readable(t: &str) -> String {
+    pub(in crate::cluster) fn readable(t: &str) -> String {
         let base = ssh().cmd("x", Duration::ZERO).display_argv();
         let base = base.strip_suffix(" 'x'").unwrap();
         t.replace(base, "guest:")
@@ -983,8 +1036,12 @@ mod tests {
         );
         agent_reset_leaves_nothing(&e).await.unwrap();
         r.on(
-            &guest("systemctl is-active"),
-            Output::ok("active\ntask-running\n"),
+            &ssh()
+                .cmd(&crate::upgrade::status::probe_script(), Duration::ZERO)
+                .display_argv(),
+            Output::ok(
+                "active=active\ntask=RUNNING\n---info\n{\"ID\":\"aks-flex-agent\",\"Image\":\"10.0.2.2:5000/aks-flex/agent@sha256:1\"}\n---status\n",
+            ),
         );
         r.on(
             &guest("cat /etc/aks-flex-node/config.json"),

@@ -180,13 +180,26 @@ patches:
 }
 
 /// A MachineOperation of `kind` for the machine `node` (the agent's machine name is its node
-/// name).
-pub fn machine_operation(name: &str, kind: &str, node: &str) -> String {
+/// name), with `parameters` (none: no `parameters` field).
+pub fn machine_operation(
+    name: &str,
+    kind: &str,
+    node: &str,
+    parameters: &[(&str, &str)],
+) -> String {
+    let mut spec = json!({"machineRef": node, "operationKind": kind});
+    if !parameters.is_empty() {
+        let p: serde_json::Map<String, Value> = parameters
+            .iter()
+            .map(|(k, v)| ((*k).to_string(), Value::from(*v)))
+            .collect();
+        spec["parameters"] = Value::Object(p);
+    }
     pretty(&json!({
         "apiVersion": format!("{}/{}", flex_api::machina::GROUP, flex_api::machina::VERSION),
         "kind": "MachineOperation",
         "metadata": {"name": name, "labels": {MANAGED_BY.0: MANAGED_BY.1}},
-        "spec": {"machineRef": node, "operationKind": kind},
+        "spec": spec,
     }))
 }
 
@@ -487,7 +500,19 @@ mod tests {
     fn rbac_and_operation_and_probe() {
         insta::assert_snapshot!(
             "node_reboot",
-            machine_operation("harness-nodereboot-1", "NodeReboot", "flex-dev-node")
+            machine_operation("harness-nodereboot-1", "NodeReboot", "flex-dev-node", &[])
+        );
+        let up: Value = serde_json::from_str(&machine_operation(
+            "harness-agentupgrade-1",
+            "AgentUpgrade",
+            "flex-dev-node",
+            &[("image", "10.0.2.2:5000/aks-flex/agent@sha256:ab")],
+        ))
+        .unwrap();
+        assert_eq!(
+            up["spec"],
+            json!({"machineRef": "flex-dev-node", "operationKind": "AgentUpgrade",
+                   "parameters": {"image": "10.0.2.2:5000/aks-flex/agent@sha256:ab"}})
         );
         let pod = probe_pod("harness-probe-1", "flex-dev-node");
         let v: Value = serde_json::from_str(&pod).unwrap();
