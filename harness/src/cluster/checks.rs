@@ -715,28 +715,33 @@ pub(super) async fn bootstrap_again(
             BOOTSTRAP_TIMEOUT,
         )
         .await?;
+    wait_agent_running(e, None).await
+}
+
+/// Waits until the agent's unit is active and its container runs (`want`: that image);
+/// returns the image it runs.
+pub(super) async fn wait_agent_running(e: &Env<'_>, want: Option<&str>) -> anyhow::Result<String> {
     let g = e.guest;
-    poll(
-        "aks-flex-node-agent.service active with its container running",
-        AGENT_TIMEOUT,
-        e.pace,
-        || async move {
-            let p = crate::upgrade::status::parse_probe(
-                &g.output(&crate::upgrade::status::probe_script(), GUEST_TIMEOUT)
-                    .await?
-                    .stdout,
-            );
-            Ok(match p.image {
-                Some(i) if p.running() => Seen::Done(i),
-                i => Seen::Not(format!(
-                    "unit {}, task {:?}, image {}",
-                    p.active,
-                    p.task,
-                    i.as_deref().unwrap_or("none")
-                )),
-            })
-        },
-    )
+    let what = match want {
+        Some(image) => format!("the agent to run {image}"),
+        None => "aks-flex-node-agent.service active with its container running".into(),
+    };
+    poll(&what, AGENT_TIMEOUT, e.pace, || async move {
+        let p = crate::upgrade::status::parse_probe(
+            &g.output(&crate::upgrade::status::probe_script(), GUEST_TIMEOUT)
+                .await?
+                .stdout,
+        );
+        Ok(match p.image {
+            Some(i) if p.running() && want.is_none_or(|w| w == i) => Seen::Done(i),
+            i => Seen::Not(format!(
+                "unit {}, task {:?}, image {}",
+                p.active,
+                p.task,
+                i.as_deref().unwrap_or("none")
+            )),
+        })
+    })
     .await
 }
 

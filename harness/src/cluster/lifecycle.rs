@@ -21,17 +21,15 @@ use std::time::{Duration, Instant};
 use flex_host::secret::Secret;
 
 use super::checks::{
-    Env, bootstrap_again, in_cluster, nothing_left, run_operation_with, wait_node_ready,
+    Env, bootstrap_again, in_cluster, nothing_left, run_operation_with, wait_agent_running,
+    wait_node_ready,
 };
-use super::kube::{GUEST_TIMEOUT, Seen, poll};
 use super::render;
 use crate::check::{Group, Needs, check, secs};
 use crate::report::Checked;
 use crate::upgrade::candidates;
-use crate::upgrade::status::{parse_probe, probe_script};
 
 const READY_TIMEOUT: Duration = Duration::from_secs(600);
-const SWITCH_TIMEOUT: Duration = Duration::from_secs(300);
 const RESET_UNIT_TIMEOUT: Duration = Duration::from_secs(900);
 
 /// The `node-lifecycle` group.
@@ -86,36 +84,12 @@ async fn good_candidate(e: &Env<'_>) -> anyhow::Result<String> {
     Ok(rec.good)
 }
 
-/// Waits until the agent's unit is active and its container runs `image`.
-async fn wait_agent_on(e: &Env<'_>, image: &str) -> anyhow::Result<()> {
-    let g = e.guest;
-    poll(
-        &format!("the agent to run {image}"),
-        SWITCH_TIMEOUT,
-        e.pace,
-        || async move {
-            let p = parse_probe(&g.output(&probe_script(), GUEST_TIMEOUT).await?.stdout);
-            Ok(if p.running() && p.image.as_deref() == Some(image) {
-                Seen::Done(())
-            } else {
-                Seen::Not(format!(
-                    "unit {}, task {:?}, image {}",
-                    p.active,
-                    p.task,
-                    p.image.as_deref().unwrap_or("none")
-                ))
-            })
-        },
-    )
-    .await
-}
-
 async fn agent_upgrade(e: &Env<'_>) -> anyhow::Result<Checked> {
     wait_node_ready(e, None, READY_TIMEOUT).await?;
     let good = good_candidate(e).await?;
     let (op, took) =
         run_operation_with(e, flex_api::machina::AGENT_UPGRADE, &[("image", &good)]).await?;
-    wait_agent_on(e, &good).await?;
+    wait_agent_running(e, Some(&good)).await?;
     wait_node_ready(e, None, READY_TIMEOUT).await?;
     Ok(Checked::passed_with(format!("{op} in {}", secs(took))))
 }
@@ -188,23 +162,45 @@ async fn cluster_side_of_rejoin(e: &Env<'_>) -> anyhow::Result<Option<String>> {
     Ok(old)
 }
 
+/// A re-join after a reset: the cluster's side, then `up`'s bootstrap inputs, with `image` in
+/// `agent-image.env` (the agent must run it) or without one (the agent must run the install's
+/// image), and a new Ready Node.
+async fn rejoin(e: &Env<'_>, image: Option<&str>) -> anyhow::Result<Checked> {
+    if e.bootstrap_env.is_empty() {
+        anyhow::bail!("up recorded no bootstrap inputs");
+    }
+    let old = cluster_side_of_rejoin(e).await?;
+    let t = Instant::now();
+    let runs = bootstrap_again(e, &Secret::new(e.bootstrap_env), image).await?;
+    match image {
+        Some(named) if runs != named => {
+            anyhow::bail!("agent-image.env names {named}, but the agent runs {runs}")
+        }
+        None if runs != e.agent_image => anyhow::bail!(
+            "without agent-image.env the agent should run the install's {}, but runs {runs}",
+            e.agent_image
+        ),
+        _ => {}
+    }
+    let n = wait_node_ready(e, old.as_deref(), READY_TIMEOUT).await?;
+    Ok(Checked::passed_with(format!(
+        "{}Node Ready in {} (kubelet {})",
+        if image.is_some() {
+            "on the named image, "
+        } else {
+            ""
+        },
+        secs(t.elapsed()),
+        n.kubelet_version
+    )))
+}
+
 async fn rejoin_with_image(e: &Env<'_>) -> anyhow::Result<Checked> {
     if e.bootstrap_env.is_empty() {
         anyhow::bail!("up recorded no bootstrap inputs");
     }
     let good = good_candidate(e).await?;
-    let old = cluster_side_of_rejoin(e).await?;
-    let t = Instant::now();
-    let runs = bootstrap_again(e, &Secret::new(e.bootstrap_env), Some(&good)).await?;
-    if runs != good {
-        anyhow::bail!("agent-image.env names {good}, but the agent runs {runs}");
-    }
-    let n = wait_node_ready(e, old.as_deref(), READY_TIMEOUT).await?;
-    Ok(Checked::passed_with(format!(
-        "on the named image, Node Ready in {} (kubelet {})",
-        secs(t.elapsed()),
-        n.kubelet_version
-    )))
+    rejoin(e, Some(&good)).await
 }
 
 async fn cli_reset(e: &Env<'_>) -> anyhow::Result<Checked> {
@@ -220,24 +216,7 @@ async fn cli_reset(e: &Env<'_>) -> anyhow::Result<Checked> {
 }
 
 async fn rejoin_after_cli_reset(e: &Env<'_>) -> anyhow::Result<Checked> {
-    if e.bootstrap_env.is_empty() {
-        anyhow::bail!("up recorded no bootstrap inputs");
-    }
-    let old = cluster_side_of_rejoin(e).await?;
-    let t = Instant::now();
-    let runs = bootstrap_again(e, &Secret::new(e.bootstrap_env), None).await?;
-    if runs != e.agent_image {
-        anyhow::bail!(
-            "without agent-image.env the agent should run the install's {}, but runs {runs}",
-            e.agent_image
-        );
-    }
-    let n = wait_node_ready(e, old.as_deref(), READY_TIMEOUT).await?;
-    Ok(Checked::passed_with(format!(
-        "Node Ready in {} (kubelet {})",
-        secs(t.elapsed()),
-        n.kubelet_version
-    )))
+    rejoin(e, None).await
 }
 
 #[cfg(test)]
