@@ -80,12 +80,17 @@ pub fn parse_go_duration(input: &str) -> Result<Duration, DurationError> {
                     "unknown unit"
                 })
             })?;
+        // Checked arithmetic throughout: any value past MAX_NANOS is "out of range", never a
+        // panic (debug) or a wrapped value (release).
         let int: u128 = if int_part.is_empty() {
             0
         } else {
-            int_part.parse().map_err(|_| err("number too large"))?
+            int_part.parse().map_err(|_| err(OUT_OF_RANGE))?
         };
-        let mut value = int.checked_mul(scale).ok_or_else(|| err("overflow"))?;
+        let mut value = int
+            .checked_mul(scale)
+            .filter(|v| *v <= MAX_NANOS)
+            .ok_or_else(|| err(OUT_OF_RANGE))?;
         if !frac_part.is_empty() {
             // Go truncates the fraction at nanosecond precision.
             let mut frac_scale = scale;
@@ -94,16 +99,31 @@ pub fn parse_go_duration(input: &str) -> Result<Duration, DurationError> {
                 if frac_scale == 0 {
                     break;
                 }
-                value += u128::from(d - b'0') * frac_scale;
+                value = value
+                    .checked_add(u128::from(d - b'0') * frac_scale)
+                    .ok_or_else(|| err(OUT_OF_RANGE))?;
             }
         }
-        total = total.checked_add(value).ok_or_else(|| err("overflow"))?;
+        total = total
+            .checked_add(value)
+            .filter(|t| *t <= MAX_NANOS)
+            .ok_or_else(|| err(OUT_OF_RANGE))?;
         s = rest;
     }
-    if total > i64::MAX as u128 {
-        return Err(err("overflow"));
+    nanos_to_duration(total).ok_or_else(|| err(OUT_OF_RANGE))
+}
+
+/// The largest duration accepted, in nanoseconds: Go's `time.Duration` range (`i64::MAX`,
+/// about 292 years), for the string and the integer form alike.
+pub const MAX_NANOS: u128 = i64::MAX as u128;
+
+const OUT_OF_RANGE: &str = "out of range (at most 2562047h47m16.854775807s, i64::MAX nanoseconds)";
+
+fn nanos_to_duration(ns: u128) -> Option<Duration> {
+    if ns > MAX_NANOS {
+        return None;
     }
-    Ok(Duration::from_nanos(total as u64))
+    u64::try_from(ns).ok().map(Duration::from_nanos)
 }
 
 /// Formats like Go's `Duration.String()`: `"0s"`, `"300ms"`, `"1.5s"`, `"10m0s"`, `"1h0m0s"`.
@@ -170,7 +190,9 @@ impl<'de> Deserialize<'de> for GoDuration {
                     .map_err(E::custom)
             }
             fn visit_u64<E: de::Error>(self, v: u64) -> Result<GoDuration, E> {
-                Ok(GoDuration(Duration::from_nanos(v)))
+                nanos_to_duration(u128::from(v))
+                    .map(GoDuration)
+                    .ok_or_else(|| E::custom(format!("integer duration {OUT_OF_RANGE}")))
             }
             fn visit_i64<E: de::Error>(self, v: i64) -> Result<GoDuration, E> {
                 u64::try_from(v)
@@ -178,10 +200,14 @@ impl<'de> Deserialize<'de> for GoDuration {
                     .map_err(|_| E::custom("duration must not be negative"))
             }
             fn visit_f64<E: de::Error>(self, v: f64) -> Result<GoDuration, E> {
-                if v < 0.0 || v.fract() != 0.0 || v > i64::MAX as f64 {
+                if v < 0.0 || v.fract() != 0.0 {
                     return Err(E::custom(
                         "duration must be a non-negative whole number of nanoseconds",
                     ));
+                }
+                // `i64::MAX as f64` rounds up to 2^63, itself out of range.
+                if v >= i64::MAX as f64 {
+                    return Err(E::custom(format!("integer duration {OUT_OF_RANGE}")));
                 }
                 Ok(GoDuration(Duration::from_nanos(v as u64)))
             }
@@ -250,6 +276,47 @@ mod tests {
         assert_eq!(d.0, Duration::from_secs(600));
         assert!(serde_json::from_str::<GoDuration>("-5").is_err());
         assert_eq!(serde_json::to_string(&d).unwrap(), "\"10m0s\"");
+    }
+
+    /// Real parser, no fakes: values past Go's `time.Duration` range (i64::MAX ns) are an
+    /// error in both forms, never a panic (debug) or a wrapped value (release).
+    #[test]
+    fn out_of_range_is_an_error_not_a_panic_or_wrap() {
+        for s in [
+            "340282366920938463463374607431768211.9us",
+            "340282366920938463463374607431768211455ns",
+            "9223372036854775808ns",
+            "9223372036.854775808s",
+            "2562048h",
+            "2562047h47m16.854775808s",
+            "99999999999999999999999999999999999999999999h",
+            "0.99999999999999999999999999999999999999999999999h",
+        ] {
+            let r = std::panic::catch_unwind(|| parse_go_duration(s));
+            let r = r.unwrap_or_else(|_| panic!("{s:?} panicked"));
+            if s.starts_with("0.") {
+                assert!(r.is_ok(), "{s:?}: {r:?}");
+                continue;
+            }
+            let e = r.expect_err(s).to_string();
+            assert!(e.contains("out of range"), "{s:?}: {e}");
+        }
+        assert_eq!(
+            parse_go_duration("9223372036854775807ns").unwrap(),
+            Duration::from_nanos(i64::MAX as u64)
+        );
+        assert_eq!(
+            parse_go_duration("2562047h47m16.854775807s").unwrap(),
+            Duration::from_nanos(i64::MAX as u64)
+        );
+        // The integer form has the same range.
+        assert!(serde_json::from_str::<GoDuration>("9223372036854775807").is_ok());
+        for v in ["9223372036854775808", "18446744073709551615", "1e19"] {
+            let e = serde_json::from_str::<GoDuration>(v)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("out of range"), "{v}: {e}");
+        }
     }
 
     proptest! {

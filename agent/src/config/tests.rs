@@ -252,6 +252,29 @@ fn invalid_configs_name_their_field() {
             "agent.machineReconcileInterval",
         ),
         (
+            "interval below the 1s minimum",
+            |v| v["agent"]["machineReconcileInterval"] = json!("1ns"),
+            "agent.machineReconcileInterval: 1ns is below the minimum of 1s",
+        ),
+        (
+            "interval below the minimum, integer nanoseconds",
+            |v| v["agent"]["machineReconcileInterval"] = json!(999_999_999),
+            "agent.machineReconcileInterval: 999.999999ms is below the minimum of 1s",
+        ),
+        (
+            "interval overflowing",
+            |v| {
+                v["agent"]["machineReconcileInterval"] =
+                    json!("340282366920938463463374607431768211.9us")
+            },
+            "agent.machineReconcileInterval",
+        ),
+        (
+            "interval above i64::MAX nanoseconds",
+            |v| v["agent"]["machineReconcileInterval"] = json!(9_223_372_036_854_775_808u64),
+            "agent.machineReconcileInterval",
+        ),
+        (
             "bad op mode",
             |v| v["agent"]["machineOperationMode"] = json!("manual"),
             "agent.machineOperationMode",

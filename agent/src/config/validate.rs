@@ -47,6 +47,10 @@ static DEVICE_GROUP: LazyLock<Regex> =
     LazyLock::new(|| Regex::new(r"^(char|block)-[A-Za-z0-9_.*-]+$").expect("static regex"));
 
 const DEFAULT_RECONCILE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(600);
+/// The shortest `agent.machineReconcileInterval` accepted: each reconcile reads the goal over
+/// the network, so a shorter interval is a busy loop against the API, not a setting. (The
+/// longest is Go's `time.Duration` range, checked when the value is parsed.)
+pub const MIN_RECONCILE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Whether `s` is a DNS-1123 subdomain (what Kubernetes requires of a node name).
 pub fn is_dns1123_subdomain(s: &str) -> bool {
@@ -321,6 +325,16 @@ fn validate_agent(c: &Config) -> Result<(), ValidationError> {
             format!(
                 "{:?} is not one of debug, info, warning, error",
                 g.log_level
+            ),
+        ));
+    }
+    if g.machine_reconcile_interval.0 < MIN_RECONCILE_INTERVAL {
+        return Err(err(
+            "agent.machineReconcileInterval",
+            format!(
+                "{} is below the minimum of {}",
+                super::format_go_duration(g.machine_reconcile_interval.0),
+                super::format_go_duration(MIN_RECONCILE_INTERVAL)
             ),
         ));
     }
