@@ -22,8 +22,9 @@ use serde::{Deserialize, Serialize};
 pub use flex_api::duration::{GoDuration, format_go_duration, parse_go_duration};
 pub use flex_host::secret::Secret;
 pub use validate::{
-    ControllerEndpoint, ValidationError, api_server_url, check_registry_mirror,
-    is_dns1123_subdomain,
+    ControllerEndpoint, MIN_RECONCILE_INTERVAL, TAINT_EFFECTS, ValidationError, api_server_url,
+    check_ip, check_label_key, check_label_value, check_registry_mirror, check_taint,
+    is_dns1123_subdomain, shown,
 };
 
 /// Default config path used by the systemd unit.

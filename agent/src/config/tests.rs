@@ -275,6 +275,45 @@ fn invalid_configs_name_their_field() {
             "agent.machineReconcileInterval",
         ),
         (
+            "label value injecting kubelet flags and unit directives",
+            |v| {
+                v["node"]["labels"] = json!({
+                    "evil": " --anonymous-auth=true\nExecStartPre=/bin/touch /tmp/pwned\n#"
+                })
+            },
+            "node.labels[\"evil\"]: the value is not a valid label value",
+        ),
+        (
+            "label key not a qualified name",
+            |v| v["node"]["labels"] = json!({"a b": "x"}),
+            "node.labels[\"a b\"]: is not a valid label key",
+        ),
+        (
+            "label key with a bad prefix",
+            |v| v["node"]["labels"] = json!({"Bad_Prefix/x": "y"}),
+            "node.labels[\"Bad_Prefix/x\"]",
+        ),
+        (
+            "taint with an unknown effect",
+            |v| v["node"]["taints"] = json!(["k=v:NoSchedule", "k=v:Sometimes"]),
+            "node.taints[1]: \"k=v:Sometimes\" has effect \"Sometimes\"",
+        ),
+        (
+            "taint injecting a flag",
+            |v| v["node"]["taints"] = json!(["k=v --anonymous-auth=true:NoSchedule"]),
+            "node.taints[0]",
+        ),
+        (
+            "dns service IP injecting a flag",
+            |v| v["networking"]["dnsServiceIP"] = json!("10.0.0.10 --anonymous-auth=true"),
+            "networking.dnsServiceIP: \"10.0.0.10 --anonymous-auth=true\" is not an IP address",
+        ),
+        (
+            "node IP injecting a directive",
+            |v| v["node"]["kubelet"]["nodeIP"] = json!("10.0.0.4\"\nExecStartPre=/bin/true"),
+            "node.kubelet.nodeIP",
+        ),
+        (
             "bad op mode",
             |v| v["agent"]["machineOperationMode"] = json!("manual"),
             "agent.machineOperationMode",

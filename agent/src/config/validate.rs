@@ -60,6 +60,107 @@ pub fn is_dns1123_subdomain(s: &str) -> bool {
             .all(|l| l.len() <= 63 && DNS1123_LABEL.is_match(l))
 }
 
+/// `value` for an error message: quoted, and cut after [`SHOWN_CHARS`] characters with the
+/// full length appended (`"aaaa…"…(10485760 bytes)`), so a huge value is not echoed whole.
+pub fn shown(value: &str) -> String {
+    match value.char_indices().nth(SHOWN_CHARS) {
+        None => format!("{value:?}"),
+        Some((cut, _)) => format!("{:?}…({} bytes)", &value[..cut], value.len()),
+    }
+}
+
+/// How many characters of a value [`shown`] keeps.
+pub const SHOWN_CHARS: usize = 100;
+
+/// A Kubernetes qualified-name part: 1–63 of `[A-Za-z0-9._-]`, starting and ending
+/// alphanumeric.
+fn is_name_part(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && s.ends_with(|c: char| c.is_ascii_alphanumeric())
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+}
+
+/// Checks a label (or taint) key as Kubernetes does: `[prefix/]name`, the prefix a DNS-1123
+/// subdomain (at most 253 characters), the name a qualified-name part.
+pub fn check_label_key(key: &str) -> Result<(), String> {
+    let ok = match key.split_once('/') {
+        Some((prefix, name)) => is_dns1123_subdomain(prefix) && is_name_part(name),
+        None => is_name_part(key),
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err("is not a valid label key ([prefix/]name: prefix a lowercase DNS-1123 subdomain, name 1-63 characters [A-Za-z0-9._-] starting and ending alphanumeric)".into())
+    }
+}
+
+/// Checks a label (or taint) value as Kubernetes does: empty, or 1–63 of `[A-Za-z0-9._-]`
+/// starting and ending alphanumeric. The value is not echoed.
+pub fn check_label_value(value: &str) -> Result<(), String> {
+    if value.is_empty() || is_name_part(value) {
+        Ok(())
+    } else {
+        Err("the value is not a valid label value (empty, or at most 63 characters [A-Za-z0-9._-] starting and ending alphanumeric)".into())
+    }
+}
+
+/// Taint effects kubelet's `--register-with-taints` accepts.
+pub const TAINT_EFFECTS: &[&str] = &["NoSchedule", "PreferNoSchedule", "NoExecute"];
+
+/// Checks a taint: `key[=value]:Effect`, the key and value as a label's, the effect one of
+/// [`TAINT_EFFECTS`].
+pub fn check_taint(taint: &str) -> Result<(), String> {
+    let Some((kv, effect)) = taint.rsplit_once(':') else {
+        return Err(format!("{} is not key[=value]:Effect", shown(taint)));
+    };
+    if !TAINT_EFFECTS.contains(&effect) {
+        return Err(format!(
+            "{} has effect {}, not one of {}",
+            shown(taint),
+            shown(effect),
+            TAINT_EFFECTS.join(", ")
+        ));
+    }
+    let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+    if check_label_key(k).is_err() || check_label_value(v).is_err() {
+        return Err(format!(
+            "{} does not have a valid key and value (as labels)",
+            shown(taint)
+        ));
+    }
+    Ok(())
+}
+
+/// Checks an IP address (v4 or v6).
+pub fn check_ip(value: &str) -> Result<std::net::IpAddr, String> {
+    value
+        .parse()
+        .map_err(|_| format!("{} is not an IP address", shown(value)))
+}
+
+/// The values the node's kubelet flags are made of (labels, taints, `dnsServiceIP`,
+/// `nodeIP`) and the numbers `start` checks: the one validation for `config.json` and for
+/// configs rendered from `bootstrap.env`, run at load. Rendering the kubelet drop-in runs the
+/// value checks again ([`crate::machine::nodeconfig`]).
+fn validate_node(c: &Config) -> Result<(), ValidationError> {
+    for (k, v) in &c.node.labels {
+        let field = format!("node.labels[{}]", shown(k));
+        check_label_key(k).map_err(|m| err(&field, m))?;
+        check_label_value(v).map_err(|m| err(&field, m))?;
+    }
+    for (i, t) in c.node.taints.iter().enumerate() {
+        check_taint(t).map_err(|m| err(&format!("node.taints[{i}]"), m))?;
+    }
+    check_ip(&c.networking.dns_service_ip).map_err(|m| err("networking.dnsServiceIP", m))?;
+    if !c.node.kubelet.node_ip.trim().is_empty() {
+        check_ip(c.node.kubelet.node_ip.trim()).map_err(|m| err("node.kubelet.nodeIP", m))?;
+    }
+    Ok(())
+}
+
 /// The API server URL from `node.kubelet.clusterFQDN` (trimmed): a value with `://` is taken as
 /// it is; `host:port` gets `https://`; a bare host gets `https://` and `:443`.
 pub fn api_server_url(cluster_fqdn: &str) -> String {
@@ -150,6 +251,7 @@ pub(crate) fn validate(
     validate_azure(c)?;
     validate_agent(c)?;
     validate_bootstrap(c)?;
+    validate_node(c)?;
     for (registry, mirror) in &c.node.registry_mirrors {
         check_registry_mirror(registry, mirror)
             .map_err(|m| err(&format!("node.registryMirrors[{registry:?}]"), m))?;

@@ -12,6 +12,7 @@
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
+use crate::config;
 use crate::fs::{FsError, HostFs};
 use crate::machine::nodegoal::{AGENT_IN_ROOTFS, AKS_AAD_SERVER_ID, KubeletAuth, MachineGoal};
 use crate::machine::nspawn::{bpffs_dir, dropin_dir, nspawn_file};
@@ -84,6 +85,17 @@ pub enum RenderError {
         /// Decoder message.
         reason: String,
     },
+    /// A value of the goal is not valid for kubelet's flags (the config's validation, run
+    /// again here because the drop-in's arguments are word-split by systemd).
+    #[error("machine {machine}: {field}: {message}")]
+    Invalid {
+        /// Machine.
+        machine: String,
+        /// The config field.
+        field: String,
+        /// What is wrong.
+        message: String,
+    },
     /// A file could not be written.
     #[error("machine {machine}: {source}")]
     Fs {
@@ -151,7 +163,7 @@ pub fn render_rootfs(
         file(
             &root,
             "etc/systemd/system/kubelet.service.d/20-node-config.conf",
-            render_node_config_dropin(goal),
+            render_node_config_dropin(goal)?,
             0o644,
         ),
         file(
@@ -390,10 +402,48 @@ fn render_kubeconfig_dropin(goal: &MachineGoal) -> String {
             "--kubeconfig=/var/lib/kubelet/kubeconfig --rotate-certificates=true"
         }
     };
-    format!("[Service]\nEnvironment=\"KUBELET_KUBECONFIG_ARGS={args}\"\n")
+    format!(
+        "[Service]\n{}",
+        environment("KUBELET_KUBECONFIG_ARGS", args)
+    )
 }
 
-fn render_node_config_dropin(goal: &MachineGoal) -> String {
+/// Checks the goal's values that become kubelet flags with the config's own validation: they
+/// are joined into one variable that `ExecStart=` word-splits, so quoting alone could not stop
+/// a blank in a value from adding a flag.
+fn check_node_values(goal: &MachineGoal) -> Result<(), RenderError> {
+    let invalid = |field: String, message: String| RenderError::Invalid {
+        machine: goal.machine.clone(),
+        field,
+        message,
+    };
+    for (k, v) in &goal.labels {
+        let field = || format!("node.labels[{}]", config::shown(k));
+        config::check_label_key(k).map_err(|m| invalid(field(), m))?;
+        config::check_label_value(v).map_err(|m| invalid(field(), m))?;
+    }
+    for (i, t) in goal.taints.iter().enumerate() {
+        config::check_taint(t).map_err(|m| invalid(format!("node.taints[{i}]"), m))?;
+    }
+    config::check_ip(&goal.cluster_dns)
+        .map_err(|m| invalid("networking.dnsServiceIP".into(), m))?;
+    if !goal.node_ip.is_empty() {
+        config::check_ip(&goal.node_ip).map_err(|m| invalid("node.kubelet.nodeIP".into(), m))?;
+    }
+    if !config::is_dns1123_subdomain(&goal.node_name) {
+        return Err(invalid(
+            "agent.nodeName".into(),
+            format!(
+                "{} is not a valid Kubernetes node name",
+                config::shown(&goal.node_name)
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn render_node_config_dropin(goal: &MachineGoal) -> Result<String, RenderError> {
+    check_node_values(goal)?;
     let labels: Vec<String> = goal
         .labels
         .iter()
@@ -411,13 +461,50 @@ fn render_node_config_dropin(goal: &MachineGoal) -> String {
     if !goal.node_ip.is_empty() {
         let _ = write!(args, " --node-ip={}", goal.node_ip);
     }
-    format!("[Service]\nEnvironment=\"KUBELET_NODE_CONFIG_ARGS={args}\"\n")
+    Ok(format!(
+        "[Service]\n{}",
+        environment("KUBELET_NODE_CONFIG_ARGS", &args)
+    ))
+}
+
+/// One `Environment="NAME=value"` line, quoted as systemd.syntax(7) reads it, whatever the
+/// value: inside the double quotes `\` and `"` are backslash-escaped, line breaks and other
+/// control characters are C escapes (`\n`, `\r`, `\t`, `\xNN`), and `%` is `%%` (no
+/// specifier expansion). `$` needs nothing: `Environment=` does not expand variables. The
+/// result is always one line that sets exactly `NAME` to `value`.
+fn environment(name: &str, value: &str) -> String {
+    let mut s = format!("Environment=\"{name}=");
+    for c in value.chars() {
+        match c {
+            '\\' => s.push_str("\\\\"),
+            '"' => s.push_str("\\\""),
+            '%' => s.push_str("%%"),
+            '\n' => s.push_str("\\n"),
+            '\r' => s.push_str("\\r"),
+            '\t' => s.push_str("\\t"),
+            c if c.is_ascii_control() => {
+                let _ = write!(s, "\\x{:02x}", u32::from(c));
+            }
+            c if c.is_control() => {
+                let _ = write!(s, "\\u{:04x}", u32::from(c));
+            }
+            c => s.push(c),
+        }
+    }
+    s.push_str("\"\n");
+    s
 }
 
 fn render_tuning_dropin(goal: &MachineGoal) -> String {
     format!(
-        "[Service]\nEnvironment=\"KUBELET_TUNING_ARGS=--max-pods={} --v={} --image-gc-high-threshold={} --image-gc-low-threshold={}\"\n",
-        goal.max_pods, goal.verbosity, goal.image_gc.0, goal.image_gc.1
+        "[Service]\n{}",
+        environment(
+            "KUBELET_TUNING_ARGS",
+            &format!(
+                "--max-pods={} --v={} --image-gc-high-threshold={} --image-gc-low-threshold={}",
+                goal.max_pods, goal.verbosity, goal.image_gc.0, goal.image_gc.1
+            )
+        )
     )
 }
 
@@ -633,9 +720,58 @@ mod tests {
         insta::assert_snapshot!("exec_kubeconfig", kubeconfig);
         insta::assert_snapshot!("override_with_devices", render_override(&g));
         insta::assert_snapshot!("nspawn_with_devices", render_nspawn(&g));
-        let node_args = render_node_config_dropin(&g);
+        let node_args = render_node_config_dropin(&g).unwrap();
         assert!(!node_args.contains("--register-with-taints"));
         assert!(!node_args.contains("--node-ip"));
+    }
+
+    /// A goal whose values never went through config validation (faked here by editing a
+    /// resolved goal) is refused by rendering, naming the field: the drop-in's kubelet
+    /// arguments are word-split by systemd, so a blank would add a flag.
+    #[test]
+    fn unvalidated_goal_values_are_refused_by_rendering() {
+        let evil = " --anonymous-auth=true\nExecStartPre=/bin/touch /tmp/pwned\n#";
+        type Mutate = fn(&mut MachineGoal, &str);
+        let cases: Vec<(Mutate, &str)> = vec![
+            (
+                |g, e| {
+                    g.labels.insert("evil".into(), e.into());
+                },
+                "node.labels[\"evil\"]",
+            ),
+            (
+                |g, e| g.taints.push(format!("k=v{e}:NoSchedule")),
+                "node.taints[1]",
+            ),
+            (
+                |g, e| g.cluster_dns = format!("10.0.0.10{e}"),
+                "networking.dnsServiceIP",
+            ),
+            (
+                |g, e| g.node_ip = format!("10.0.0.4{e}"),
+                "node.kubelet.nodeIP",
+            ),
+            (|g, e| g.node_name = format!("n{e}"), "agent.nodeName"),
+        ];
+        for (mutate, field) in cases {
+            let mut g = goal(|_| {});
+            mutate(&mut g, evil);
+            let e = render_rootfs(&g, b"").unwrap_err().to_string();
+            assert!(e.contains(field), "{field}: {e}");
+        }
+    }
+
+    /// The systemd quoting itself: whatever the value, the assignment stays one quoted word
+    /// on one line, `%` specifiers are not expanded and C escapes read back the value.
+    #[test]
+    fn environment_assignments_are_systemd_quoted() {
+        assert_eq!(environment("K", "a b"), "Environment=\"K=a b\"\n");
+        let e = environment("K", "q\"b\\s%h$X\nExecStartPre=/bin/x\r\x01");
+        assert_eq!(
+            e,
+            "Environment=\"K=q\\\"b\\\\s%%h$X\\nExecStartPre=/bin/x\\r\\x01\"\n"
+        );
+        assert_eq!(e.matches('\n').count(), 1, "{e}");
     }
 
     #[test]

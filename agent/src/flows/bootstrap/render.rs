@@ -12,7 +12,6 @@
 //! against the input that set the field. Errors never include the bootstrap token.
 
 use std::collections::BTreeMap;
-use std::net::IpAddr;
 
 use serde_json::{Map, Value};
 
@@ -239,6 +238,10 @@ fn input_for_field(field: &str) -> Option<&'static str> {
         "agent.logLevel" => names::LOG_LEVEL,
         "agent.machineClient.mode" => names::MACHINE_CLIENT_MODE,
         "agent.machineClient.endpointUrl" => names::MACHINE_CLIENT_ENDPOINT_URL,
+        "node.kubelet.nodeIP" => names::NODE_IP,
+        "networking.dnsServiceIP" => names::DNS_SERVICE_IP,
+        f if f.starts_with("node.labels[") => names::LABELS,
+        f if f.starts_with("node.taints[") => names::TAINTS,
         _ => return None,
     })
 }
@@ -303,32 +306,9 @@ fn ip(input: &'static str, value: &str) -> Result<Option<String>, RenderError> {
     if v.is_empty() {
         return Ok(None);
     }
-    v.parse::<IpAddr>()
+    config::check_ip(v)
         .map(|ip| Some(ip.to_string()))
-        .map_err(|_| invalid(input, format!("{v:?} is not an IP address")))
-}
-
-/// A Kubernetes name part: 1–63 of `[A-Za-z0-9._-]`, starting and ending alphanumeric.
-fn is_name_part(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 63
-        && s.starts_with(|c: char| c.is_ascii_alphanumeric())
-        && s.ends_with(|c: char| c.is_ascii_alphanumeric())
-        && s.chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
-}
-
-/// A label (or taint) key: `[prefix/]name`, the prefix a DNS-1123 subdomain.
-fn is_qualified_name(s: &str) -> bool {
-    match s.split_once('/') {
-        Some((prefix, name)) => config::is_dns1123_subdomain(prefix) && is_name_part(name),
-        None => is_name_part(s),
-    }
-}
-
-/// A label (or taint) value: empty or a name part.
-fn is_label_value(s: &str) -> bool {
-    s.is_empty() || is_name_part(s)
+        .map_err(|m| invalid(input, m))
 }
 
 fn items(value: &str) -> impl Iterator<Item = &str> {
@@ -345,22 +325,19 @@ fn labels(value: &str) -> Result<BTreeMap<String, String>, RenderError> {
             ));
         };
         let (k, v) = (k.trim(), v.trim());
-        if !is_qualified_name(k) {
-            return Err(invalid(
+        // The config's own label checks (run again when the rendered config loads), with the
+        // key named as in a bootstrap.env list.
+        config::check_label_key(k)
+            .map_err(|m| invalid(names::LABELS, format!("{} {m}", config::shown(k))))?;
+        config::check_label_value(v).map_err(|_| {
+            invalid(
                 names::LABELS,
                 format!(
-                    "{k:?} is not a valid label key ([prefix/]name, name 1-63 characters [A-Za-z0-9._-] starting and ending alphanumeric)"
+                    "the value of {} is not a valid label value (at most 63 characters [A-Za-z0-9._-] starting and ending alphanumeric)",
+                    config::shown(k)
                 ),
-            ));
-        }
-        if !is_label_value(v) {
-            return Err(invalid(
-                names::LABELS,
-                format!(
-                    "the value of {k:?} is not a valid label value (at most 63 characters [A-Za-z0-9._-] starting and ending alphanumeric)"
-                ),
-            ));
-        }
+            )
+        })?;
         if out.insert(k.to_string(), v.to_string()).is_some() {
             return Err(invalid(
                 names::LABELS,
@@ -396,36 +373,14 @@ fn registry_mirrors(value: &str) -> Result<BTreeMap<String, String>, RenderError
     Ok(out)
 }
 
-const EFFECTS: &[&str] = &["NoSchedule", "PreferNoSchedule", "NoExecute"];
-
 fn taints(value: &str) -> Result<Vec<String>, RenderError> {
-    let mut out = Vec::new();
-    for item in items(value) {
-        let Some((kv, effect)) = item.rsplit_once(':') else {
-            return Err(invalid(
-                names::TAINTS,
-                format!("{item:?} is not key[=value]:Effect"),
-            ));
-        };
-        if !EFFECTS.contains(&effect) {
-            return Err(invalid(
-                names::TAINTS,
-                format!(
-                    "{item:?} has effect {effect:?}, not one of {}",
-                    EFFECTS.join(", ")
-                ),
-            ));
-        }
-        let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
-        if !is_qualified_name(k) || !is_label_value(v) {
-            return Err(invalid(
-                names::TAINTS,
-                format!("{item:?} does not have a valid key and value (as labels)"),
-            ));
-        }
-        out.push(item.to_string());
-    }
-    Ok(out)
+    items(value)
+        .map(|item| {
+            config::check_taint(item)
+                .map(|()| item.to_string())
+                .map_err(|m| invalid(names::TAINTS, m))
+        })
+        .collect()
 }
 
 #[cfg(test)]
