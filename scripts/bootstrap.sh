@@ -159,12 +159,25 @@ arch() {
 	esac
 }
 
-# fetch URL OUT: downloads with curl, else wget. The URL is never printed (it may carry a token).
+# fetch URL OUT: downloads with curl, else wget. The URL is never printed and never put on a
+# command line (it may carry a token, as a SAS URL does, and any user can read a process's
+# arguments in /proc): it goes on the tool's standard input, as a curl config line
+# (`url = "..."`, with \ and " escaped as curl's config syntax wants) or as wget's input file.
 fetch() {
+	local url=$1 out=$2 quoted
+	case $url in
+	*$'\n'* | *$'\r'*) die "the download URL contains a line break" ;;
+	esac
 	if command -v curl >/dev/null 2>&1; then
-		curl -fsSL --retry 3 --connect-timeout 30 -o "$2" "$1" || die "download failed (curl exit $?)"
+		quoted=${url//\\/\\\\}
+		quoted=${quoted//\"/\\\"}
+		printf 'url = "%s"\n' "$quoted" |
+			curl -fsSL --retry 3 --connect-timeout 30 -o "$out" --config - ||
+			die "download failed (curl exit $?)"
 	elif command -v wget >/dev/null 2>&1; then
-		wget -q -T 30 -t 3 -O "$2" "$1" || die "download failed (wget exit $?)"
+		printf '%s\n' "$url" |
+			wget -q -T 30 -t 3 -O "$out" --input-file=- ||
+			die "download failed (wget exit $?)"
 	else
 		die "neither curl nor wget is installed"
 	fi

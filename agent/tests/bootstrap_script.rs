@@ -533,3 +533,90 @@ async fn the_script_and_the_agent_parse_env_files_alike() {
         assert!(argv_of(&agent).starts_with("bootstrap-node\n"), "{line:?}");
     }
 }
+
+/// A fake downloader (`curl` or `wget`): writes its arguments, one per line, to `<its
+/// path>.argv` and its standard input to `<its path>.stdin`, then fails as a refused download
+/// would (the script stops there).
+const FAKE_DOWNLOADER: &str =
+    "#!/bin/sh\nprintf '%s\\n' \"$@\" > \"$0.argv\"\ncat > \"$0.stdin\"\nexit 22\n";
+
+/// A SAS-style URL with a token, and characters curl's config syntax must have escaped.
+const SECRET_URL: &str =
+    "https://example.invalid/agent.tar.gz?sv=2024&sig=SECRETSIG%2Bx&q=\"a\\b\"";
+
+/// Runs the script's download with the fake `tool` first on PATH; returns its argv and stdin.
+/// With `only_tool`, PATH holds nothing but the fake and the few tools the script needs before
+/// downloading (so `curl` is not found and `wget` is used).
+async fn fake_download(tool: &str, only_tool: bool) -> (String, String, Output) {
+    let d = tempfile::tempdir().unwrap();
+    let fake_bin = d.path().join("fakebin");
+    std::fs::create_dir(&fake_bin).unwrap();
+    let fake = fake_bin.join(tool);
+    std::fs::write(&fake, FAKE_DOWNLOADER).unwrap();
+    std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let r = ProcessRunner::new();
+    let path = if only_tool {
+        for t in ["uname", "mktemp", "rm", "cat"] {
+            let real = r.which(t).unwrap_or_else(|| panic!("{t} not found"));
+            std::os::unix::fs::symlink(real, fake_bin.join(t)).unwrap();
+        }
+        path_str(&fake_bin).to_string()
+    } else {
+        format!("{}:{}", path_str(&fake_bin), std::env::var("PATH").unwrap())
+    };
+    let bash = r.which("bash").unwrap();
+    let bin = d.path().join("bin");
+    let mut cmd = Cmd::new(path_str(&bash))
+        .arg(path_str(&script()))
+        .args(["--install-dir", path_str(&bin)]);
+    for k in INSTALL_INPUTS {
+        cmd = cmd.env(*k, "");
+    }
+    cmd = cmd
+        .env("PATH", path)
+        .env("AKS_FLEX_NODE_DOWNLOAD_URL", SECRET_URL)
+        .env("AKS_FLEX_NODE_SHA256", "0".repeat(64));
+    let out = r.output(&cmd).await.unwrap();
+    let argv = std::fs::read_to_string(format!("{}.argv", fake.display())).unwrap_or_default();
+    let stdin = std::fs::read_to_string(format!("{}.stdin", fake.display())).unwrap_or_default();
+    (argv, stdin, out)
+}
+
+/// Real script, fake `curl` (records argv and stdin): the URL, which may carry a token, is
+/// not on curl's command line (readable by anyone in /proc) but in a config on its standard
+/// input (`--config -`), quoted by curl's config rules.
+#[tokio::test]
+async fn curl_gets_the_download_url_on_stdin_not_in_argv() {
+    let (argv, stdin, out) = fake_download("curl", false).await;
+    assert!(!out.success(), "the fake download fails");
+    assert!(out.stderr.contains("download failed"), "{}", out.stderr);
+    assert!(
+        !argv.is_empty(),
+        "the fake curl did not run: {}",
+        out.stderr
+    );
+    assert!(!argv.contains("SECRETSIG"), "URL in curl's argv:\n{argv}");
+    assert!(argv.lines().any(|a| a == "--config"), "{argv}");
+    assert_eq!(
+        stdin,
+        "url = \"https://example.invalid/agent.tar.gz?sv=2024&sig=SECRETSIG%2Bx&q=\\\"a\\\\b\\\"\"\n"
+    );
+    assert!(!out.stderr.contains("SECRETSIG"), "{}", out.stderr);
+}
+
+/// Real script, fake `wget` and no `curl` on PATH: the URL goes on wget's standard input
+/// (`--input-file -`), not in its argv.
+#[tokio::test]
+async fn wget_gets_the_download_url_on_stdin_not_in_argv() {
+    let (argv, stdin, out) = fake_download("wget", true).await;
+    assert!(!out.success());
+    assert!(
+        !argv.is_empty(),
+        "the fake wget did not run: {}",
+        out.stderr
+    );
+    assert!(!argv.contains("SECRETSIG"), "URL in wget's argv:\n{argv}");
+    assert!(argv.lines().any(|a| a == "--input-file=-"), "{argv}");
+    assert_eq!(stdin, format!("{SECRET_URL}\n"));
+    assert!(!out.stderr.contains("SECRETSIG"), "{}", out.stderr);
+}
