@@ -493,6 +493,30 @@ fn agent_upgrade_parameters() {
                 "unknown parameter \"imageRef\" for AgentUpgrade (it takes image, or downloadURL and sha256)",
             ),
         ),
+        (
+            "image with surrounding whitespace (upstream: InvalidParameters)",
+            vec![("image", format!(" {image}\n"))],
+            true,
+            Err("parameter \"image\" has leading or trailing whitespace"),
+        ),
+        (
+            "downloadURL with a trailing blank",
+            vec![
+                ("downloadURL", "https://example.com/a.tar.gz ".to_string()),
+                ("sha256", sha.clone()),
+            ],
+            false,
+            Err("parameter \"downloadURL\" has leading or trailing whitespace"),
+        ),
+        (
+            "sha256 with a leading tab",
+            vec![
+                ("downloadURL", "https://example.com/a.tar.gz".to_string()),
+                ("sha256", format!("\t{sha}")),
+            ],
+            false,
+            Err("parameter \"sha256\" has leading or trailing whitespace"),
+        ),
     ];
     for (what, params, containerized, want) in cases {
         let params = params

@@ -143,6 +143,19 @@ fn validate_upgrade(
     params: &BTreeMap<String, String>,
     containerized: bool,
 ) -> Result<UpgradeRequest, Failure> {
+    // A value with leading or trailing whitespace is refused, as upstream refuses it
+    // (InvalidParameters), rather than trimmed into something the operator did not write. A
+    // blank value is a missing one.
+    for k in ["image", "downloadURL", "sha256"] {
+        if let Some(v) = params.get(k)
+            && !v.trim().is_empty()
+            && v.trim() != v
+        {
+            return Err(Failure::invalid(format!(
+                "parameter {k:?} has leading or trailing whitespace"
+            )));
+        }
+    }
     let get = |k: &str| params.get(k).map(|v| v.trim()).filter(|v| !v.is_empty());
     match (get("image"), get("downloadURL"), get("sha256")) {
         (Some(_), Some(_), _) => Err(Failure::invalid(
