@@ -570,3 +570,108 @@ async fn the_kube_client_sends_the_token_that_token_kubelogin_prints() {
         assert_eq!(f["scope"], format!("{AKS_SERVER_ID}/.default"));
     }
 }
+
+/// Runs `preflight` on `json` (the real binary, a real file); returns its one-line stderr.
+fn preflight_error(json: &str) -> String {
+    let d = tempfile::tempdir().unwrap();
+    let cfg = write_config(d.path(), json);
+    let out = bin()
+        .args(["preflight", "--config"])
+        .arg(&cfg)
+        .assert()
+        .code(1)
+        .get_output()
+        .stderr
+        .clone();
+    let err = String::from_utf8(out).unwrap();
+    assert_eq!(err.lines().count(), 1, "{err}");
+    err
+}
+
+/// Each cause is printed once: the I/O error of a missing file and a validation message
+/// appear once in the line, not again as the chain's source.
+#[test]
+fn config_errors_print_each_cause_once() {
+    let d = tempfile::tempdir().unwrap();
+    let missing = d.path().join("missing.json");
+    let out = bin()
+        .args(["preflight", "--config"])
+        .arg(&missing)
+        .assert()
+        .code(1)
+        .get_output()
+        .stderr
+        .clone();
+    let err = String::from_utf8(out).unwrap();
+    assert_eq!(err.matches("No such file or directory").count(), 1, "{err}");
+    let err = preflight_error(
+        &TOKEN_FIXTURE.replace("\"logLevel\": \"debug\"", "\"logLevel\": \"loud\""),
+    );
+    assert_eq!(err.matches("agent.logLevel").count(), 1, "{err}");
+    assert_eq!(err.matches("is not one of").count(), 1, "{err}");
+}
+
+/// A huge value is cut in the message (at 100 characters, with its length), not echoed whole
+/// (here 500 000 bytes, twice before).
+#[test]
+fn long_values_are_cut_in_error_messages() {
+    let mut v: serde_json::Value = serde_json::from_str(TOKEN_FIXTURE).unwrap();
+    v["agent"]["nodeName"] = serde_json::json!("A".repeat(500_000));
+    let err = preflight_error(&v.to_string());
+    assert!(err.len() < 1_000, "{} bytes: {}", err.len(), &err[..300]);
+    assert!(err.contains("agent.nodeName"), "{err}");
+    assert!(err.contains("…(500000 bytes)"), "{err}");
+}
+
+/// `maxPods` out of range fails when the config is loaded (it used to pass preflight and fail
+/// only in `start`).
+#[test]
+fn max_pods_out_of_range_fails_at_load() {
+    for bad in [-5i64, 1 << 40] {
+        let mut v: serde_json::Value = serde_json::from_str(TOKEN_FIXTURE).unwrap();
+        v["node"]["maxPods"] = serde_json::json!(bad);
+        let err = preflight_error(&v.to_string());
+        assert!(
+            err.contains("config validation failed: node.maxPods:"),
+            "{bad}: {err}"
+        );
+    }
+}
+
+/// A value of the wrong type is not echoed (it may be a secret): the message names the field
+/// and the types only.
+#[test]
+fn type_errors_do_not_echo_the_value() {
+    let mut v: serde_json::Value = serde_json::from_str(TOKEN_FIXTURE).unwrap();
+    v["azure"]["bootstrapToken"]["token"] = serde_json::json!(987_654_321);
+    let err = preflight_error(&v.to_string());
+    assert!(err.contains("azure.bootstrapToken.token"), "{err}");
+    assert!(err.contains("invalid type: integer, expected"), "{err}");
+    assert!(!err.contains("987654321"), "{err}");
+    v["azure"]["bootstrapToken"]["token"] = serde_json::json!(["abcdef.0123456789abcdef"]);
+    let err = preflight_error(&v.to_string());
+    assert!(!err.contains("0123456789abcdef"), "{err}");
+}
+
+/// The config file is read up to 1 MiB: a larger one is refused with a clear error (it was
+/// read whole; `--config /dev/zero` read until memory ran out). Here: a valid config padded
+/// with blanks past the limit.
+#[test]
+fn config_file_size_is_capped() {
+    let padded = format!("{TOKEN_FIXTURE}{}", " ".repeat(2 << 20));
+    let err = preflight_error(&padded);
+    assert!(err.contains("is larger than 1 MiB"), "{err}");
+    let out = bin()
+        .args(["preflight", "--config", "/dev/zero"])
+        .timeout(std::time::Duration::from_secs(30))
+        .assert()
+        .code(1)
+        .get_output()
+        .stderr
+        .clone();
+    let err = String::from_utf8(out).unwrap();
+    assert!(
+        err.contains("config file at /dev/zero is larger than 1 MiB"),
+        "{err}"
+    );
+}

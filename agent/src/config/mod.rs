@@ -330,27 +330,47 @@ pub struct RouteOverlap {
 }
 
 /// Why a config could not be loaded.
+///
+/// Each message includes its cause, so no variant reports a `source()` as well: a chain
+/// printer (`{:#}`) would print the cause a second time.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     /// No path was given.
     #[error("config file path is required")]
     NoPath,
     /// The file could not be read.
-    #[error("failed to read config file at {path}: {source}")]
+    #[error("failed to read config file at {path}: {cause}")]
     Read {
         /// The path.
         path: PathBuf,
-        /// The OS error.
-        #[source]
-        source: std::io::Error,
+        /// The OS error (in the message, not a `source()`).
+        cause: std::io::Error,
+    },
+    /// The file is larger than [`MAX_CONFIG_BYTES`].
+    #[error(
+        "config file at {path} is larger than 1 MiB ({MAX_CONFIG_BYTES} bytes); is it the right file?"
+    )]
+    TooLarge {
+        /// The path.
+        path: PathBuf,
     },
     /// The bytes are not valid JSON for the schema.
     #[error("failed to parse config file: {0}")]
     Parse(String),
     /// A field failed validation.
     #[error("config validation failed: {0}")]
-    Invalid(#[from] ValidationError),
+    Invalid(ValidationError),
 }
+
+impl From<ValidationError> for ConfigError {
+    fn from(e: ValidationError) -> Self {
+        Self::Invalid(e)
+    }
+}
+
+/// The largest config file read: 1 MiB, far above any real config, so that a wrong path
+/// (`/dev/zero`, a log file) fails at once instead of being read until memory runs out.
+pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
 
 /// A parsed, defaulted and validated config plus what parsing noticed.
 #[derive(Clone, Debug, PartialEq)]
@@ -385,22 +405,65 @@ pub fn parse(
 fn serde_path_to_error(v: serde_json::Value) -> Result<Config, ConfigError> {
     serde_path_to_error::deserialize(v).map_err(|e| {
         let path = e.path().to_string();
-        ConfigError::Parse(format!("{path}: {}", e.inner()))
+        ConfigError::Parse(format!(
+            "{path}: {}",
+            redact_serde_message(&e.inner().to_string())
+        ))
     })
 }
 
-/// Reads `path` and [`parse`]s it.
+// The pattern is a literal checked by the tests; compiling it cannot fail.
+#[allow(clippy::expect_used)]
+static UNEXPECTED_VALUE: std::sync::LazyLock<regex::Regex> = std::sync::LazyLock::new(|| {
+    regex::Regex::new(
+        r#"^(invalid (?:type|value|length)): ([a-z ]+?)(?: `[^`]*`| "(?:[^"\\]|\\.)*"| '[^']*')?, expected (.*)$"#,
+    )
+    .expect("static regex")
+});
+
+/// serde's "invalid type/value" messages without the value they quote (`invalid type: integer
+/// `123456`, expected a string` → `invalid type: integer, expected a string`): the value may be
+/// a secret put in the wrong place. Other messages (from the schema's own parsers) are cut to
+/// a bounded length.
+fn redact_serde_message(m: &str) -> String {
+    if let Some(c) = UNEXPECTED_VALUE.captures(m) {
+        return format!("{}: {}, expected {}", &c[1], &c[2], &c[3]);
+    }
+    if m.starts_with("invalid type: ") || m.starts_with("invalid value: ") {
+        // An unexpected shape of the message: keep the kind, drop the rest.
+        return m.split(':').next().unwrap_or("invalid value").to_string();
+    }
+    if m.len() > 300 {
+        let cut = m.char_indices().nth(300).map_or(m.len(), |(i, _)| i);
+        return format!("{}…({} bytes)", &m[..cut], m.len());
+    }
+    m.to_string()
+}
+
+/// Reads `path` and [`parse`]s it. At most [`MAX_CONFIG_BYTES`] are read.
 pub fn load(
     path: &Path,
     hostname: &dyn Fn() -> std::io::Result<String>,
 ) -> Result<Loaded, ConfigError> {
+    use std::io::Read as _;
     if path.as_os_str().is_empty() {
         return Err(ConfigError::NoPath);
     }
-    let bytes = std::fs::read(path).map_err(|source| ConfigError::Read {
+    let read_err = |cause| ConfigError::Read {
         path: path.to_path_buf(),
-        source,
-    })?;
+        cause,
+    };
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)
+        .map_err(read_err)?
+        .take(MAX_CONFIG_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(read_err)?;
+    if bytes.len() as u64 > MAX_CONFIG_BYTES {
+        return Err(ConfigError::TooLarge {
+            path: path.to_path_buf(),
+        });
+    }
     parse(&bytes, hostname)
 }
 

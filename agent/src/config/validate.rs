@@ -154,6 +154,34 @@ fn validate_node(c: &Config) -> Result<(), ValidationError> {
     for (i, t) in c.node.taints.iter().enumerate() {
         check_taint(t).map_err(|m| err(&format!("node.taints[{i}]"), m))?;
     }
+    // `start` hands these to the machine goal; checked here so a config that loads can start.
+    if !(1..=i64::from(i32::MAX)).contains(&c.node.max_pods) {
+        return Err(err(
+            "node.maxPods",
+            format!("{} is out of range (1 to {})", c.node.max_pods, i32::MAX),
+        ));
+    }
+    let k = &c.node.kubelet;
+    for (field, v) in [
+        (
+            "node.kubelet.imageGCHighThreshold",
+            k.image_gc_high_threshold,
+        ),
+        ("node.kubelet.imageGCLowThreshold", k.image_gc_low_threshold),
+    ] {
+        if !(0..=100).contains(&v) {
+            return Err(err(field, format!("{v} is not a percentage (0 to 100)")));
+        }
+    }
+    if k.image_gc_low_threshold > k.image_gc_high_threshold {
+        return Err(err(
+            "node.kubelet.imageGCLowThreshold",
+            format!(
+                "{} is above imageGCHighThreshold ({})",
+                k.image_gc_low_threshold, k.image_gc_high_threshold
+            ),
+        ));
+    }
     check_ip(&c.networking.dns_service_ip).map_err(|m| err("networking.dnsServiceIP", m))?;
     if !c.node.kubelet.node_ip.trim().is_empty() {
         check_ip(c.node.kubelet.node_ip.trim()).map_err(|m| err("node.kubelet.nodeIP", m))?;
@@ -276,7 +304,8 @@ fn resolve_node_name(
             return Err(err(
                 "agent.nodeName",
                 format!(
-                    "{set:?} is not a valid Kubernetes node name (a lowercase DNS-1123 subdomain)"
+                    "{} is not a valid Kubernetes node name (a lowercase DNS-1123 subdomain)",
+                    shown(&set)
                 ),
             ));
         }
@@ -291,7 +320,8 @@ fn resolve_node_name(
         return Err(err(
             "agent.nodeName",
             format!(
-                "hostname {host:?} is not a valid Kubernetes node name; set agent.nodeName to a valid lowercase Kubernetes node name"
+                "hostname {} is not a valid Kubernetes node name; set agent.nodeName to a valid lowercase Kubernetes node name",
+                shown(&host)
             ),
         ));
     }

@@ -97,13 +97,12 @@ pub enum RenderError {
         message: String,
     },
     /// A file could not be written.
-    #[error("machine {machine}: {source}")]
+    #[error("machine {machine}: {cause}")]
     Fs {
         /// Machine.
         machine: String,
-        /// The error.
-        #[source]
-        source: FsError,
+        /// The error (in the message, not a `source()`: a chain printer would repeat it).
+        cause: FsError,
     },
 }
 
@@ -545,9 +544,9 @@ pub fn render_kubeconfig(goal: &MachineGoal) -> (&'static str, String) {
 
 /// Writes `entries`; returns how many changed.
 pub fn apply(fs: &HostFs, machine: &str, entries: &[Entry]) -> Result<usize, RenderError> {
-    let fs_err = |source| RenderError::Fs {
+    let fs_err = |cause| RenderError::Fs {
         machine: machine.to_string(),
-        source,
+        cause,
     };
     let mut changed = 0;
     for e in entries {

@@ -133,26 +133,25 @@ pub struct Inputs {
     pub preflight_ignore: String,
 }
 
-/// Why the inputs could not be read.
+/// Why the inputs could not be read. Messages include their cause, so no variant reports a
+/// `source()` too (a chain printer would print the cause twice).
 #[derive(Debug, thiserror::Error)]
 pub enum InputError {
     /// The env file could not be read.
-    #[error("read {path}: {source}")]
+    #[error("read {path}: {cause}")]
     Read {
         /// The file.
         path: PathBuf,
-        /// The OS error.
-        #[source]
-        source: std::io::Error,
+        /// The OS error (in the message, not a `source()`).
+        cause: std::io::Error,
     },
     /// The env file is not valid.
-    #[error("{path} {source}")]
+    #[error("{path} {cause}")]
     Syntax {
         /// The file.
         path: PathBuf,
-        /// The line and problem.
-        #[source]
-        source: env::EnvError,
+        /// The line and problem (in the message, not a `source()`).
+        cause: env::EnvError,
     },
     /// An environment variable that is an input is not UTF-8.
     #[error("environment variable {0} is not valid UTF-8")]
@@ -237,7 +236,7 @@ impl Inputs {
             if !inputs.set(&e.key, &e.value) {
                 return Err(InputError::Syntax {
                     path: path.map_or_else(|| PathBuf::from("bootstrap.env"), PathBuf::from),
-                    source: env::EnvError {
+                    cause: env::EnvError {
                         line: e.line,
                         message: format!(
                             "{} is not a bootstrap input (see docs/bootstrap.md)",
@@ -269,20 +268,34 @@ impl Inputs {
         let entries = match env_file {
             None => Vec::new(),
             Some(p) => {
-                let bytes = std::fs::read(p).map_err(|source| InputError::Read {
+                use std::io::Read as _;
+                let read_err = |cause| InputError::Read {
                     path: p.to_path_buf(),
-                    source,
-                })?;
-                let text = String::from_utf8(bytes).map_err(|_| InputError::Read {
-                    path: p.to_path_buf(),
-                    source: std::io::Error::new(
+                    cause,
+                };
+                // Bounded like the config file: a wrong path must not be read until memory
+                // runs out.
+                let mut bytes = Vec::new();
+                std::fs::File::open(p)
+                    .map_err(read_err)?
+                    .take(crate::config::MAX_CONFIG_BYTES + 1)
+                    .read_to_end(&mut bytes)
+                    .map_err(read_err)?;
+                if bytes.len() as u64 > crate::config::MAX_CONFIG_BYTES {
+                    return Err(read_err(std::io::Error::new(
+                        std::io::ErrorKind::InvalidData,
+                        "the file is larger than 1 MiB",
+                    )));
+                }
+                let text = String::from_utf8(bytes).map_err(|_| {
+                    read_err(std::io::Error::new(
                         std::io::ErrorKind::InvalidData,
                         "the file is not valid UTF-8",
-                    ),
+                    ))
                 })?;
-                env::parse(&text).map_err(|source| InputError::Syntax {
+                env::parse(&text).map_err(|cause| InputError::Syntax {
                     path: p.to_path_buf(),
-                    source,
+                    cause,
                 })?
             }
         };
