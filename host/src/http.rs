@@ -26,6 +26,49 @@ pub fn client() -> Result<reqwest::Client, reqwest::Error> {
         .build()
 }
 
+/// The most of a JSON document (an ARM resource, a token response) read from a response.
+pub const DOCUMENT_LIMIT: usize = 4 << 20;
+/// The most of an error response's body read (it is only ever quoted in a message).
+pub const ERROR_BODY_LIMIT: usize = 64 << 10;
+
+/// Why a bounded body read failed.
+#[derive(Debug, thiserror::Error)]
+pub enum BodyError {
+    /// Reading failed.
+    #[error("read response body: {0}")]
+    Read(reqwest::Error),
+    /// The body is longer than the limit.
+    #[error("response body exceeds {0} bytes")]
+    TooLarge(usize),
+}
+
+/// Reads at most `limit` bytes of `resp`'s body; `true` when there was more (the rest is not
+/// read). Every response body the agent reads goes through this or [`read_capped`], so a server
+/// (a registry, the token realm a registry names, ARM) cannot make it buffer without bound.
+pub async fn read_limited(
+    mut resp: reqwest::Response,
+    limit: usize,
+) -> Result<(Vec<u8>, bool), reqwest::Error> {
+    let mut buf = Vec::new();
+    while let Some(chunk) = resp.chunk().await? {
+        let room = limit.saturating_sub(buf.len());
+        if chunk.len() > room {
+            buf.extend_from_slice(&chunk[..room]);
+            return Ok((buf, true));
+        }
+        buf.extend_from_slice(&chunk);
+    }
+    Ok((buf, false))
+}
+
+/// [`read_limited`] for a body that must be whole: more than `limit` bytes is an error.
+pub async fn read_capped(resp: reqwest::Response, limit: usize) -> Result<Vec<u8>, BodyError> {
+    match read_limited(resp, limit).await.map_err(BodyError::Read)? {
+        (_, true) => Err(BodyError::TooLarge(limit)),
+        (bytes, false) => Ok(bytes),
+    }
+}
+
 /// Whether a registry `host[:port]` may be reached over plain HTTP: `localhost`, loopback, or a
 /// private (RFC 1918 / unique-local / link-local) address.
 pub fn allows_plain_http(host_port: &str) -> bool {
@@ -78,6 +121,44 @@ mod tests {
         ] {
             assert!(!allows_plain_http(h), "{h}");
         }
+    }
+
+    /// A real local HTTP server (no fakes) streaming a body far past the limit: the read stops
+    /// at the limit instead of buffering it all.
+    #[tokio::test]
+    async fn reads_stop_at_the_limit() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut sock, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let mut buf = [0u8; 4096];
+                    let _ = sock.read(&mut buf).await;
+                    let _ = sock
+                        .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 100000000\r\n\r\n")
+                        .await;
+                    let chunk = vec![b'x'; 64 << 10];
+                    // 100 MB announced; stops when the client hangs up.
+                    for _ in 0..1600 {
+                        if sock.write_all(&chunk).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        let url = format!("http://{addr}/");
+        let c = client().unwrap();
+        let (bytes, more) = read_limited(c.get(&url).send().await.unwrap(), 100_000)
+            .await
+            .unwrap();
+        assert_eq!(bytes.len(), 100_000);
+        assert!(more);
+        let e = read_capped(c.get(&url).send().await.unwrap(), 1000)
+            .await
+            .unwrap_err();
+        assert_eq!(e.to_string(), "response body exceeds 1000 bytes");
     }
 
     #[test]

@@ -188,7 +188,11 @@ fn scope(image: &ImageRef, push: bool) -> String {
 }
 
 async fn error_detail(resp: reqwest::Response) -> String {
-    let text = resp.text().await.unwrap_or_default();
+    // Bounded: an error body is only quoted, never needed whole.
+    let (bytes, _) = flex_host::http::read_limited(resp, flex_host::http::ERROR_BODY_LIMIT)
+        .await
+        .unwrap_or_default();
+    let text = String::from_utf8_lossy(&bytes);
     let text = text.trim();
     // Registries answer {"errors":[{"code":…,"message":…}]}.
     if let Ok(v) = serde_json::from_str::<serde_json::Value>(text)
@@ -354,10 +358,12 @@ impl RegistryClient {
                 Failure::Permanent(_) => auth(format!("token endpoint {shown} answered {status}")),
             });
         }
-        let v: serde_json::Value = resp
-            .json()
+        // Bounded: the realm is whatever URL the registry named.
+        let body = flex_host::http::read_capped(resp, flex_host::http::DOCUMENT_LIMIT)
             .await
-            .map_err(|e| Self::http_error(image, "GET", &shown, e))?;
+            .map_err(|e| auth(format!("token endpoint {shown}: {e}")))?;
+        let v: serde_json::Value = serde_json::from_slice(&body)
+            .map_err(|e| auth(format!("token endpoint {shown}: not JSON: {e}")))?;
         v.get("token")
             .or_else(|| v.get("access_token"))
             .and_then(|t| t.as_str())

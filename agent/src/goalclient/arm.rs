@@ -359,10 +359,9 @@ impl ArmMachineClient {
                             .get(reqwest::header::RETRY_AFTER)
                             .and_then(|v| v.to_str().ok()),
                     );
-                    let bytes = resp
-                        .bytes()
+                    let bytes = crate::http::read_capped(resp, crate::http::DOCUMENT_LIMIT)
                         .await
-                        .map_err(|e| other(anyhow::anyhow!("{op}: read response: {e}")))?;
+                        .map_err(|e| other(anyhow::anyhow!("{op}: {e}")))?;
                     if !retryable_status(status.as_u16()) || attempt >= max {
                         return Ok((status, bytes.to_vec()));
                     }

@@ -416,10 +416,17 @@ impl TokenEndpoint {
                         .get(reqwest::header::RETRY_AFTER)
                         .and_then(|v| v.to_str().ok()),
                 );
-                let body = resp
-                    .bytes()
-                    .await
-                    .map_err(|e| Attempt::retry(transport(e)))?;
+                let body = match crate::http::read_capped(resp, crate::http::DOCUMENT_LIMIT).await {
+                    Ok(b) => b,
+                    Err(crate::http::BodyError::Read(e)) => {
+                        return Err(Attempt::retry(transport(e)));
+                    }
+                    Err(e) => {
+                        return Err(Attempt::Fatal(AuthError::Setting(format!(
+                            "{what} {endpoint}: {e}"
+                        ))));
+                    }
+                };
                 if !status.is_success() {
                     let error = status_error(what, endpoint, status, &body, secret);
                     return Err(if (self.retry_status)(status.as_u16()) {
