@@ -136,7 +136,25 @@ fn non_empty(s: Option<&String>) -> Option<&str> {
     s.map(|s| s.trim()).filter(|s| !s.is_empty())
 }
 
+/// The machine entry's tag that names the one bootstrap token (by its id, the public half)
+/// allowed to bootstrap this machine's daemon certificate: the controller's CSR approver
+/// approves a bootstrap request for `system:node:<machine>` only from that token.
+pub const BOOTSTRAP_TOKEN_ID_TAG: &str = "aks-flex-bootstrap-token-id";
+
 impl ArmMachine {
+    /// The bootstrap token id the entry allows ([`BOOTSTRAP_TOKEN_ID_TAG`]), trimmed; `None`
+    /// when the tag is absent or empty.
+    pub fn bootstrap_token_id(&self) -> Option<&str> {
+        self.properties
+            .as_ref()?
+            .tags
+            .as_ref()?
+            .get(BOOTSTRAP_TOKEN_ID_TAG)?
+            .as_deref()
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+    }
+
     /// The Kubernetes version: `orchestratorVersion`, else `currentOrchestratorVersion`.
     pub fn kubernetes_version(&self) -> String {
         let k = self.properties.as_ref().and_then(|p| p.kubernetes.as_ref());

@@ -181,8 +181,18 @@ fn decision_table() {
         (
             "another machine's",
             op("op", "NodeReboot", "node2"),
-            Some(&executing),
+            None,
             Decision::Ignore("it targets machine \"node2\", not \"node1\"".into()),
+        ),
+        (
+            "another machine's, recorded by this agent: refused",
+            op("op", "NodeReboot", "node2"),
+            Some(&executing),
+            Decision::Refuse(
+                "it no longer targets this machine (it targets machine \"node2\", not \"node1\"), \
+                 and this agent recorded it as executing"
+                    .into(),
+            ),
         ),
         (
             "no target",
@@ -256,13 +266,68 @@ fn selector_targets_by_node_labels() {
     both.spec.machine_ref = "node2".into();
     assert!(!needs_labels(&both));
     assert!(ignored(&run(&both, None, Some(&[("pool", "flex")]))).contains("node2"));
-    // An empty selector selects every machine, as in Kubernetes.
-    let mut all = o.clone();
+}
+
+/// An empty selector matches no machine (Kubernetes' would match all): an operation edited to
+/// `machineSelector: {}` reaches no node, and one this agent claimed earlier is refused.
+#[test]
+fn an_empty_selector_matches_no_machine() {
+    let mut all = op("op", "NodeReboot", "");
     all.spec.machine_selector = Some(LabelSelector::default());
+    assert!(selector_is_empty(
+        all.spec.machine_selector.as_ref().unwrap()
+    ));
+    assert!(!needs_labels(&all));
+    assert!(!may_target(&all, ME));
+    assert!(ignored(&run(&all, None, Some(&[("pool", "flex")]))).contains("empty"));
+    let mut empty_lists = all.clone();
+    empty_lists.spec.machine_selector = Some(LabelSelector {
+        match_labels: Some(Default::default()),
+        match_expressions: Some(vec![]),
+    });
+    assert!(!may_target(&empty_lists, ME));
+    // A claim recorded before the target changed is refused, not run.
+    let claimed = with_status(all.clone(), "InProgress", Some(NOW), None);
+    let rec = record(Stage::Claiming, "2027-01-15T08:00:00Z", None);
+    assert!(matches!(
+        run(&claimed, Some(&rec), Some(&[])),
+        Decision::Refuse(why) if why.contains("empty") && why.contains("claiming")
+    ));
+}
+
+/// `status.claimedBy` names the node that claimed an operation: another node's claim is not
+/// this agent's, whatever the selector matches; this node's own claim resumes.
+#[test]
+fn another_nodes_claim_is_not_ours() {
+    let o = with_selector(op("op", "NodeReboot", ""), &[("pool", "flex")]);
+    let mut theirs = with_status(o.clone(), "InProgress", Some(NOW), None);
+    theirs.status.as_mut().unwrap().claimed_by = "node2".into();
+    assert!(!may_target(&theirs, ME));
+    assert_eq!(claimed_by_other(&theirs, ME), Some("node2"));
+    assert!(ignored(&run(&theirs, None, Some(&[("pool", "flex")]))).contains("node2"));
+    let rec = record(Stage::Executing, "2027-01-15T08:00:00Z", None);
+    assert!(matches!(
+        run(&theirs, Some(&rec), Some(&[("pool", "flex")])),
+        Decision::Refuse(why) if why.contains("node2")
+    ));
+    let mut mine = theirs.clone();
+    mine.status.as_mut().unwrap().claimed_by = ME.into();
+    assert_eq!(claimed_by_other(&mine, ME), None);
     assert_eq!(
-        run(&all, None, Some(&[])),
-        Decision::Claim(Action::NodeReboot)
+        run(&mine, Some(&rec), Some(&[("pool", "flex")])),
+        Decision::Resume(Resume::Interrupted)
     );
+    // A machineRef aimed at another machine with a record of ours: refused.
+    let moved = with_status(
+        op("op", "NodeReboot", "node2"),
+        "InProgress",
+        Some(NOW),
+        None,
+    );
+    assert!(matches!(
+        run(&moved, Some(&record(Stage::Claiming, "2027-01-15T08:00:00Z", None)), None),
+        Decision::Refuse(why) if why.contains("node2")
+    ));
 }
 
 fn req(key: &str, operator: &str, values: Option<&[&str]>) -> LabelSelectorRequirement {

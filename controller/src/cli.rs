@@ -45,8 +45,9 @@ pub struct Args {
     /// The group daemon certificates carry.
     #[arg(long, default_value = "aks-flex-node-daemons")]
     pub daemon_group: String,
-    /// Longest certificate lifetime approved (0 = no limit).
-    #[arg(long, default_value_t = 0)]
+    /// Longest certificate lifetime approved, in seconds (default 30 days; 0 = no limit, which
+    /// lets the signer's default of one year apply).
+    #[arg(long, default_value_t = crate::csr::DEFAULT_MAX_EXPIRATION_SECONDS)]
     pub max_expiration_seconds: i32,
 }
 
@@ -182,7 +183,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn defaults_are_upstreams() {
+    fn defaults_are_upstreams_with_a_30_day_lifetime_cap() {
         let a = Args::try_parse_from(["aks-flex-controller"]).unwrap();
         assert_eq!(
             a,
@@ -195,7 +196,7 @@ mod tests {
                 enable_csr_approver: false,
                 bootstrap_group: "system:bootstrappers:aks-flex-node".into(),
                 daemon_group: "aks-flex-node-daemons".into(),
-                max_expiration_seconds: 0,
+                max_expiration_seconds: 30 * 24 * 3600,
             }
         );
     }

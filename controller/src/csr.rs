@@ -6,14 +6,20 @@
 //! for the signer above, and its PKCS#10 request (signature verified) asks for CN
 //! `system:node:<node>`, organizations within {`system:nodes`, daemon group} including the
 //! daemon group, no subject alternative names, and usages within {digital signature, key
-//! encipherment, client auth} including client auth. With `--max-expiration-seconds` > 0 it
-//! must ask for at most that lifetime. Then, by requester:
+//! encipherment, client auth} including client auth. With `--max-expiration-seconds` > 0 (30
+//! days unless set) it must ask for a lifetime (`expirationSeconds`) of at most that. Then, by
+//! requester:
 //! - **bootstrap** (`system:bootstrap:<token-id>` in the bootstrap group): the Secret
 //!   `kube-system/bootstrap-token-<token-id>` must exist, be of type
 //!   `bootstrap.kubernetes.io/token`, have `token-id` = the id, a non-empty `token-secret`,
 //!   `usage-bootstrap-authentication` = `true` (any case), the bootstrap group in
 //!   `auth-extra-groups` (comma list, trimmed), and an `expiration` that is empty or an RFC 3339
-//!   time in the future (unparseable = expired); and the machine must exist;
+//!   time in the future (unparseable = expired); the machine must exist and its entry must name
+//!   this token id in its `aks-flex-bootstrap-token-id` tag (a token bootstraps one node, not
+//!   any registered one); and the node must not already hold an unexpired daemon certificate
+//!   issued through a request the API still has (a node renews with its certificate: a
+//!   leaked token does not get a second certificate for a node that joined; after a reset an
+//!   administrator re-admits the node by deleting that request, named in the log);
 //! - **renewal** (`system:node:<node>` in the daemon group, the same node as requested): the
 //!   machine must exist.
 //!
@@ -26,6 +32,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use flex_api::arm::{ArmMachine, BOOTSTRAP_TOKEN_ID_TAG};
 use futures::StreamExt;
 use k8s_openapi::api::certificates::v1::{
     CertificateSigningRequest, CertificateSigningRequestCondition,
@@ -33,7 +40,7 @@ use k8s_openapi::api::certificates::v1::{
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, PostParams};
+use kube::api::{Api, ListParams, PostParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::watcher;
 use tokio_util::sync::CancellationToken;
@@ -54,6 +61,9 @@ pub const BOOTSTRAP_TOKEN_TYPE: &str = "bootstrap.kubernetes.io/token";
 pub const TOKEN_NAMESPACE: &str = "kube-system";
 /// When a request that may become approvable is looked at again.
 pub const RETRY_AFTER: Duration = Duration::from_secs(15);
+/// The default `--max-expiration-seconds`: 30 days (the agent asks for 30 days and rotates at
+/// 80 % of that, six days before expiry).
+pub const DEFAULT_MAX_EXPIRATION_SECONDS: i32 = 30 * 24 * 3600;
 
 /// The approver's settings (the controller's flags).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -326,9 +336,63 @@ pub fn authorize_bootstrap_token(
     Ok(())
 }
 
-async fn machine_exists(store: &dyn MachineStore, node: &str) -> Result<(), Decision> {
+/// Whether `machine`'s entry lets bootstrap token `token_id` bootstrap `node`: its
+/// [`BOOTSTRAP_TOKEN_ID_TAG`] tag names that token.
+pub fn authorize_token_for_machine(
+    machine: &ArmMachine,
+    node: &str,
+    token_id: &str,
+) -> Result<(), String> {
+    match machine.bootstrap_token_id() {
+        Some(id) if id == token_id => Ok(()),
+        Some(id) => Err(format!(
+            "machine {node:?} may be bootstrapped only with bootstrap token {id}, not {token_id}"
+        )),
+        None => Err(format!(
+            "machine {node:?} names no bootstrap token (tag {BOOTSTRAP_TOKEN_ID_TAG} in its entry), \
+             so no bootstrap token may bootstrap it"
+        )),
+    }
+}
+
+/// An unexpired daemon certificate `node` already holds: among `csrs`, those for [`SIGNER`]
+/// with an issued certificate whose subject is `system:node:<node>` and whose `notAfter` is
+/// after `now`; the one that expires last, as (request name, `notAfter`).
+pub fn held_certificate(
+    node: &str,
+    csrs: &[CertificateSigningRequest],
+    now: Timestamp,
+) -> Option<(String, Timestamp)> {
+    let cn = format!("{NODE_USER_PREFIX}{node}");
+    csrs.iter()
+        .filter(|c| c.spec.signer_name == SIGNER)
+        .filter_map(|c| {
+            let pem = c.status.as_ref()?.certificate.as_ref()?;
+            let (subject_cn, not_after) = certificate_subject(&pem.0)?;
+            (subject_cn == cn && not_after > now)
+                .then(|| (c.metadata.name.clone().unwrap_or_default(), not_after))
+        })
+        .max_by_key(|(_, t)| *t)
+}
+
+/// The common name and `notAfter` of the first certificate in `pem`.
+fn certificate_subject(pem: &[u8]) -> Option<(String, Timestamp)> {
+    let (_, pem) = x509_parser::pem::parse_x509_pem(pem).ok()?;
+    let cert = pem.parse_x509().ok()?;
+    let cn = cert
+        .subject()
+        .iter_common_name()
+        .next()?
+        .as_str()
+        .ok()?
+        .to_string();
+    let not_after = Timestamp::from_second(cert.validity().not_after.timestamp()).ok()?;
+    Some((cn, not_after))
+}
+
+async fn machine(store: &dyn MachineStore, node: &str) -> Result<ArmMachine, Decision> {
     match store.get(node).await {
-        Ok(_) => Ok(()),
+        Ok(m) => Ok(m),
         Err(StoreError::NotFound(_)) => Err(Decision::Retry(format!(
             "machine {node:?} is not registered"
         ))),
@@ -338,11 +402,20 @@ async fn machine_exists(store: &dyn MachineStore, node: &str) -> Result<(), Deci
     }
 }
 
-/// The whole decision for one request: [`examine`], then the Secret (bootstrap) and the machine.
+/// What [`decide`] reads from the API: bootstrap token Secrets and the daemon-signer requests.
+pub struct Apis {
+    /// `kube-system` Secrets.
+    pub secrets: Api<Secret>,
+    /// All CertificateSigningRequests.
+    pub csrs: Api<CertificateSigningRequest>,
+}
+
+/// The whole decision for one request: [`examine`], then (bootstrap) the Secret, the machine
+/// and its token binding, and the certificates the node already holds; (renewal) the machine.
 pub async fn decide(
     csr: &CertificateSigningRequest,
     cfg: &ApproverConfig,
-    secrets: &Api<Secret>,
+    apis: &Apis,
     store: &dyn MachineStore,
     now: Timestamp,
 ) -> Decision {
@@ -352,7 +425,8 @@ pub async fn decide(
     };
     match &candidate.requester {
         Requester::Bootstrap { token_id } => {
-            let secret = match secrets
+            let secret = match apis
+                .secrets
                 .get_opt(&format!("bootstrap-token-{token_id}"))
                 .await
             {
@@ -369,8 +443,31 @@ pub async fn decide(
             {
                 return Decision::Ignore(why);
             }
-            if let Err(d) = machine_exists(store, &candidate.node).await {
-                return d;
+            let entry = match machine(store, &candidate.node).await {
+                Ok(m) => m,
+                Err(d) => return d,
+            };
+            if let Err(why) = authorize_token_for_machine(&entry, &candidate.node, token_id) {
+                return Decision::Retry(why);
+            }
+            let lp = ListParams::default().fields(&format!("spec.signerName={SIGNER}"));
+            let others = match apis.csrs.list(&lp).await {
+                Ok(l) => l.items,
+                Err(e) => {
+                    return Decision::Retry(format!(
+                        "list CertificateSigningRequests: {}",
+                        flex_api::kube_errors::describe(&e)
+                    ));
+                }
+            };
+            if let Some((name, until)) = held_certificate(&candidate.node, &others, now) {
+                return Decision::Retry(format!(
+                    "node {} already holds a daemon certificate, valid until {until} \
+                     (CertificateSigningRequest {name}): it renews with that certificate, and a \
+                     bootstrap token does not get it another; to bootstrap it again (after a \
+                     reset), delete CertificateSigningRequest {name}",
+                    candidate.node
+                ));
             }
             Decision::Approve(format!(
                 "aks-flex-controller approved the daemon credential of node {} (bootstrap token {token_id})",
@@ -378,7 +475,7 @@ pub async fn decide(
             ))
         }
         Requester::Renewal => {
-            if let Err(d) = machine_exists(store, &candidate.node).await {
+            if let Err(d) = machine(store, &candidate.node).await {
                 return d;
             }
             Decision::Approve(format!(
@@ -412,8 +509,7 @@ pub fn approved(
 }
 
 struct Context {
-    csrs: Api<CertificateSigningRequest>,
-    secrets: Api<Secret>,
+    apis: Apis,
     store: Arc<dyn MachineStore>,
     cfg: ApproverConfig,
 }
@@ -434,7 +530,7 @@ async fn reconcile(
     match decide(
         &csr,
         &ctx.cfg,
-        &ctx.secrets,
+        &ctx.apis,
         ctx.store.as_ref(),
         Timestamp::now(),
     )
@@ -442,7 +538,8 @@ async fn reconcile(
     {
         Decision::Approve(message) => {
             let body = approved(&csr, &message, Timestamp::now());
-            ctx.csrs
+            ctx.apis
+                .csrs
                 .replace_subresource("approval", &name, &PostParams::default(), &body)
                 .await
                 .map_err(|e| ApproveError {
@@ -482,8 +579,10 @@ pub async fn run(
     tracing::info!(bootstrap_group = %cfg.bootstrap_group, daemon_group = %cfg.daemon_group, "starting daemon CSR approver");
     let csrs: Api<CertificateSigningRequest> = Api::all(client.clone());
     let ctx = Arc::new(Context {
-        csrs: csrs.clone(),
-        secrets: Api::namespaced(client, TOKEN_NAMESPACE),
+        apis: Apis {
+            csrs: csrs.clone(),
+            secrets: Api::namespaced(client, TOKEN_NAMESPACE),
+        },
         store,
         cfg,
     });

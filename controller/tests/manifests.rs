@@ -39,7 +39,7 @@ fn find<'a>(objs: &'a [Value], kind: &str, name: &str) -> &'a Value {
 #[test]
 fn every_object_is_named_and_placed() {
     let objs = objects();
-    assert_eq!(objs.len(), 16);
+    assert_eq!(objs.len(), 18);
     for o in &objs {
         let kind = o["kind"].as_str().unwrap();
         assert!(o["apiVersion"].is_string(), "{o}");
@@ -47,7 +47,7 @@ fn every_object_is_named_and_placed() {
             o["metadata"]["labels"]["app.kubernetes.io/name"], "aks-flex-controller",
             "{kind}"
         );
-        if kind.starts_with("Cluster") {
+        if kind.starts_with("Cluster") || kind.starts_with("ValidatingAdmissionPolicy") {
             assert!(
                 o["metadata"]["namespace"].is_null(),
                 "{kind} is cluster-scoped"
@@ -198,8 +198,25 @@ fn rbac_grants_what_is_used() {
             "machineoperations {verb}"
         );
     }
+    // No daemon creates an operation or edits its spec (one node could otherwise aim any
+    // operation, an AgentUpgrade with its own binary among them, at every node).
+    for verb in ["create", "update", "patch", "deletecollection", "*"] {
+        assert!(
+            !grants("machineoperations", verb),
+            "machineoperations {verb} must not be granted"
+        );
+    }
+    assert!(!grants("*", "get"));
     assert!(grants("machineoperations/status", "patch"));
     assert!(grants("machines", "get"));
+    // Renewal with the daemon's own certificate (not the bootstrap token).
+    assert!(
+        rules
+            .iter()
+            .any(|r| r["apiGroups"][0] == "certificates.k8s.io"
+                && r["resources"][0] == "certificatesigningrequests"
+                && r["verbs"].as_array().unwrap().iter().any(|v| v == "create"))
+    );
     let b = find(&objs, "ClusterRoleBinding", "aks-flex-node-daemon");
     assert_eq!(b["subjects"][0]["name"], defaults.daemon_group.as_str());
     assert_eq!(
@@ -224,7 +241,7 @@ fn rbac_grants_what_is_used() {
     // Every binding names an existing role (or one Kubernetes ships: `system:`).
     for b in objs
         .iter()
-        .filter(|o| o["kind"].as_str().unwrap().ends_with("Binding"))
+        .filter(|o| o["kind"].as_str().unwrap().ends_with("RoleBinding"))
     {
         let role_kind = b["roleRef"]["kind"].as_str().unwrap();
         let role = b["roleRef"]["name"].as_str().unwrap();
@@ -232,4 +249,68 @@ fn rbac_grants_what_is_used() {
             find(&objs, role_kind, role);
         }
     }
+}
+
+/// The admission policy that confines what a node's daemon does to MachineOperations (the
+/// API server evaluates it; `cargo xtask check --only node-join` shows it refusing another
+/// node's identity against a real one): it applies to the daemon group only, denies, covers
+/// creates, updates (the object and its status) and deletes, and names the node from the user.
+#[test]
+fn the_admission_policy_confines_daemons_to_their_operations() {
+    let objs = objects();
+    let name = "aks-flex-node-daemon-machineoperations";
+    let p = find(&objs, "ValidatingAdmissionPolicy", name);
+    let b = find(&objs, "ValidatingAdmissionPolicyBinding", name);
+    assert_eq!(b["spec"]["policyName"], name);
+    assert_eq!(b["spec"]["validationActions"], serde_json::json!(["Deny"]));
+    let spec = &p["spec"];
+    assert_eq!(spec["failurePolicy"], "Fail");
+    let rule = &spec["matchConstraints"]["resourceRules"][0];
+    assert_eq!(rule["apiGroups"][0], flex_api::machina::GROUP);
+    assert_eq!(
+        rule["operations"],
+        serde_json::json!(["CREATE", "UPDATE", "DELETE"])
+    );
+    assert_eq!(
+        rule["resources"],
+        serde_json::json!(["machineoperations", "machineoperations/status"])
+    );
+    assert_eq!(
+        spec["matchConditions"][0]["expression"],
+        format!(
+            "'{}' in request.userInfo.groups",
+            flex_api::machina::DAEMON_GROUP
+        )
+    );
+    let node = spec["variables"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "node")
+        .unwrap();
+    let prefix = aks_flex_controller::csr::NODE_USER_PREFIX;
+    assert!(
+        node["expression"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("substring({})", prefix.len())),
+        "the node is the user name after {prefix:?}"
+    );
+    let rules: Vec<&str> = spec["validations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["expression"].as_str().unwrap())
+        .collect();
+    assert_eq!(rules.len(), 5);
+    assert!(
+        rules
+            .iter()
+            .any(|r| r.contains("variables.ref == variables.node"))
+    );
+    assert!(
+        rules
+            .iter()
+            .any(|r| r.contains("claimedBy") || r.contains("newClaimer"))
+    );
 }

@@ -33,6 +33,7 @@ pub mod lifecycle;
 pub mod parse;
 pub mod render;
 pub mod token;
+pub mod trust;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -669,12 +670,12 @@ async fn register_machine(
         render::NAMESPACE,
         render::MACHINES_CONFIG_MAP
     ));
-    let entry = render::machine_entry(o.node_name, version, FIRST_SETTINGS_VERSION)
+    let token = BootstrapToken::generate().step("generate a bootstrap token")?;
+    let entry = render::machine_entry(o.node_name, version, FIRST_SETTINGS_VERSION, token.id())
         .step("render the machine entry")?;
     k.apply(&render::machines_config_map(o.node_name, &entry))
         .await
         .step("register the machine")?;
-    let token = BootstrapToken::generate().step("generate a bootstrap token")?;
     k.apply_secret(&render::token_secret(&token), &[token.secret().expose()])
         .await
         .step("create the bootstrap token")?;

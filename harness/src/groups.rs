@@ -23,6 +23,7 @@ pub const GROUPS: &[Group] = &[
     crate::cluster::checks::REPAVE,
     crate::cluster::checks::MACHINE_OPERATIONS,
     crate::cluster::lifecycle::NODE_LIFECYCLE,
+    crate::cluster::trust::TRUST,
 ];
 
 /// Why a selection is refused.

@@ -1,8 +1,13 @@
 //! [`DaemonCredentials`]: the daemon's own client certificate, as unbounded's
 //! `daemoncred.RESTConfigProvider` — reuse a stored one, or request one with the bootstrap
-//! client and wait for it; then rotate it in the background once 80 % of its lifetime passed
-//! (asking with the daemon's own certificate, or with the bootstrap token when the API server
-//! refuses that identity).
+//! client and wait for it; then rotate it in the background once 80 % of its lifetime passed,
+//! asking with the daemon's own certificate only. Once the daemon holds a certificate it no
+//! longer uses the bootstrap token: the approver would not issue a node that holds a valid
+//! certificate another one through a token anyway, and a token must not outlive its purpose.
+//! When the API server refuses the certificate's request (the cluster lacks `rbac.yaml`'s CSR
+//! grant), the rotation says so and retries while the current certificate stays in use; only
+//! a daemon started without a usable certificate (never issued, or expired) asks with the
+//! bootstrap token.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -205,13 +210,12 @@ impl DaemonCredentials {
         let issued = self.obtain(&bootstrap).await?;
         let client = (self.make_client)(self.client_config(&issued))?;
         let (tx, rx) = watch::channel(client);
-        tokio::spawn(Arc::new(self).rotate(bootstrap, issued, tx, shutdown));
+        tokio::spawn(Arc::new(self).rotate(issued, tx, shutdown));
         Ok(KubeClients::from_receiver(rx))
     }
 
     async fn rotate(
         self: Arc<Self>,
-        bootstrap: kube::Client,
         mut current: Issued,
         tx: watch::Sender<kube::Client>,
         shutdown: CancellationToken,
@@ -242,15 +246,15 @@ impl DaemonCredentials {
             }
             tracing::info!("rotating the daemon client certificate");
             let own = tx.borrow().clone();
-            let requested = match self.request(&own).await {
-                Err(KubeClientError::CreateCsr { refused: true, .. }) => {
-                    tracing::info!(
-                        "the daemon's certificate may not request certificates; using the bootstrap token"
-                    );
-                    self.request(&bootstrap).await
-                }
-                r => r,
-            };
+            let requested = self.request(&own).await;
+            if let Err(KubeClientError::CreateCsr { refused: true, .. }) = &requested {
+                tracing::warn!(
+                    "the API server refuses the daemon's certificate a CertificateSigningRequest; \
+                     grant group {} create on certificatesigningrequests (deploy/controller/rbac.yaml). \
+                     The bootstrap token is not used again once the daemon holds a certificate",
+                    super::DAEMON_GROUP
+                );
+            }
             let built = requested.and_then(|issued| {
                 (self.make_client)(self.client_config(&issued)).map(|c| (c, issued))
             });

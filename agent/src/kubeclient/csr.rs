@@ -62,7 +62,7 @@ pub fn csr_name(key: &KeyPair, node: &str) -> String {
 
 /// The `CertificateSigningRequest` for `request_pem`: signer
 /// `kubernetes.io/kube-apiserver-client`, usages digital signature and client auth,
-/// `expirationSeconds` 365 days.
+/// `expirationSeconds` 30 days ([`CERT_LIFETIME`]).
 pub fn csr_resource(name: &str, request_pem: &str) -> CertificateSigningRequest {
     CertificateSigningRequest {
         metadata: ObjectMeta {

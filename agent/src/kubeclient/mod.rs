@@ -67,8 +67,9 @@ pub const NODES_GROUP: &str = "system:nodes";
 pub const SIGNER_NAME: &str = "kubernetes.io/kube-apiserver-client";
 /// The key usages requested.
 pub const USAGES: [&str; 2] = ["digital signature", "client auth"];
-/// The certificate lifetime requested (`expirationSeconds`, 365 days).
-pub const CERT_LIFETIME: Duration = Duration::from_secs(365 * 24 * 3600);
+/// The certificate lifetime requested (`expirationSeconds`, 30 days: the controller's CSR
+/// approver approves at most that by default; rotation starts at 80 %, six days before expiry).
+pub const CERT_LIFETIME: Duration = Duration::from_secs(30 * 24 * 3600);
 /// How long startup waits for a certificate.
 pub const ISSUE_TIMEOUT: Duration = Duration::from_secs(120);
 /// The exec credential API version.

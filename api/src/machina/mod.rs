@@ -109,6 +109,23 @@ impl std::fmt::Display for OperationPhase {
     }
 }
 
+/// The CRD rule that makes a MachineOperation's spec immutable once created (a transition
+/// rule: it is checked on updates only).
+pub const SPEC_IMMUTABLE_RULE: &str = "self == oldSelf";
+
+/// The CRD rule that makes every MachineOperation name its target: a `machineRef`, or a
+/// `machineSelector` with at least one requirement (an empty selector would match every
+/// machine in Kubernetes' semantics; here it matches none, and the API server refuses it).
+pub const SPEC_TARGET_RULE: &str = "(has(self.machineRef) && size(self.machineRef) > 0) || \
+(has(self.machineSelector) && ((has(self.machineSelector.matchLabels) && \
+size(self.machineSelector.matchLabels) > 0) || (has(self.machineSelector.matchExpressions) && \
+size(self.machineSelector.matchExpressions) > 0)))";
+
+/// At most this many parameters (bounded so that the CRD's rules have a bounded cost).
+pub const MAX_PARAMETERS: usize = 16;
+/// A parameter value's maximum length.
+pub const MAX_PARAMETER_LENGTH: usize = 4096;
+
 /// A discrete operation on a machine, created by a CLI or a controller and carried out by the
 /// agent it targets.
 #[allow(clippy::duplicated_attributes)] // kube-derive repeats `type_` per printcolumn
@@ -135,13 +152,25 @@ impl std::fmt::Display for OperationPhase {
     )
 )]
 #[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [
+    {
+        "rule": SPEC_IMMUTABLE_RULE,
+        "message": "spec is immutable: delete the operation and create a new one"
+    },
+    {
+        "rule": SPEC_TARGET_RULE,
+        "message": "name the target: machineRef, or a machineSelector with at least one requirement (an empty selector matches no machine)"
+    }
+]))]
 pub struct MachineOperationSpec {
     /// MachineRef is the name of the Machine this operation targets. Either machineRef or
     /// machineSelector must be set.
     #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[schemars(length(max = 253))]
     pub machine_ref: String,
     /// MachineSelector selects machines by labels (the agent matches it against its Node's
-    /// labels). Either machineRef or machineSelector must be set.
+    /// labels). Either machineRef or machineSelector must be set; an empty selector matches
+    /// no machine.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "label_selector_schema")]
     pub machine_selector: Option<LabelSelector>,
@@ -151,6 +180,7 @@ pub struct MachineOperationSpec {
     /// Parameters is an optional set of key-value pairs passed to the operation's handler,
     /// for example AgentUpgrade's `image`.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(schema_with = "parameters_schema")]
     pub parameters: BTreeMap<String, String>,
     /// TTLSecondsAfterFinished limits the lifetime of a finished MachineOperation: the agent
     /// deletes it this many seconds after it reaches a terminal phase. If unset, it is kept.
@@ -189,6 +219,11 @@ pub struct MachineOperationStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "conditions_schema")]
     pub conditions: Vec<Condition>,
+    /// ClaimedBy is the node whose agent claimed (or finished) the operation. With the
+    /// project's admission policy (`deploy/controller/admission.yaml`) only that node's daemon
+    /// may write this status afterwards, and a daemon may set it only to its own node.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub claimed_by: String,
 }
 
 impl MachineOperation {
@@ -572,6 +607,15 @@ fn time_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
     schema(serde_json::json!({"type": "string", "format": "date-time"}))
 }
 
+fn parameters_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schema(serde_json::json!({
+        "description": "Parameters is an optional set of key-value pairs passed to the operation's handler,\nfor example AgentUpgrade's `image`.",
+        "type": "object",
+        "maxProperties": MAX_PARAMETERS,
+        "additionalProperties": {"type": "string", "maxLength": MAX_PARAMETER_LENGTH},
+    }))
+}
+
 fn operation_kind_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
     schema(serde_json::json!({
         "description": "OperationKind is the operation to perform on the target machine.",
@@ -583,21 +627,23 @@ fn operation_kind_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema 
 /// `metav1.LabelSelector`, as controller-gen renders it.
 fn label_selector_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
     schema(serde_json::json!({
-        "description": "MachineSelector selects machines by labels (the agent matches it against its Node's labels). Either machineRef or machineSelector must be set.",
+        "description": "MachineSelector selects machines by labels (the agent matches it against its Node's labels). Either machineRef or machineSelector must be set; an empty selector matches no machine.",
         "type": "object",
         "properties": {
             "matchExpressions": {
                 "description": "matchExpressions is a list of label selector requirements. The requirements are ANDed.",
                 "type": "array",
+                "maxItems": 16,
                 "items": {
                     "type": "object",
                     "required": ["key", "operator"],
                     "properties": {
-                        "key": {"type": "string"},
-                        "operator": {"type": "string"},
+                        "key": {"type": "string", "maxLength": 317},
+                        "operator": {"type": "string", "maxLength": 16},
                         "values": {
                             "type": "array",
-                            "items": {"type": "string"},
+                            "maxItems": 64,
+                            "items": {"type": "string", "maxLength": 63},
                             "x-kubernetes-list-type": "atomic",
                         },
                     },
@@ -607,7 +653,8 @@ fn label_selector_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema 
             "matchLabels": {
                 "description": "matchLabels is a map of {key,value} pairs, each equivalent to a matchExpressions element with operator In and that value.",
                 "type": "object",
-                "additionalProperties": {"type": "string"},
+                "maxProperties": 32,
+                "additionalProperties": {"type": "string", "maxLength": 63},
             },
         },
         "x-kubernetes-map-type": "atomic",

@@ -360,20 +360,46 @@ fn host_kind(op: &MachineOperation) -> bool {
     HOST_KINDS.contains(&op.spec.operation_kind.as_str())
 }
 
-/// Whether deciding on `op` needs this node's labels (it is aimed by selector).
-pub fn needs_labels(op: &MachineOperation) -> bool {
-    !host_kind(op) && op.spec.machine_ref.is_empty() && op.spec.machine_selector.is_some()
+/// Whether `sel` has no requirement. Kubernetes' empty selector selects everything; an
+/// operation's empty selector selects nothing (an operation aimed at every machine must say so
+/// with a requirement, such as `kubernetes.io/os In (linux)`), so that a selector emptied by
+/// mistake or by an attacker never reaches every node.
+pub fn selector_is_empty(sel: &LabelSelector) -> bool {
+    sel.match_labels.as_ref().is_none_or(BTreeMap::is_empty)
+        && sel.match_expressions.as_ref().is_none_or(Vec::is_empty)
 }
 
-/// Whether `op` may target `machine_name` (its `machineRef` names it, or it has a selector),
-/// without looking at labels.
+/// `op`'s selector, when it is aimed by one with at least one requirement.
+fn aiming_selector(op: &MachineOperation) -> Option<&LabelSelector> {
+    op.spec
+        .machine_selector
+        .as_ref()
+        .filter(|s| !selector_is_empty(s))
+}
+
+/// Whether deciding on `op` needs this node's labels (it is aimed by selector).
+pub fn needs_labels(op: &MachineOperation) -> bool {
+    !host_kind(op) && op.spec.machine_ref.is_empty() && aiming_selector(op).is_some()
+}
+
+/// Whether `op` may target `machine_name` (its `machineRef` names it, or it has a non-empty
+/// selector and no other node claimed it), without looking at labels.
 pub fn may_target(op: &MachineOperation, machine_name: &str) -> bool {
     !host_kind(op)
+        && claimed_by_other(op, machine_name).is_none()
         && if op.spec.machine_ref.is_empty() {
-            op.spec.machine_selector.is_some()
+            aiming_selector(op).is_some()
         } else {
             op.spec.machine_ref == machine_name
         }
+}
+
+/// The node that claimed `op`, when it is not `machine_name`.
+pub fn claimed_by_other<'a>(op: &'a MachineOperation, machine_name: &str) -> Option<&'a str> {
+    op.status
+        .as_ref()
+        .map(|s| s.claimed_by.as_str())
+        .filter(|c| !c.is_empty() && *c != machine_name)
 }
 
 /// A cheap filter for watch events: whether `op` may concern `machine_name` now (it may target
@@ -406,6 +432,13 @@ pub fn targets(
     let Some(sel) = &op.spec.machine_selector else {
         return Err("it names no machine (neither machineRef nor machineSelector)".into());
     };
+    if selector_is_empty(sel) {
+        return Err(
+            "its machineSelector is empty, and an empty selector matches no machine (name the \
+             machine with machineRef, or the machines with a label requirement)"
+                .into(),
+        );
+    }
     let Some(labels) = labels else {
         return Err(format!(
             "its machineSelector needs labels, and neither Node nor Machine {machine_name:?} exists"
@@ -462,6 +495,11 @@ pub enum Decision {
     Finish(OperationResult),
     /// Drop the local record: another agent claimed the operation (why, for the log).
     Forget(String),
+    /// This agent holds a record of the operation, and the operation no longer names this
+    /// machine (its target changed, or another node claimed it): refuse it, drop the record and
+    /// report why (a warning; the spec is immutable in a cluster with the project's CRD, so
+    /// this means tampering or a foreign writer).
+    Refuse(String),
     /// Its TTL expired: delete it.
     Delete,
 }
@@ -475,8 +513,21 @@ pub fn decide(op: &MachineOperation, facts: &Facts<'_>, record: Option<&Record>)
             op.spec.operation_kind
         ));
     }
-    if let Err(why) = targets(op, facts.machine_name, facts.labels) {
-        return Decision::Ignore(why);
+    let target =
+        targets(op, facts.machine_name, facts.labels).and_then(|()| {
+            match claimed_by_other(op, facts.machine_name) {
+                Some(other) => Err(format!("node {other:?} claimed it")),
+                None => Ok(()),
+            }
+        });
+    if let Err(why) = target {
+        return match record {
+            Some(r) => Decision::Refuse(format!(
+                "it no longer targets this machine ({why}), and this agent recorded it as {}",
+                r.stage.as_str()
+            )),
+            None => Decision::Ignore(why),
+        };
     }
     let phase = match op.phase() {
         Ok(p) => p,

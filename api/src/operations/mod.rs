@@ -14,7 +14,8 @@
 //! | operation | local record | decision |
 //! |---|---|---|
 //! | a `Host*` kind (machina's controllers') | any | ignore |
-//! | `machineRef` names another machine, or the selector does not match the Node's labels (the Machine's when there is no Node), or neither is set | any | ignore, naming the target |
+//! | `machineRef` names another machine, or the selector does not match the Node's labels (the Machine's when there is no Node), or the selector is empty (it matches no machine), or neither is set, or `status.claimedBy` names another node | none | ignore, naming the target |
+//! | the same | any | refuse: drop the record and report it as a warning (the spec is immutable, so the target changed by tampering) |
 //! | `Complete`/`Failed`, TTL set, `completedAt + ttl` reached | any | delete |
 //! | `Complete`/`Failed`, TTL not reached | any | wait (requeue at expiry) |
 //! | `Complete`/`Failed`, no TTL | any | ignore |

@@ -18,6 +18,17 @@ pub enum Stage {
     Finished,
 }
 
+impl Stage {
+    /// As the record writes it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Claiming => "claiming",
+            Self::Executing => "executing",
+            Self::Finished => "finished",
+        }
+    }
+}
+
 /// One operation's record.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]

@@ -60,7 +60,7 @@ fn csr(pem: &str, user: &str, groups: &[&str]) -> CertificateSigningRequest {
             usages: Some(vec!["digital signature".into(), "client auth".into()]),
             username: Some(user.into()),
             groups: Some(groups.iter().map(|g| g.to_string()).collect()),
-            expiration_seconds: Some(365 * 24 * 3600),
+            expiration_seconds: Some(30 * 24 * 3600),
             ..Default::default()
         },
         status: None,
@@ -442,65 +442,117 @@ fn approval_adds_the_condition() {
     assert_eq!(c.last_update_time, Some(Time(now)));
 }
 
-/// A Secrets API whose GETs are answered with `secret` (or 404), counting requests.
-fn secrets_api(secret: Option<Secret>) -> Api<Secret> {
+/// An issued request: `csr` with a certificate for CN `cn` valid until `not_after` (a real
+/// certificate, self-signed with rcgen; the approver reads only its subject and validity).
+fn issued(
+    mut c: CertificateSigningRequest,
+    name: &str,
+    cn: &str,
+    not_after: (i32, u8, u8),
+) -> CertificateSigningRequest {
+    let key = KeyPair::generate().unwrap();
+    let mut params = CertificateParams::default();
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::CommonName, cn);
+    params.distinguished_name = dn;
+    params.not_before = rcgen::date_time_ymd(2026, 1, 1);
+    params.not_after = rcgen::date_time_ymd(not_after.0, not_after.1, not_after.2);
+    let cert = params.self_signed(&key).unwrap().pem();
+    c.metadata.name = Some(name.into());
+    c.status = Some(CertificateSigningRequestStatus {
+        certificate: Some(ByteString(cert.into_bytes())),
+        ..Default::default()
+    });
+    c
+}
+
+/// The API [`decide`] reads, faked by a mock server: GETs of
+/// `kube-system/bootstrap-token-abcdef` answered with `secret` (or 404), and LISTs of
+/// CertificateSigningRequests (with the signer field selector) answered with `csrs`.
+fn apis(secret: Option<Secret>, csrs: Vec<CertificateSigningRequest>) -> Apis {
     let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
     tokio::spawn(async move {
         while let Some((req, send)) = handle.next_request().await {
-            assert_eq!(
-                req.uri().path(),
-                "/api/v1/namespaces/kube-system/secrets/bootstrap-token-abcdef"
-            );
-            let resp = match &secret {
-                Some(s) => Response::builder()
+            let path = req.uri().path().to_string();
+            let resp = if path == "/apis/certificates.k8s.io/v1/certificatesigningrequests" {
+                assert_eq!(
+                    req.uri().query(),
+                    Some("&fieldSelector=spec.signerName%3Dkubernetes.io%2Fkube-apiserver-client"),
+                );
+                let list = serde_json::json!({
+                    "apiVersion": "certificates.k8s.io/v1",
+                    "kind": "CertificateSigningRequestList",
+                    "metadata": {"resourceVersion": "1"},
+                    "items": csrs,
+                });
+                Response::builder()
                     .status(200)
-                    .body(Body::from(serde_json::to_vec(s).unwrap()))
-                    .unwrap(),
-                None => Response::builder()
-                    .status(404)
-                    .body(Body::from(
-                        br#"{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"NotFound","code":404}"#.to_vec(),
-                    ))
-                    .unwrap(),
+                    .body(Body::from(serde_json::to_vec(&list).unwrap()))
+                    .unwrap()
+            } else {
+                assert_eq!(
+                    path,
+                    "/api/v1/namespaces/kube-system/secrets/bootstrap-token-abcdef"
+                );
+                match &secret {
+                    Some(s) => Response::builder()
+                        .status(200)
+                        .body(Body::from(serde_json::to_vec(s).unwrap()))
+                        .unwrap(),
+                    None => Response::builder()
+                        .status(404)
+                        .body(Body::from(
+                            br#"{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"NotFound","code":404}"#.to_vec(),
+                        ))
+                        .unwrap(),
+                }
             };
             send.send_response(resp);
         }
     });
-    Api::namespaced(kube::Client::new(svc, "default"), TOKEN_NAMESPACE)
+    let client = kube::Client::new(svc, "default");
+    Apis {
+        secrets: Api::namespaced(client.clone(), TOKEN_NAMESPACE),
+        csrs: Api::all(client),
+    }
 }
+
+/// The machine entry of `node` allowing bootstrap token `abcdef`.
+const BOUND: &str =
+    r#"{"name":"node1","properties":{"tags":{"aks-flex-bootstrap-token-id":"abcdef"}}}"#;
 
 #[tokio::test]
 async fn decide_checks_secret_then_machine() {
     let now: Timestamp = "2026-06-01T00:00:00Z".parse().unwrap();
     let store = MemoryStore::new();
-    let secrets = secrets_api(Some(with(&[])));
+    let apis_ok = apis(Some(with(&[])), vec![]);
     let c = bootstrap_csr("node1");
     assert_eq!(
-        decide(&c, &cfg(), &secrets, &store, now).await,
+        decide(&c, &cfg(), &apis_ok, &store, now).await,
         Decision::Retry("machine \"node1\" is not registered".into())
     );
-    store.insert("node1.json", r#"{"name":"node1"}"#);
+    store.insert("node1.json", BOUND);
     assert!(matches!(
-        decide(&c, &cfg(), &secrets, &store, now).await,
+        decide(&c, &cfg(), &apis_ok, &store, now).await,
         Decision::Approve(m) if m.contains("node node1 (bootstrap token abcdef)")
     ));
     store.fail_with(Some("config map gone"));
     assert!(matches!(
-        decide(&c, &cfg(), &secrets, &store, now).await,
+        decide(&c, &cfg(), &apis_ok, &store, now).await,
         Decision::Retry(m) if m.contains("config map gone")
     ));
     store.fail_with(None);
     // Renewal needs only the machine.
     assert!(matches!(
-        decide(&renewal_csr("node1"), &cfg(), &secrets, &store, now).await,
+        decide(&renewal_csr("node1"), &cfg(), &apis_ok, &store, now).await,
         Decision::Approve(m) if m.contains("renewal of node node1")
     ));
     assert!(matches!(
-        decide(&renewal_csr("node2"), &cfg(), &secrets, &store, now).await,
+        decide(&renewal_csr("node2"), &cfg(), &apis_ok, &store, now).await,
         Decision::Retry(_)
     ));
     // A missing secret is not approvable.
-    let none = secrets_api(None);
+    let none = apis(None, vec![]);
     assert!(matches!(
         decide(&c, &cfg(), &none, &store, now).await,
         Decision::Ignore(m) if m.contains("does not exist")
@@ -512,4 +564,88 @@ async fn decide_checks_secret_then_machine() {
         decide(&other, &cfg(), &none, &store, now).await,
         Decision::Ignore(_)
     ));
+}
+
+/// A bootstrap token bootstraps only the node whose machine entry names it: the token that
+/// got node1's certificate gets none for node2 (reproduced against a real API server before
+/// the fix: both were approved), and an entry that names no token admits no bootstrap.
+#[tokio::test]
+async fn a_token_bootstraps_only_the_node_that_names_it() {
+    let now: Timestamp = "2026-06-01T00:00:00Z".parse().unwrap();
+    let store = MemoryStore::new();
+    let a = apis(Some(with(&[])), vec![]);
+    store.insert("node1.json", BOUND);
+    store.insert(
+        "node2.json",
+        r#"{"name":"node2","properties":{"tags":{"aks-flex-bootstrap-token-id":"zzzzzz"}}}"#,
+    );
+    store.insert("node3.json", r#"{"name":"node3"}"#);
+    assert!(matches!(
+        decide(&bootstrap_csr("node1"), &cfg(), &a, &store, now).await,
+        Decision::Approve(_)
+    ));
+    assert_eq!(
+        decide(&bootstrap_csr("node2"), &cfg(), &a, &store, now).await,
+        Decision::Retry(
+            "machine \"node2\" may be bootstrapped only with bootstrap token zzzzzz, not abcdef"
+                .into()
+        )
+    );
+    assert!(matches!(
+        decide(&bootstrap_csr("node3"), &cfg(), &a, &store, now).await,
+        Decision::Retry(m) if m.contains("names no bootstrap token")
+    ));
+}
+
+/// A node that holds an unexpired daemon certificate is not issued another through a
+/// bootstrap token (renewal with the certificate still works); an expired one, another node's
+/// or another signer's does not count.
+#[tokio::test]
+async fn a_credentialed_node_gets_no_second_certificate_by_token() {
+    let now: Timestamp = "2026-06-01T00:00:00Z".parse().unwrap();
+    let store = MemoryStore::new();
+    store.insert("node1.json", BOUND);
+    let held = issued(
+        bootstrap_csr("node1"),
+        "first",
+        "system:node:node1",
+        (2026, 6, 30),
+    );
+    let a = apis(Some(with(&[])), vec![held.clone()]);
+    assert!(matches!(
+        decide(&bootstrap_csr("node1"), &cfg(), &a, &store, now).await,
+        Decision::Retry(m) if m.contains("already holds") && m.contains("delete CertificateSigningRequest first")
+    ));
+    assert!(matches!(
+        decide(&renewal_csr("node1"), &cfg(), &a, &store, now).await,
+        Decision::Approve(_)
+    ));
+    let expired = issued(
+        bootstrap_csr("node1"),
+        "old",
+        "system:node:node1",
+        (2026, 5, 1),
+    );
+    let other_node = issued(
+        bootstrap_csr("node2"),
+        "n2",
+        "system:node:node2",
+        (2027, 1, 1),
+    );
+    let mut other_signer = held.clone();
+    other_signer.spec.signer_name = "kubernetes.io/kube-apiserver-client-kubelet".into();
+    let a = apis(
+        Some(with(&[])),
+        vec![expired.clone(), other_node.clone(), other_signer],
+    );
+    assert!(matches!(
+        decide(&bootstrap_csr("node1"), &cfg(), &a, &store, now).await,
+        Decision::Approve(_)
+    ));
+    assert_eq!(
+        held_certificate("node1", &[expired, held.clone(), other_node], now)
+            .map(|(n, t)| (n, t.to_string())),
+        Some(("first".into(), "2026-06-30T00:00:00Z".into()))
+    );
+    assert_eq!(held_certificate("node2", &[held], now), None);
 }

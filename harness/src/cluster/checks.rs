@@ -388,7 +388,8 @@ async fn repave_starts_other_machine(e: &Env<'_>) -> anyhow::Result<Checked> {
         anyhow::bail!("no activeMachine in {DAEMON_STATE}");
     }
     let version = format!("harness-{}", e.stamp);
-    let entry = render::machine_entry(node, &e.info.kubernetes_version, &version)?;
+    let entry =
+        render::machine_entry(node, &e.info.kubernetes_version, &version, &e.info.token_id)?;
     e.kubectl
         .apply(&render::machines_config_map(node, &entry))
         .await?;
@@ -683,6 +684,24 @@ pub(super) fn token_in(env: &str) -> Option<String> {
         .map(|e| e.value)
 }
 
+/// The administrator's re-admission of a reset node: deletes the daemon's earlier
+/// CertificateSigningRequests (label `app.kubernetes.io/managed-by=aks-flex-node`). The
+/// controller's approver issues no certificate through a bootstrap token to a node that holds a
+/// valid one, and a reset node's certificate went with its state; without this the re-joining
+/// daemon would wait for an approval that never comes (as it should, for a leaked token).
+pub(super) async fn readmit(e: &Env<'_>) -> anyhow::Result<()> {
+    e.kubectl
+        .run([
+            "delete",
+            "csr",
+            "-l",
+            "app.kubernetes.io/managed-by=aks-flex-node",
+            "--ignore-not-found",
+        ])
+        .await?;
+    Ok(())
+}
+
 /// Writes `env` as the bootstrap inputs (on stdin: they hold the token) and, with `image`,
 /// `agent-image.env` naming it; restarts the bootstrap unit; and waits until the agent's unit
 /// is active with its container running (the image it runs is returned).
@@ -749,6 +768,7 @@ async fn rejoin_after_reset(e: &Env<'_>) -> anyhow::Result<Checked> {
     if e.bootstrap_env.is_empty() {
         anyhow::bail!("up recorded no bootstrap inputs");
     }
+    readmit(e).await?;
     let t = Instant::now();
     bootstrap_again(e, &rejoin_env(e.bootstrap_env), None).await?;
     let config: AgentConfig = guest_json::parse(

@@ -264,7 +264,7 @@ async fn forward_address(r: &dyn Runner, server: &str) -> String {
 }
 
 /// Writes `bytes` to `path` readable by root only (it holds the cluster's credentials).
-fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+pub(super) fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     let tmp = path.with_extension("tmp");
@@ -293,8 +293,12 @@ async fn apply_manifests(k: &Kubectl<'_>, repo: &Path) -> Result<(), StepError> 
 }
 
 /// What of `deploy/controller` a local controller needs.
-pub const LOCAL_CONTROLLER_MANIFESTS: &[&str] =
-    &["service-account.yaml", "configmap.yaml", "rbac.yaml"];
+pub const LOCAL_CONTROLLER_MANIFESTS: &[&str] = &[
+    "service-account.yaml",
+    "configmap.yaml",
+    "rbac.yaml",
+    "admission.yaml",
+];
 
 /// Waits up to `timeout` for the controller to answer `/readyz`; the error holds its log.
 pub async fn wait_ready(c: &LocalController, timeout: Duration) -> anyhow::Result<()> {

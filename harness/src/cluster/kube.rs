@@ -30,6 +30,17 @@ impl<'a> Kubectl<'a> {
         Self { runner, kubeconfig }
     }
 
+    /// The same runner with another kubeconfig (another identity).
+    pub fn with_kubeconfig<'b>(&self, kubeconfig: &'b std::path::Path) -> Kubectl<'b>
+    where
+        'a: 'b,
+    {
+        Kubectl {
+            runner: self.runner,
+            kubeconfig,
+        }
+    }
+
     /// The command for `args`.
     pub fn cmd<I, S>(&self, args: I) -> Cmd
     where

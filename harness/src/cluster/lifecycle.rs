@@ -133,8 +133,8 @@ async fn deletion_signal(e: &Env<'_>) -> anyhow::Result<Checked> {
 }
 
 /// The cluster's side of a node coming back: its Node deleted (a new Ready one then proves the
-/// join) and its machine registered again (under a new settings version). Returns the old
-/// Node's uid, if there was one.
+/// join), its machine registered again (under a new settings version, naming the same token)
+/// and re-admitted ([`super::checks::readmit`]). Returns the old Node's uid, if there was one.
 async fn cluster_side_of_rejoin(e: &Env<'_>) -> anyhow::Result<Option<String>> {
     let node = e.node();
     let old = super::parse::node(&e.kubectl.get_json(&["node", node]).await?)?.map(|n| n.uid);
@@ -155,10 +155,12 @@ async fn cluster_side_of_rejoin(e: &Env<'_>) -> anyhow::Result<Option<String>> {
         node,
         &e.info.kubernetes_version,
         &format!("harness-rejoin-{}", e.stamp),
+        &e.info.token_id,
     )?;
     e.kubectl
         .apply(&render::machines_config_map(node, &entry))
         .await?;
+    super::checks::readmit(e).await?;
     Ok(old)
 }
 

