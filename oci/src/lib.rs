@@ -25,10 +25,9 @@
 //!
 //! Modules: [`reference`](mod@reference) (image references), [`digest`], [`manifest`] (documents, media types,
 //! platforms), [`registry`] (the anonymous registry client), [`layout`] (local OCI layouts),
-//! [`unpack`](mod@unpack) (applying layers, safely; path confinement in `confine`), [`error`].
+//! [`unpack`](mod@unpack) (applying layers, safely; path confinement in `flex_host::confine`, shared with the agent's writes into machine trees), [`error`].
 //! The tests build their layers with `flex_testkit::layer_builder`.
 
-pub(crate) mod confine;
 pub mod error;
 pub mod layout;
 pub mod manifest;
