@@ -359,11 +359,7 @@ impl HostFs {
     /// `/var/lib/machines/<m>`), with every path below it resolved inside it. `root` itself is a
     /// host path and resolved as such.
     pub fn confined(&self, root: &Path) -> Result<ConfinedFs, FsError> {
-        let r = Root::open(&self.path(root)).map_err(|e| FsError::new("open", root, e))?;
-        Ok(ConfinedFs {
-            root: Arc::new(r),
-            shown: root.to_path_buf(),
-        })
+        ConfinedFs::open_as(&self.path(root), root)
     }
 }
 
@@ -416,6 +412,20 @@ const FILE_READ_FLAGS: OFlags = OFlags::RDONLY
     .union(OFlags::CLOEXEC);
 
 impl ConfinedFs {
+    /// The tree at the real path `root` (an existing directory).
+    pub fn new(root: &Path) -> Result<Self, FsError> {
+        Self::open_as(root, root)
+    }
+
+    /// The tree at real path `real`, named `shown` in errors.
+    fn open_as(real: &Path, shown: &Path) -> Result<Self, FsError> {
+        let r = Root::open(real).map_err(|e| FsError::new("open", shown, e))?;
+        Ok(Self {
+            root: Arc::new(r),
+            shown: shown.to_path_buf(),
+        })
+    }
+
     /// The tree's host path.
     pub fn root(&self) -> &Path {
         &self.shown
