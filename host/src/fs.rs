@@ -5,11 +5,28 @@
 //! the content goes to a temporary file in the same directory, is synced, gets its mode (and the
 //! SELinux label of the file it replaces, when there is one), and is renamed over the target.
 //! Missing parent directories are created with mode 0750; existing ones are left alone.
+//!
+//! [`HostFs`] follows symlinks like any path-based call: right for the host's own files, wrong
+//! inside a tree someone else built. A machine's root file system comes from an image, and an
+//! image may hold `etc/systemd/system -> /etc/systemd/system`; writes into such a tree go
+//! through [`ConfinedFs`] ([`HostFs::confined`]), which resolves every path with
+//! [`crate::confine`] (directory fds, `O_NOFOLLOW`, absolute links taken from the tree's root as
+//! in a chroot, links climbing above the root refused) and acts on the last component with `*at`
+//! calls that never follow it.
 
+use std::ffi::OsStr;
 use std::fs::{self, File, OpenOptions};
-use std::io::{ErrorKind, Write};
+use std::io::{ErrorKind, Read, Write};
+use std::os::fd::AsFd;
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
+
+use rustix::fs::{AtFlags, FileType, Mode, OFlags};
+use rustix::io::Errno;
+
+use crate::confine::{self, DirHandle, ResolveError, Root};
 
 /// Mode for directories this module creates.
 pub const DIR_MODE: u32 = 0o750;
@@ -194,28 +211,7 @@ impl HostFs {
             }
         };
         let result = (|| -> std::io::Result<()> {
-            let copied = std::io::copy(
-                &mut std::io::Read::take(&mut *reader, MAX_INSTALL_BYTES + 1),
-                &mut file,
-            )?;
-            if copied > MAX_INSTALL_BYTES {
-                return Err(std::io::Error::new(
-                    ErrorKind::FileTooLarge,
-                    format!("content exceeds {MAX_INSTALL_BYTES} bytes"),
-                ));
-            }
-            file.flush()?;
-            file.set_permissions(fs::Permissions::from_mode(mode))?;
-            if let Some(label) = &label {
-                // Keep the replaced file's SELinux label; best effort (the policy may refuse).
-                let _ = rustix::fs::fsetxattr(
-                    &file,
-                    SELINUX_XATTR,
-                    label,
-                    rustix::fs::XattrFlags::empty(),
-                );
-            }
-            file.sync_all()?;
+            fill(&mut file, reader, mode, label.as_deref())?;
             fs::rename(&tmp_path, &real)?;
             if let Ok(d) = File::open(&dir) {
                 let _ = d.sync_all();
@@ -318,9 +314,407 @@ impl HostFs {
     }
 }
 
+/// Copies at most [`MAX_INSTALL_BYTES`] from `reader` into the new `file`, gives it `mode` (and
+/// `label`, best effort) and syncs it.
+fn fill(
+    file: &mut File,
+    reader: &mut dyn Read,
+    mode: u32,
+    label: Option<&[u8]>,
+) -> std::io::Result<()> {
+    let copied = std::io::copy(&mut reader.take(MAX_INSTALL_BYTES + 1), file)?;
+    if copied > MAX_INSTALL_BYTES {
+        return Err(std::io::Error::new(
+            ErrorKind::FileTooLarge,
+            format!("content exceeds {MAX_INSTALL_BYTES} bytes"),
+        ));
+    }
+    file.flush()?;
+    file.set_permissions(fs::Permissions::from_mode(mode))?;
+    if let Some(label) = label {
+        // Keep the replaced file's SELinux label; best effort (the policy may refuse).
+        let _ = rustix::fs::fsetxattr(
+            &*file,
+            SELINUX_XATTR,
+            label,
+            rustix::fs::XattrFlags::empty(),
+        );
+    }
+    file.sync_all()
+}
+
 fn read_selinux_label(real: &Path) -> Option<Vec<u8>> {
     let mut buf = vec![0u8; 256];
     match rustix::fs::getxattr(real, SELINUX_XATTR, &mut buf[..]) {
+        Ok(n) if n > 0 => {
+            buf.truncate(n);
+            Some(buf)
+        }
+        _ => None,
+    }
+}
+
+impl HostFs {
+    /// The tree at host path `root` (an existing directory, e.g. a machine's root file system
+    /// `/var/lib/machines/<m>`), with every path below it resolved inside it. `root` itself is a
+    /// host path and resolved as such.
+    pub fn confined(&self, root: &Path) -> Result<ConfinedFs, FsError> {
+        ConfinedFs::open_as(&self.path(root), root)
+    }
+}
+
+/// A directory tree written without ever leaving it: a machine's root file system.
+///
+/// Paths are taken relative to the tree's root (a leading `/` is the tree's root, as inside
+/// the machine). Every directory on the way is resolved by [`crate::confine`], the resolver the
+/// OCI unpacker builds the tree with, so both follow one policy:
+///
+/// - a symlink in a directory position is followed *inside* the tree: a relative target from the
+///   link's directory, an absolute one from the tree's root, as the machine sees it (as in a
+///   chroot) — `etc/systemd/system -> /etc/systemd/system` is the machine's own directory, never
+///   the host's;
+/// - a symlink or `..` that climbs above the root is refused (an error of kind
+///   `PermissionDenied` saying "path escapes the root"), never clamped;
+/// - the last component is never followed: writes replace a symlink there (temporary file or
+///   link in the same directory, synced, `renameat` over it), reads and modes see the link
+///   itself, removal unlinks it.
+///
+/// Errors name the host path (the tree's host path joined with the relative one).
+#[derive(Clone, Debug)]
+pub struct ConfinedFs {
+    root: Arc<Root>,
+    shown: PathBuf,
+}
+
+/// What a path inside a [`ConfinedFs`] holds, without following a final symlink.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EntryInfo {
+    /// Its type.
+    pub kind: FileType,
+    /// Its permission bits (`& 0o7777`).
+    pub mode: u32,
+}
+
+fn resolve_io_error(e: ResolveError) -> std::io::Error {
+    let kind = match &e {
+        ResolveError::Escape(_) => ErrorKind::PermissionDenied,
+        ResolveError::NotDir(_) => ErrorKind::NotADirectory,
+        ResolveError::Missing(_) => ErrorKind::NotFound,
+        ResolveError::Limit(_) => ErrorKind::Other,
+        ResolveError::Io(_, _, source) => source.kind(),
+    };
+    std::io::Error::new(kind, e)
+}
+
+const FILE_READ_FLAGS: OFlags = OFlags::RDONLY
+    .union(OFlags::NOFOLLOW)
+    .union(OFlags::NONBLOCK)
+    .union(OFlags::CLOEXEC);
+
+impl ConfinedFs {
+    /// The tree at the real path `root` (an existing directory).
+    pub fn new(root: &Path) -> Result<Self, FsError> {
+        Self::open_as(root, root)
+    }
+
+    /// The tree at real path `real`, named `shown` in errors.
+    fn open_as(real: &Path, shown: &Path) -> Result<Self, FsError> {
+        let r = Root::open(real).map_err(|e| FsError::new("open", shown, e))?;
+        Ok(Self {
+            root: Arc::new(r),
+            shown: shown.to_path_buf(),
+        })
+    }
+
+    /// The tree's host path.
+    pub fn root(&self) -> &Path {
+        &self.shown
+    }
+
+    /// The host path of `p` (for messages and reports; never opened by path).
+    pub fn host_path(&self, p: &Path) -> PathBuf {
+        let mut out = self.shown.clone();
+        for c in p.components() {
+            match c {
+                Component::Normal(n) => out.push(n),
+                Component::ParentDir => out.push(".."),
+                Component::RootDir | Component::CurDir | Component::Prefix(_) => {}
+            }
+        }
+        out
+    }
+
+    fn err(&self, op: &'static str, p: &Path, e: impl Into<std::io::Error>) -> FsError {
+        FsError::new(op, &self.host_path(p), e.into())
+    }
+
+    /// `p` as components, `..` kept (the resolver refuses climbing above the root).
+    fn components(p: &Path) -> Vec<&[u8]> {
+        p.components()
+            .filter_map(|c| match c {
+                Component::Normal(n) => Some(n.as_bytes()),
+                Component::ParentDir => Some(&b".."[..]),
+                Component::RootDir | Component::CurDir | Component::Prefix(_) => None,
+            })
+            .collect()
+    }
+
+    /// `p`'s parent components and file name.
+    fn split<'p>(
+        &self,
+        op: &'static str,
+        p: &'p Path,
+    ) -> Result<(Vec<&'p [u8]>, &'p [u8]), FsError> {
+        let mut comps = Self::components(p);
+        match comps.pop() {
+            Some(name) if name != b".." => Ok((comps, name)),
+            _ => Err(self.err(
+                op,
+                p,
+                std::io::Error::new(ErrorKind::InvalidInput, "path has no file name"),
+            )),
+        }
+    }
+
+    /// The directory holding `p`'s last component, created (mode `create`) when missing and
+    /// `create` is given; `Ok(None)` when it is missing (or not a directory) otherwise.
+    fn parent<'p>(
+        &self,
+        op: &'static str,
+        p: &'p Path,
+        create: Option<u32>,
+    ) -> Result<Option<(DirHandle, &'p [u8])>, FsError> {
+        let (dir, name) = self.split(op, p)?;
+        match self.root.resolve_dir_mode(&dir, create, &mut |_, _, _| {}) {
+            Ok(h) => Ok(Some((h, name))),
+            Err(ResolveError::Missing(_) | ResolveError::NotDir(_)) if create.is_none() => Ok(None),
+            Err(e) => Err(self.err(op, p, resolve_io_error(e))),
+        }
+    }
+
+    /// What is at `p` (a final symlink is not followed); `Ok(None)` when nothing is.
+    pub fn entry(&self, p: &Path) -> Result<Option<EntryInfo>, FsError> {
+        let Some((dir, name)) = self.parent("stat", p, None)? else {
+            return Ok(None);
+        };
+        let st = confine::lstat_at(dir.fd.as_fd(), name).map_err(|e| self.err("stat", p, e))?;
+        Ok(st.map(|st| EntryInfo {
+            kind: FileType::from_raw_mode(st.st_mode),
+            mode: st.st_mode & 0o7777,
+        }))
+    }
+
+    /// Whether something is at `p` (a final symlink is not followed). A path that cannot be
+    /// resolved inside the tree does not exist.
+    pub fn exists(&self, p: &Path) -> bool {
+        matches!(self.entry(p), Ok(Some(_)))
+    }
+
+    /// The mode bits of `p` (of a final symlink itself), if it exists.
+    pub fn mode(&self, p: &Path) -> Option<u32> {
+        self.entry(p).ok().flatten().map(|e| e.mode)
+    }
+
+    /// Opens the regular file `p` for reading; `Ok(None)` when nothing is there. A symlink (or
+    /// any other non-regular file) at `p` is an error: it is never followed.
+    pub fn open(&self, p: &Path) -> Result<Option<File>, FsError> {
+        let Some((dir, name)) = self.parent("read", p, None)? else {
+            return Ok(None);
+        };
+        let fd = match rustix::fs::openat(dir.fd.as_fd(), name, FILE_READ_FLAGS, Mode::empty()) {
+            Ok(fd) => fd,
+            Err(Errno::NOENT) => return Ok(None),
+            Err(Errno::LOOP) => {
+                return Err(self.err(
+                    "read",
+                    p,
+                    std::io::Error::new(ErrorKind::InvalidInput, "a symlink (not followed)"),
+                ));
+            }
+            Err(e) => return Err(self.err("read", p, e)),
+        };
+        let st = rustix::fs::fstat(&fd).map_err(|e| self.err("read", p, e))?;
+        if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
+            return Err(self.err(
+                "read",
+                p,
+                std::io::Error::new(ErrorKind::InvalidInput, "not a regular file"),
+            ));
+        }
+        let file = File::from(fd);
+        // Back to blocking reads (O_NONBLOCK only kept a FIFO from blocking the open).
+        rustix::fs::fcntl_setfl(&file, OFlags::RDONLY).map_err(|e| self.err("read", p, e))?;
+        Ok(Some(file))
+    }
+
+    /// Reads the regular file `p`; `Ok(None)` when it does not exist.
+    pub fn read(&self, p: &Path) -> Result<Option<Vec<u8>>, FsError> {
+        let Some(mut f) = self.open(p)? else {
+            return Ok(None);
+        };
+        let mut out = Vec::new();
+        f.read_to_end(&mut out)
+            .map_err(|e| self.err("read", p, e))?;
+        Ok(Some(out))
+    }
+
+    /// Creates directory `p` and its missing parents with mode [`DIR_MODE`].
+    pub fn create_dir_all(&self, p: &Path) -> Result<(), FsError> {
+        self.create_dir_all_mode(p, DIR_MODE)
+    }
+
+    /// Creates directory `p` and its missing parents; the directories it creates get `mode`,
+    /// existing ones are left alone.
+    pub fn create_dir_all_mode(&self, p: &Path, mode: u32) -> Result<(), FsError> {
+        self.root
+            .resolve_dir_mode(&Self::components(p), Some(mode), &mut |_, _, _| {})
+            .map(drop)
+            .map_err(|e| self.err("create directory", p, resolve_io_error(e)))
+    }
+
+    /// Writes `contents` to `p` atomically with `mode`.
+    pub fn write_atomic(&self, p: &Path, contents: &[u8], mode: u32) -> Result<(), FsError> {
+        self.install(p, &mut &contents[..], mode)
+    }
+
+    /// Writes `contents` to `p` unless it is already a regular file holding exactly that with
+    /// `mode`; returns whether it wrote. A symlink at `p` is replaced, never read through.
+    pub fn write_if_changed(&self, p: &Path, contents: &[u8], mode: u32) -> Result<bool, FsError> {
+        if self.mode_if_regular(p) == Some(mode)
+            && matches!(self.read(p), Ok(Some(existing)) if existing == contents)
+        {
+            return Ok(false);
+        }
+        self.write_atomic(p, contents, mode)?;
+        Ok(true)
+    }
+
+    fn mode_if_regular(&self, p: &Path) -> Option<u32> {
+        match self.entry(p) {
+            Ok(Some(EntryInfo {
+                kind: FileType::RegularFile,
+                mode,
+            })) => Some(mode),
+            _ => None,
+        }
+    }
+
+    /// Streams `reader` into `p` atomically with `mode` (at most [`MAX_INSTALL_BYTES`]): a
+    /// temporary file created `O_EXCL | O_NOFOLLOW` in `p`'s directory, synced, renamed over
+    /// `p`. Missing parents are created with mode [`DIR_MODE`].
+    pub fn install(&self, p: &Path, reader: &mut dyn Read, mode: u32) -> Result<(), FsError> {
+        let Some((dir, name)) = self.parent("write", p, Some(DIR_MODE))? else {
+            return Err(self.err("write", p, Errno::NOENT));
+        };
+        let dfd = dir.fd.as_fd();
+        let label = match confine::lstat_at(dfd, name) {
+            Ok(Some(st)) if FileType::from_raw_mode(st.st_mode) == FileType::RegularFile => {
+                read_selinux_label_at(dfd, name)
+            }
+            _ => None,
+        };
+        let shown_name = String::from_utf8_lossy(name);
+        let mut attempt = 0u32;
+        let (tmp, fd) = loop {
+            let tmp = format!(".{shown_name}.tmp-{}-{attempt}", std::process::id());
+            match rustix::fs::openat(
+                dfd,
+                tmp.as_str(),
+                OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                Mode::from_raw_mode(0o600),
+            ) {
+                Ok(fd) => break (tmp, fd),
+                Err(Errno::EXIST) if attempt < 100 => attempt += 1,
+                Err(e) => return Err(self.err("write", p, e)),
+            }
+        };
+        let mut file = File::from(fd);
+        let result = fill(&mut file, reader, mode, label.as_deref()).and_then(|()| {
+            rustix::fs::renameat(dfd, tmp.as_str(), dfd, OsStr::from_bytes(name))?;
+            Ok(())
+        });
+        if let Err(e) = result {
+            let _ = rustix::fs::unlinkat(dfd, tmp.as_str(), AtFlags::empty());
+            return Err(self.err("write", p, e));
+        }
+        let _ = rustix::fs::fsync(dfd);
+        Ok(())
+    }
+
+    /// Makes `p` a symlink to `target` (stored as given: an absolute target is read by the
+    /// machine inside its own root), replacing whatever file or link is there (a temporary link
+    /// renamed over it). Returns whether it changed anything.
+    pub fn symlink(&self, p: &Path, target: &Path) -> Result<bool, FsError> {
+        let Some((dir, name)) = self.parent("symlink", p, Some(DIR_MODE))? else {
+            return Err(self.err("symlink", p, Errno::NOENT));
+        };
+        let dfd = dir.fd.as_fd();
+        if rustix::fs::readlinkat(dfd, name, Vec::new())
+            .is_ok_and(|t| t.as_bytes() == target.as_os_str().as_bytes())
+        {
+            return Ok(false);
+        }
+        let tmp = format!(
+            ".{}.link-{}",
+            String::from_utf8_lossy(name),
+            std::process::id()
+        );
+        let _ = rustix::fs::unlinkat(dfd, tmp.as_str(), AtFlags::empty());
+        rustix::fs::symlinkat(target, dfd, tmp.as_str()).map_err(|e| self.err("symlink", p, e))?;
+        rustix::fs::renameat(dfd, tmp.as_str(), dfd, OsStr::from_bytes(name)).map_err(|e| {
+            let _ = rustix::fs::unlinkat(dfd, tmp.as_str(), AtFlags::empty());
+            self.err("symlink", p, e)
+        })?;
+        Ok(true)
+    }
+
+    /// Removes a file or symlink (never what it points to); returns whether something was there.
+    pub fn remove_file(&self, p: &Path) -> Result<bool, FsError> {
+        let Some((dir, name)) = self.parent("remove", p, None)? else {
+            return Ok(false);
+        };
+        match rustix::fs::unlinkat(dir.fd.as_fd(), name, AtFlags::empty()) {
+            Ok(()) => Ok(true),
+            Err(Errno::NOENT) => Ok(false),
+            Err(e) => Err(self.err("remove", p, e)),
+        }
+    }
+
+    /// Removes `p` and, if it is a directory, everything below it, never following a symlink;
+    /// returns whether something was there.
+    pub fn remove_all(&self, p: &Path) -> Result<bool, FsError> {
+        let Some((dir, name)) = self.parent("remove", p, None)? else {
+            return Ok(false);
+        };
+        let dfd = dir.fd.as_fd();
+        let there = confine::lstat_at(dfd, name)
+            .map_err(|e| self.err("remove", p, e))?
+            .is_some();
+        confine::remove_tree_at(dfd, name).map_err(|e| self.err("remove", p, e))?;
+        Ok(there)
+    }
+
+    /// The host path the regular file `p` resolves to inside the tree, free of symlinks (for
+    /// handing to a command, e.g. a `--version` probe); `Ok(None)` when there is no regular file
+    /// there. A final symlink is not followed (`Ok(None)`).
+    pub fn resolved_host_path(&self, p: &Path) -> Result<Option<PathBuf>, FsError> {
+        let Some((dir, name)) = self.parent("resolve", p, None)? else {
+            return Ok(None);
+        };
+        match confine::lstat_at(dir.fd.as_fd(), name).map_err(|e| self.err("resolve", p, e))? {
+            Some(st) if FileType::from_raw_mode(st.st_mode) == FileType::RegularFile => {}
+            _ => return Ok(None),
+        }
+        let proc = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&dir.fd));
+        let real = fs::read_link(&proc).map_err(|e| self.err("resolve", p, e))?;
+        Ok(Some(real.join(OsStr::from_bytes(name))))
+    }
+}
+
+fn read_selinux_label_at(dir: std::os::fd::BorrowedFd<'_>, name: &[u8]) -> Option<Vec<u8>> {
+    let fd = rustix::fs::openat(dir, name, FILE_READ_FLAGS, Mode::empty()).ok()?;
+    let mut buf = vec![0u8; 256];
+    match rustix::fs::fgetxattr(&fd, SELINUX_XATTR, &mut buf[..]) {
         Ok(n) if n > 0 => {
             buf.truncate(n);
             Some(buf)
@@ -438,6 +832,144 @@ mod tests {
         r.run(&Cmd::new("umount").arg(&real)).await.unwrap();
         assert_eq!(outcome.unwrap(), Removed::EmptiedMountPoint);
         assert!(std::fs::read_dir(fs.path(dir)).unwrap().next().is_none());
+    }
+
+    /// A machine-like tree under a temporary host root (real files, nothing faked) whose
+    /// image links point out of it: `etc/systemd/system` absolute to `<tmp>/outside`, `var/lib`
+    /// relative past the root, `etc/hostname` a final link to a host file.
+    fn hostile_tree() -> (tempfile::TempDir, HostFs, PathBuf, PathBuf) {
+        let (d, fs) = tmp();
+        let m = fs.path(Path::new("/var/lib/machines/kube1"));
+        let outside = d.path().join("outside");
+        std::fs::create_dir_all(m.join("etc/systemd")).unwrap();
+        std::fs::create_dir_all(m.join("var")).unwrap();
+        std::fs::create_dir_all(&outside).unwrap();
+        std::fs::write(outside.join("secret"), b"host").unwrap();
+        std::os::unix::fs::symlink(&outside, m.join("etc/systemd/system")).unwrap();
+        // From <tmp>/var/lib/machines/kube1/var: up five levels is <tmp>.
+        std::os::unix::fs::symlink("../../../../../outside", m.join("var/lib")).unwrap();
+        std::os::unix::fs::symlink(outside.join("secret"), m.join("etc/hostname")).unwrap();
+        assert!(m.join("var/lib").is_dir(), "the link leads out");
+        (d, fs, m, outside)
+    }
+
+    fn outside_untouched(outside: &Path) {
+        let names: Vec<_> = std::fs::read_dir(outside)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, ["secret"], "something was written outside");
+        assert_eq!(std::fs::read(outside.join("secret")).unwrap(), b"host");
+    }
+
+    #[test]
+    fn confined_writes_resolve_absolute_links_inside_the_tree() {
+        let (_d, fs, m, outside) = hostile_tree();
+        let c = fs.confined(Path::new("/var/lib/machines/kube1")).unwrap();
+        let unit = Path::new("/etc/systemd/system/kubelet.service");
+        assert!(c.write_if_changed(unit, b"[Unit]\n", 0o644).unwrap());
+        assert!(!c.write_if_changed(unit, b"[Unit]\n", 0o644).unwrap());
+        let mask = Path::new("etc/systemd/system/systemd-resolved.service");
+        assert!(c.symlink(mask, Path::new("/dev/null")).unwrap());
+        assert!(!c.symlink(mask, Path::new("/dev/null")).unwrap());
+        c.create_dir_all_mode(Path::new("etc/systemd/system/kubelet.service.d"), 0o700)
+            .unwrap();
+        outside_untouched(&outside);
+        let inside = m.join(outside.strip_prefix("/").unwrap());
+        assert_eq!(
+            std::fs::read(inside.join("kubelet.service")).unwrap(),
+            b"[Unit]\n"
+        );
+        assert_eq!(
+            std::fs::read_link(inside.join("systemd-resolved.service")).unwrap(),
+            PathBuf::from("/dev/null")
+        );
+        assert_eq!(
+            c.mode(Path::new("etc/systemd/system/kubelet.service.d")),
+            Some(0o700)
+        );
+        assert_eq!(c.read(unit).unwrap().unwrap(), b"[Unit]\n");
+        assert_eq!(
+            c.resolved_host_path(unit).unwrap().unwrap(),
+            inside.join("kubelet.service")
+        );
+        assert!(c.remove_file(mask).unwrap());
+        assert!(!inside.join("systemd-resolved.service").exists());
+        // The image's link itself is left as it was.
+        assert_eq!(
+            std::fs::read_link(m.join("etc/systemd/system")).unwrap(),
+            outside
+        );
+    }
+
+    #[test]
+    fn confined_refuses_links_that_climb_out_and_never_follows_a_final_link() {
+        let (_d, fs, m, outside) = hostile_tree();
+        let c = fs.confined(Path::new("/var/lib/machines/kube1")).unwrap();
+        let kubeconfig = Path::new("/var/lib/kubelet/kubeconfig");
+        let e = c.write_atomic(kubeconfig, b"x", 0o600).unwrap_err();
+        assert_eq!(e.source.kind(), ErrorKind::PermissionDenied, "{e}");
+        let shown = e.to_string();
+        assert!(
+            shown.starts_with(
+                "write /var/lib/machines/kube1/var/lib/kubelet/kubeconfig: path escapes the root"
+            ),
+            "{shown}"
+        );
+        assert!(
+            c.symlink(Path::new("var/lib/x"), Path::new("/dev/null"))
+                .is_err()
+        );
+        assert!(c.create_dir_all(Path::new("var/lib/kubelet")).is_err());
+        assert!(c.write_atomic(Path::new("../escape"), b"x", 0o600).is_err());
+        assert!(c.remove_all(Path::new("var/lib/secret")).is_err());
+        assert!(!c.exists(Path::new("var/lib/secret")));
+        assert!(c.resolved_host_path(Path::new("var/lib/secret")).is_err());
+        // A final symlink is neither read through nor written through: it is replaced.
+        let hostname = Path::new("etc/hostname");
+        assert!(c.read(hostname).is_err());
+        assert_eq!(c.resolved_host_path(hostname).unwrap(), None);
+        assert!(c.write_if_changed(hostname, b"node\n", 0o644).unwrap());
+        outside_untouched(&outside);
+        assert_eq!(std::fs::read(m.join("etc/hostname")).unwrap(), b"node\n");
+        // Removing a tree removes links, not what they point to.
+        assert!(c.remove_all(Path::new("etc")).unwrap());
+        outside_untouched(&outside);
+        assert!(!m.join("etc").exists());
+    }
+
+    #[test]
+    fn confined_needs_an_existing_root_and_creates_parents_0750() {
+        let (_d, fs) = tmp();
+        let e = fs
+            .confined(Path::new("/var/lib/machines/kube9"))
+            .unwrap_err();
+        assert!(
+            e.to_string().starts_with("open /var/lib/machines/kube9:"),
+            "{e}"
+        );
+        fs.create_dir_all(Path::new("/m")).unwrap();
+        let c = fs.confined(Path::new("/m")).unwrap();
+        c.write_atomic(Path::new("a/b/f"), b"1", 0o640).unwrap();
+        assert_eq!(fs.mode(Path::new("/m/a")), Some(DIR_MODE));
+        assert_eq!(fs.mode(Path::new("/m/a/b/f")), Some(0o640));
+        assert_eq!(
+            std::fs::read_dir(fs.path(Path::new("/m/a/b")))
+                .unwrap()
+                .count(),
+            1
+        );
+        let mut big = std::io::Read::take(std::io::repeat(b'x'), MAX_INSTALL_BYTES + 10);
+        assert!(c.install(Path::new("a/b/f"), &mut big, 0o644).is_err());
+        assert_eq!(c.read(Path::new("a/b/f")).unwrap().unwrap(), b"1");
+        assert_eq!(
+            std::fs::read_dir(fs.path(Path::new("/m/a/b")))
+                .unwrap()
+                .count(),
+            1
+        );
+        assert!(c.read(Path::new("nope/f")).unwrap().is_none());
+        assert!(!c.remove_file(Path::new("nope/f")).unwrap());
     }
 
     #[test]

@@ -1,13 +1,15 @@
 //! The host seams every other crate of the workspace reaches the host through, and nothing
 //! more: the one process [`runner`] (timeouts, redacted argv and stderr in errors, a span per
 //! command), [`hostexec`] resolution of host tools from inside the agent's container, atomic
-//! host files ([`fs::HostFs`]), [`hostinfo`], [`secret::Secret`], the [`systemd`] manager
+//! host files ([`fs::HostFs`]) and files confined to a directory tree such as a machine's root
+//! ([`confine`], [`fs::ConfinedFs`]), [`hostinfo`], [`secret::Secret`], the [`systemd`] manager
 //! (over `systemctl`, or D-Bus with the `dbus` feature), the [`http`] client (feature `http`)
 //! and the one retry/backoff ([`retry`]).
 //!
 //! It knows nothing of Kubernetes, machines or the agent's flows; its recording fakes live in
 //! the `flex-testkit` crate, which is only ever a dev-dependency.
 
+pub mod confine;
 pub mod context;
 pub mod fs;
 pub mod hostexec;

@@ -25,10 +25,9 @@
 //!
 //! Modules: [`reference`](mod@reference) (image references), [`digest`], [`manifest`] (documents, media types,
 //! platforms), [`registry`] (the anonymous registry client), [`layout`] (local OCI layouts),
-//! [`unpack`](mod@unpack) (applying layers, safely; path confinement in `confine`), [`error`].
+//! [`unpack`](mod@unpack) (applying layers, safely; path confinement in `flex_host::confine`, shared with the agent's writes into machine trees), [`error`].
 //! The tests build their layers with `flex_testkit::layer_builder`.
 
-pub(crate) mod confine;
 pub mod error;
 pub mod layout;
 pub mod manifest;
@@ -154,9 +153,13 @@ impl ImageInfo {
 }
 
 /// Reads the marker of the tree at `dest`: `None` without one; a marker that does not parse
-/// still marks the tree as ours (with an `unknown` reference).
+/// still marks the tree as ours (with an `unknown` reference). Only a regular file counts: a
+/// symlink (or FIFO, device…) at the marker's name is not followed and is no marker.
 pub fn read_marker(dest: &Path) -> Option<ImageInfo> {
-    let bytes = std::fs::read(dest.join(MARKER_FILE)).ok()?;
+    let bytes = flex_host::fs::ConfinedFs::new(dest)
+        .ok()?
+        .read(Path::new(MARKER_FILE))
+        .ok()??;
     Some(serde_json::from_slice(&bytes).unwrap_or_else(|e| {
         tracing::warn!(dest = %dest.display(), error = %e, "unreadable rootfs marker");
         ImageInfo::pre_existing("unknown")

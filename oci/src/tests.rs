@@ -129,6 +129,22 @@ async fn pull_from_layout_writes_marker_and_leaves_nothing_beside() {
     assert_eq!(siblings(&machines), ["kube1"]);
 }
 
+/// Real files, nothing faked: a marker name that is a symlink (here to a valid marker outside
+/// the tree) is not followed and does not make the tree ours; a regular marker does.
+#[test]
+fn a_symlink_at_the_marker_name_is_no_marker() {
+    let t = tempfile::tempdir().unwrap();
+    let outside = t.path().join("outside-marker");
+    std::fs::write(&outside, br#"{"reference":"x"}"#).unwrap();
+    let dest = t.path().join("kube1");
+    std::fs::create_dir(&dest).unwrap();
+    std::os::unix::fs::symlink(&outside, dest.join(MARKER_FILE)).unwrap();
+    assert!(read_marker(&dest).is_none());
+    std::fs::remove_file(dest.join(MARKER_FILE)).unwrap();
+    std::fs::copy(&outside, dest.join(MARKER_FILE)).unwrap();
+    assert!(read_marker(&dest).is_some());
+}
+
 #[tokio::test]
 async fn a_tree_that_is_not_ours_is_never_touched() {
     let t = tempfile::tempdir().unwrap();

@@ -36,7 +36,7 @@
 //! An entry whose name is absolute, contains a `..` component or a NUL byte, or whose parent
 //! path resolves outside the root, and a hard link whose target does so, fail the **whole**
 //! unpack with [`UnpackError::Unsafe`]; nothing is written for that entry. Parent paths are
-//! resolved by the `confine` module: component by component with `openat(O_NOFOLLOW)` on
+//! resolved by `flex_host::confine`: component by component with `openat(O_NOFOLLOW)` on
 //! directory fds, following symlinks already in the tree by reading them, absolute targets taken
 //! relative to the root (as in a chroot: a link `/lib -> /usr/lib` works), `..` past the root an
 //! error rather than clamped. The final component is always created with `*at` calls on the
@@ -56,9 +56,9 @@ use std::rc::Rc;
 use rustix::fs::{AtFlags, FileType, Gid, Mode, OFlags, Timespec, Timestamps, Uid};
 use rustix::io::Errno;
 
-use super::confine::{self, DirHandle, ResolveError, Root};
 use super::digest::{Digest, HashingReader};
 use super::manifest::Compression;
+use flex_host::confine::{self, DirHandle, ResolveError, Root};
 
 const WHITEOUT_PREFIX: &[u8] = b".wh.";
 const OPAQUE_MARKER: &[u8] = b".wh..wh..opq";

@@ -27,11 +27,13 @@ pub fn install_helper(host: &Host, exe: &Path) -> anyhow::Result<bool> {
         .write_if_changed(Path::new(LIFECYCLE_HELPER), &bytes, 0o755)?)
 }
 
-/// `install-binary-in-rootfs`: copies the agent binary into the machine (0750).
+/// `install-binary-in-rootfs`: copies the agent binary into the machine (0750), through the
+/// machine's own directories: its symlinks are resolved inside it
+/// ([`HostFs::confined`](crate::fs::HostFs::confined)), never onto the host.
 pub fn install_binary_in_rootfs(host: &Host, exe: &Path, machine: &str) -> anyhow::Result<()> {
     let bytes = std::fs::read(exe)?;
-    let dest = nspawn::machine_dir(machine).join(AGENT_IN_MACHINE);
-    host.fs.write_if_changed(&dest, &bytes, 0o750)?;
+    let rootfs = host.fs.confined(&nspawn::machine_dir(machine))?;
+    rootfs.write_if_changed(Path::new(AGENT_IN_MACHINE), &bytes, 0o750)?;
     Ok(())
 }
 
@@ -145,6 +147,45 @@ mod tests {
         assert!(post_start("x").await.is_err());
     }
 
+    /// Real files under the fake host's temporary root (only the runner and systemd are
+    /// faked, and unused here): the agent binary is copied into the machine through the
+    /// machine's own `usr/local/bin`, even when the image made it an absolute symlink to a host
+    /// directory; a relative link climbing out of the machine is refused.
+    #[test]
+    fn binary_in_rootfs_never_lands_outside_the_machine() {
+        let f = FakeHost::new().unwrap();
+        let exe = f.root.path().join("agent-bin");
+        std::fs::write(&exe, b"\x7fELF...").unwrap();
+        let machine = f.host.fs.path(&nspawn::machine_dir("kube1"));
+        let outside = f.root.path().join("outside");
+        std::fs::create_dir_all(machine.join("usr/local")).unwrap();
+        std::fs::create_dir_all(&outside).unwrap();
+        std::os::unix::fs::symlink(&outside, machine.join("usr/local/bin")).unwrap();
+        install_binary_in_rootfs(&f.host, &exe, "kube1").unwrap();
+        assert_eq!(
+            std::fs::read_dir(&outside).unwrap().count(),
+            0,
+            "wrote onto the host"
+        );
+        let inside = machine.join(outside.strip_prefix("/").unwrap());
+        assert_eq!(
+            std::fs::read(inside.join("aks-flex-node")).unwrap(),
+            b"\x7fELF..."
+        );
+
+        let machine = f.host.fs.path(&nspawn::machine_dir("kube2"));
+        std::fs::create_dir_all(&machine).unwrap();
+        // From <root>/var/lib/machines/kube2: up four levels is <root>.
+        std::os::unix::fs::symlink("../../../../outside", machine.join("usr")).unwrap();
+        assert!(machine.join("usr").is_dir(), "the link leads out");
+        assert!(install_binary_in_rootfs(&f.host, &exe, "kube2").is_err());
+        assert_eq!(
+            std::fs::read_dir(&outside).unwrap().count(),
+            0,
+            "wrote onto the host"
+        );
+    }
+
     #[test]
     fn binaries_are_copied_with_modes() {
         let f = FakeHost::new().unwrap();
@@ -153,6 +194,12 @@ mod tests {
         assert!(install_helper(&f.host, &exe).unwrap());
         assert!(!install_helper(&f.host, &exe).unwrap());
         assert_eq!(f.host.fs.mode(Path::new(LIFECYCLE_HELPER)), Some(0o755));
+        // The machine's root comes from the image pull.
+        assert!(install_binary_in_rootfs(&f.host, &exe, "kube2").is_err());
+        f.host
+            .fs
+            .create_dir_all(&nspawn::machine_dir("kube2"))
+            .unwrap();
         install_binary_in_rootfs(&f.host, &exe, "kube2").unwrap();
         assert_eq!(
             f.host.fs.mode(Path::new(

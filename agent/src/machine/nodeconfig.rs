@@ -2,7 +2,8 @@
 //! kubelet and its kubeconfig, kernel module and sysctl files, the hostname, resolv.conf and
 //! the units masked in a machine) and on the host (the `.nspawn` settings and the unit
 //! drop-in). Rendering is pure ([`render_rootfs`], [`render_host`]); [`apply`] writes the result
-//! through [`HostFs`], atomically, only where the content changed.
+//! atomically, only where the content changed: host files through [`HostFs`], files inside the
+//! machine through [`ConfinedFs`], so the image's symlinks never lead a write onto the host.
 //!
 //! Choices where unbounded versions disagree (also in ARCHITECTURE.md): devices are bound one by
 //! one with a `DeviceAllow=` each (not the whole `/dev`); the pre-start hook runs from the
@@ -13,9 +14,9 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use crate::config;
-use crate::fs::{FsError, HostFs};
+use crate::fs::{ConfinedFs, FsError, HostFs};
 use crate::machine::nodegoal::{AGENT_IN_ROOTFS, AKS_AAD_SERVER_ID, KubeletAuth, MachineGoal};
-use crate::machine::nspawn::{bpffs_dir, dropin_dir, nspawn_file};
+use crate::machine::nspawn::{bpffs_dir, dropin_dir, machine_dir, nspawn_file};
 
 /// Host path of the lifecycle helper: a copy of the agent binary that host systemd runs as
 /// `nspawn-lifecycle pre-start|post-start <m>`. It is a copy, not a link, so an agent upgrade
@@ -543,29 +544,77 @@ pub fn render_kubeconfig(goal: &MachineGoal) -> (&'static str, String) {
 }
 
 /// Writes `entries`; returns how many changed.
+///
+/// Entries below the machine's root file system (`/var/lib/machines/<m>/…`) are written
+/// through [`HostFs::confined`]: the tree comes from an image, and its symlinks are resolved
+/// inside the machine (an absolute link from the machine's root, as the machine sees it; one
+/// climbing out of it is an error), never onto the host. The root must exist (the image pull
+/// creates it). Host entries (`.nspawn`, drop-in) are written as host paths.
 pub fn apply(fs: &HostFs, machine: &str, entries: &[Entry]) -> Result<usize, RenderError> {
     let fs_err = |cause| RenderError::Fs {
         machine: machine.to_string(),
         cause,
     };
+    let machine_root = machine_dir(machine);
+    let mut rootfs: Option<ConfinedFs> = None;
     let mut changed = 0;
     for e in entries {
-        let did = match e {
-            Entry::File {
-                path,
-                content,
-                mode,
-            } => fs.write_if_changed(path, content, *mode).map_err(fs_err)?,
-            Entry::Symlink { path, target } => fs.symlink(path, target).map_err(fs_err)?,
-            Entry::Dir { path, mode } => {
-                let existed = fs.exists(path);
-                fs.create_dir_all_mode(path, *mode).map_err(fs_err)?;
-                !existed
+        let did = match e.path().strip_prefix(&machine_root) {
+            Ok(rel) => {
+                let confined = match &rootfs {
+                    Some(c) => c,
+                    None => rootfs.insert(fs.confined(&machine_root).map_err(fs_err)?),
+                };
+                apply_one(confined, rel, e)
             }
-        };
+            Err(_) => apply_one(fs, e.path(), e),
+        }
+        .map_err(fs_err)?;
         changed += usize::from(did);
     }
     Ok(changed)
+}
+
+/// The writes [`apply`] needs, on the host or inside a machine.
+trait Writer {
+    fn write_if_changed(&self, p: &Path, content: &[u8], mode: u32) -> Result<bool, FsError>;
+    fn symlink(&self, p: &Path, target: &Path) -> Result<bool, FsError>;
+    fn exists(&self, p: &Path) -> bool;
+    fn create_dir_all_mode(&self, p: &Path, mode: u32) -> Result<(), FsError>;
+}
+
+macro_rules! writer {
+    ($t:ty) => {
+        impl Writer for $t {
+            fn write_if_changed(&self, p: &Path, c: &[u8], mode: u32) -> Result<bool, FsError> {
+                <$t>::write_if_changed(self, p, c, mode)
+            }
+            fn symlink(&self, p: &Path, target: &Path) -> Result<bool, FsError> {
+                <$t>::symlink(self, p, target)
+            }
+            fn exists(&self, p: &Path) -> bool {
+                <$t>::exists(self, p)
+            }
+            fn create_dir_all_mode(&self, p: &Path, mode: u32) -> Result<(), FsError> {
+                <$t>::create_dir_all_mode(self, p, mode)
+            }
+        }
+    };
+}
+writer!(HostFs);
+writer!(ConfinedFs);
+
+/// Writes `e` at `path` (its path as `w` names it); returns whether it changed anything.
+fn apply_one(w: &dyn Writer, path: &Path, e: &Entry) -> Result<bool, FsError> {
+    Ok(match e {
+        Entry::File { content, mode, .. } => w.write_if_changed(path, content, *mode)?,
+        Entry::Symlink { target, .. } => w.symlink(path, target)?,
+        Entry::Dir { mode, .. } => {
+            let existed = w.exists(path);
+            w.create_dir_all_mode(path, *mode)?;
+            !existed
+        }
+    })
 }
 
 /// Decodes standard base64 (whitespace ignored).
@@ -789,6 +838,69 @@ mod tests {
         assert!(decode_base64("a$k=").is_err());
     }
 
+    /// Real files under a temporary host root, nothing faked: a machine image whose
+    /// `etc/systemd/system` is an absolute symlink to a host directory (here `<tmp>/outside`,
+    /// standing for the host's `/etc/systemd/system`). The units, drop-ins and the masks of
+    /// systemd-resolved/udevd land inside the machine (the link resolved as in a chroot), never
+    /// in the host directory.
+    #[test]
+    fn apply_resolves_absolute_image_symlinks_inside_the_machine() {
+        let d = tempfile::tempdir().unwrap();
+        let fs = HostFs::new(d.path());
+        let machine = fs.path(Path::new("/var/lib/machines/kube1"));
+        let outside = d.path().join("outside");
+        std::fs::create_dir_all(machine.join("etc/systemd")).unwrap();
+        std::fs::create_dir_all(&outside).unwrap();
+        std::os::unix::fs::symlink(&outside, machine.join("etc/systemd/system")).unwrap();
+        let g = goal(|_| {});
+        let entries = render_rootfs(&g, b"nameserver 1.1.1.1\n").unwrap();
+        apply(&fs, "kube1", &entries).unwrap();
+        assert_eq!(
+            std::fs::read_dir(&outside).unwrap().count(),
+            0,
+            "wrote onto the host"
+        );
+        let inside = machine.join(outside.strip_prefix("/").unwrap());
+        assert!(inside.join("kubelet.service").is_file());
+        assert_eq!(
+            std::fs::read_link(inside.join("systemd-resolved.service")).unwrap(),
+            PathBuf::from("/dev/null")
+        );
+        // The link itself is the image's, untouched.
+        assert_eq!(
+            std::fs::read_link(machine.join("etc/systemd/system")).unwrap(),
+            outside
+        );
+    }
+
+    /// Real files, nothing faked: a relative symlink that climbs out of the machine root
+    /// (`var/lib/kubelet -> ../../../../../../outside`, which leads to `<tmp>/outside` from
+    /// `<tmp>/var/lib/machines/kube1`) is refused; nothing is written through it.
+    #[test]
+    fn apply_refuses_relative_image_symlinks_that_leave_the_machine() {
+        let d = tempfile::tempdir().unwrap();
+        let fs = HostFs::new(d.path());
+        let machine = fs.path(Path::new("/var/lib/machines/kube1"));
+        let outside = d.path().join("outside");
+        std::fs::create_dir_all(machine.join("var/lib")).unwrap();
+        std::fs::create_dir_all(&outside).unwrap();
+        std::os::unix::fs::symlink("../../../../../../outside", machine.join("var/lib/kubelet"))
+            .unwrap();
+        assert!(
+            machine.join("var/lib/kubelet").is_dir(),
+            "the link leads out"
+        );
+        let g = goal(|_| {});
+        let entries = render_rootfs(&g, b"nameserver 1.1.1.1\n").unwrap();
+        let e = apply(&fs, "kube1", &entries).unwrap_err().to_string();
+        assert!(e.contains("escapes"), "{e}");
+        assert_eq!(
+            std::fs::read_dir(&outside).unwrap().count(),
+            0,
+            "wrote onto the host"
+        );
+    }
+
     #[test]
     fn apply_writes_once_then_changes_nothing() {
         let d = tempfile::tempdir().unwrap();
@@ -796,6 +908,13 @@ mod tests {
         let g = goal(|_| {});
         let mut entries = render_rootfs(&g, b"nameserver 1.1.1.1\n").unwrap();
         entries.extend(render_host(&g));
+        // The image pull creates the machine's root; apply does not.
+        let e = apply(&fs, "kube1", &entries).unwrap_err().to_string();
+        assert!(
+            e.starts_with("machine kube1: open /var/lib/machines/kube1:"),
+            "{e}"
+        );
+        fs.create_dir_all(&g.machine_dir()).unwrap();
         let n = apply(&fs, "kube1", &entries).unwrap();
         assert_eq!(n, entries.len());
         assert_eq!(apply(&fs, "kube1", &entries).unwrap(), 0);

@@ -15,7 +15,7 @@ use flate2::read::GzDecoder;
 
 use super::error::Failure;
 use super::spec::Members;
-use crate::fs::HostFs;
+use crate::fs::{ConfinedFs, HostFs};
 
 /// Mode of installed binaries.
 pub(crate) const BINARY_MODE: u32 = 0o755;
@@ -109,12 +109,12 @@ pub(crate) fn select_members(
     Ok(chosen)
 }
 
-/// Pass 2: streams the chosen members into `dest_dir` (a host path) through `fs`, each
-/// atomically with mode 0755. Returns the host paths written.
+/// Pass 2: streams the chosen members into `dest_dir` (relative to the rootfs `fs`, resolved
+/// inside it), each atomically with mode 0755. Returns the rootfs-relative paths written.
 pub(crate) fn install_members(
     path: &Path,
     chosen: &BTreeMap<String, PathBuf>,
-    fs: &HostFs,
+    fs: &ConfinedFs,
     dest_dir: &Path,
 ) -> Result<Vec<PathBuf>, InstallMemberError> {
     let mut written = Vec::new();

@@ -181,8 +181,11 @@ pub(crate) fn parse_checksum(body: &[u8]) -> Result<String, Failure> {
 
 /// The hex SHA-256 of a local file.
 pub(crate) fn sha256_file(path: &Path) -> std::io::Result<String> {
-    use std::io::Read;
-    let mut file = std::fs::File::open(path)?;
+    sha256_reader(std::fs::File::open(path)?)
+}
+
+/// The SHA-256 (hex) of everything `file` holds.
+pub(crate) fn sha256_reader(mut file: impl std::io::Read) -> std::io::Result<String> {
     let mut hasher = Sha256::new();
     let mut buf = vec![0u8; 64 * 1024];
     loop {

@@ -3,15 +3,21 @@
 //! Components are independent and run concurrently; every failure is reported
 //! ([`ComponentsError::Failed`]). For each component:
 //! 1. its skip rule ([`SkipRule`]): the `--version` probe runs through the host's
-//!    [`Runner`](crate::runner::Runner) as the binary's real path
-//!    (`<rootfs>/usr/local/bin/kubelet --version`); a probe that cannot run counts as "not
-//!    installed";
+//!    [`Runner`](crate::runner::Runner) as the binary's symlink-free host path inside the
+//!    rootfs (`<rootfs>/usr/local/bin/kubelet --version`); a probe that cannot run counts as
+//!    "not installed";
 //! 2. otherwise its artifacts are fetched into a staging directory inside the rootfs
 //!    (`<rootfs>/.aks-flex-node-staging-*`, removed afterwards) or read from the offline
 //!    bundle; Kubernetes binaries are all checked against their `.sha256` before any is
 //!    installed, so a mismatch leaves the installed binaries as they were;
-//! 3. files are written through [`HostFs::install`](crate::fs::HostFs::install): temporary
-//!    file, mode 0755, rename; missing directories are created 0755.
+//! 3. files are written through [`ConfinedFs::install`](crate::fs::ConfinedFs::install):
+//!    temporary file, mode 0755, rename; missing directories are created 0755.
+//!
+//! The rootfs comes from an image, so everything done inside it — the skip rules' checks and
+//! reads, the probe's path, every write — goes through
+//! [`HostFs::confined`](crate::fs::HostFs::confined): the image's symlinks are resolved inside
+//! the rootfs (an absolute one from the rootfs's root, as the machine sees it), one climbing out
+//! of it fails the install step, and none is ever followed onto the host.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -25,6 +31,7 @@ use super::offline::{self, ArtifactFetcher, BundleIndex, OciArtifactFetcher};
 use super::plan::{ComponentPlan, PlanSource};
 use super::spec::{Binary, Component, ComponentSpec, Location, Members, Payload, SkipRule};
 use crate::context::Host;
+use crate::fs::ConfinedFs;
 use crate::runner::Cmd;
 
 /// Name prefix of the staging directory created inside the rootfs.
@@ -102,6 +109,10 @@ pub async fn install_components_with(
         // Not created here: a non-empty directory would stop the image pull that builds it.
         return Err(ComponentsError::RootfsMissing(rootfs.to_path_buf()));
     }
+    let tree = host
+        .fs
+        .confined(rootfs)
+        .map_err(|_| ComponentsError::RootfsMissing(rootfs.to_path_buf()))?;
     let staging = tempfile::Builder::new()
         .prefix(STAGING_PREFIX)
         .tempdir_in(host.fs.path(rootfs))
@@ -120,6 +131,7 @@ pub async fn install_components_with(
         host,
         http,
         rootfs,
+        tree,
         staging: staging.path(),
         retry: &plan.retry,
     };
@@ -142,16 +154,12 @@ pub async fn install_components_with(
 struct Ctx<'a> {
     host: &'a Host,
     http: &'a reqwest::Client,
+    /// The rootfs's host path (for reports).
     rootfs: &'a Path,
+    /// The rootfs, confined: every access inside it.
+    tree: ConfinedFs,
     staging: &'a Path,
     retry: &'a RetryPolicy,
-}
-
-impl Ctx<'_> {
-    /// The real path of a rootfs-relative path.
-    fn real(&self, rel: &Path) -> PathBuf {
-        self.host.fs.path(&self.rootfs.join(rel))
-    }
 }
 
 fn failure(
@@ -222,9 +230,13 @@ async fn install_one(
     })
 }
 
-fn is_executable(real: &Path) -> bool {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::metadata(real).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+/// Whether `rel` is an executable regular file inside the rootfs (a symlink there is not: the
+/// install replaces it).
+fn is_executable(tree: &ConfinedFs, rel: &Path) -> bool {
+    matches!(
+        tree.entry(rel),
+        Ok(Some(e)) if e.kind == rustix::fs::FileType::RegularFile && e.mode & 0o111 != 0
+    )
 }
 
 async fn already_installed(ctx: &Ctx<'_>, rule: &SkipRule) -> bool {
@@ -234,10 +246,15 @@ async fn already_installed(ctx: &Ctx<'_>, rule: &SkipRule) -> bool {
             probe,
             expect,
         } => {
-            if !executables.iter().all(|p| is_executable(&ctx.real(p))) {
+            if !executables.iter().all(|p| is_executable(&ctx.tree, p)) {
                 return false;
             }
-            let cmd = Cmd::new(ctx.real(probe).to_string_lossy())
+            // The probe runs the binary the rootfs holds at `probe`, by its symlink-free host
+            // path, never a host binary an image link points at.
+            let Ok(Some(real)) = ctx.tree.resolved_host_path(probe) else {
+                return false;
+            };
+            let cmd = Cmd::new(real.to_string_lossy())
                 .arg("--version")
                 .timeout(PROBE_TIMEOUT);
             match ctx.host.runner.output(&cmd).await {
@@ -259,16 +276,17 @@ async fn already_installed(ctx: &Ctx<'_>, rule: &SkipRule) -> bool {
             }
         }
         SkipRule::SameContent { installed, source } => {
-            let installed = ctx.real(installed);
-            if !is_executable(&installed) {
+            if !is_executable(&ctx.tree, installed) {
                 return false;
             }
-            let source = source.clone();
+            let (tree, installed, source) = (ctx.tree.clone(), installed.clone(), source.clone());
             tokio::task::spawn_blocking(move || {
-                match (
-                    download::sha256_file(&installed),
-                    download::sha256_file(&source),
-                ) {
+                let installed = match tree.open(&installed) {
+                    Ok(Some(f)) => download::sha256_reader(f),
+                    Ok(None) => return false,
+                    Err(e) => Err(std::io::Error::other(e)),
+                };
+                match (installed, download::sha256_file(&source)) {
                     (Ok(a), Ok(b)) => a == b,
                     _ => false,
                 }
@@ -322,16 +340,16 @@ async fn install_from(
     staged: &Path,
     dest: &Path,
 ) -> Result<PathBuf, ComponentError> {
-    let dest = ctx.rootfs.join(dest);
-    let fs = ctx.host.fs.clone();
+    let tree = ctx.tree.clone();
     let staged = staged.to_path_buf();
-    let target = dest.clone();
+    let target = dest.to_path_buf();
+    let dest = ctx.rootfs.join(dest);
     tokio::task::spawn_blocking(move || -> Result<(), Failure> {
         if let Some(parent) = target.parent() {
-            fs.create_dir_all_mode(parent, BINARY_MODE)?;
+            tree.create_dir_all_mode(parent, BINARY_MODE)?;
         }
         let mut file = std::fs::File::open(&staged)?;
-        fs.install(&target, &mut file, BINARY_MODE)?;
+        tree.install(&target, &mut file, BINARY_MODE)?;
         Ok(())
     })
     .await
@@ -402,17 +420,20 @@ async fn install_archive(
     dest_dir: &Path,
 ) -> Result<Vec<PathBuf>, ComponentError> {
     let (path, _) = stage(ctx, c, source, "archive").await?;
-    let fs = ctx.host.fs.clone();
-    let dest_dir = ctx.rootfs.join(dest_dir);
+    let tree = ctx.tree.clone();
+    let rootfs = ctx.rootfs.to_path_buf();
+    let dest_dir = dest_dir.to_path_buf();
     let members = members.clone();
     tokio::task::spawn_blocking(move || {
         let chosen = archive::select_members(&path, &members).map_err(|f| (Step::Extract, f))?;
-        fs.create_dir_all_mode(&dest_dir, BINARY_MODE)
+        tree.create_dir_all_mode(&dest_dir, BINARY_MODE)
             .map_err(|e| (Step::Install, Failure::Fs(e)))?;
-        archive::install_members(&path, &chosen, &fs, &dest_dir).map_err(|e| match e {
-            InstallMemberError::Read(f) => (Step::Extract, f),
-            InstallMemberError::Write(f) => (Step::Install, f),
-        })
+        archive::install_members(&path, &chosen, &tree, &dest_dir)
+            .map(|written| written.iter().map(|rel| rootfs.join(rel)).collect())
+            .map_err(|e| match e {
+                InstallMemberError::Read(f) => (Step::Extract, f),
+                InstallMemberError::Write(f) => (Step::Install, f),
+            })
     })
     .await
     .map_err(|e| (Step::Install, Failure::Io(std::io::Error::other(e))))

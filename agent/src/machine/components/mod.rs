@@ -14,7 +14,8 @@
 //! - `download`: HTTP downloads with retries into a staging directory, SHA-256 while streaming;
 //! - `archive`: gzip tar reading with member-name checks;
 //! - `install`: [`install_components`] — skip probes through the [`Runner`](crate::runner),
-//!   concurrent installs, atomic writes through [`HostFs`](crate::fs::HostFs);
+//!   concurrent installs, atomic writes confined to the rootfs
+//!   ([`ConfinedFs`](crate::fs::ConfinedFs));
 //! - `reachability`: [`check_reachable`] for the `kubernetes-artifacts`, `cri-artifacts` and
 //!   `cni-artifacts` preflight checks;
 //! - `error`: [`ComponentsError`] and [`ComponentError`] (component, step, URL, cause).

@@ -776,6 +776,49 @@ async fn offline_directory_versions_come_from_file_names() {
     );
 }
 
+/// Real files under the fake host's temporary root; the runner is the recording fake (no
+/// `--version` output is scripted, so every probe says "not installed"), the bundle is a real
+/// offline directory. The image made `usr/local/bin` an absolute symlink to a host directory
+/// and `opt/cni` a relative one that climbs out of the machine: the binaries land in the
+/// machine (the absolute link resolved as in a chroot), the CNI plugins are refused, and
+/// nothing is written, or taken as already installed, outside the machine.
+#[tokio::test]
+async fn image_symlinks_never_lead_installs_outside_the_rootfs() {
+    let fake = FakeHost::new().unwrap();
+    bundle(&fake, "/b");
+    let machine = fake.host.fs.path(Path::new(ROOTFS));
+    let outside = fake.root.path().join("outside");
+    std::fs::create_dir_all(machine.join("usr/local")).unwrap();
+    std::fs::create_dir_all(machine.join("opt")).unwrap();
+    std::fs::create_dir_all(&outside).unwrap();
+    // Already "installed" on the host side: the same bytes as the bundle's runc.
+    std::fs::write(outside.join("runc"), b"runc-binary").unwrap();
+    std::fs::set_permissions(outside.join("runc"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::os::unix::fs::symlink(&outside, machine.join("usr/local/bin")).unwrap();
+    // From <root>/var/lib/machines/kube1/opt: up five levels is <root>.
+    std::os::unix::fs::symlink("../../../../../outside", machine.join("opt/cni")).unwrap();
+    assert!(machine.join("opt/cni").is_dir(), "the link leads out");
+    let plan = ComponentPlan::resolve(
+        &offline_config("1.35.0", "/b"),
+        "amd64",
+        Downloads::default(),
+    )
+    .unwrap();
+    let e = install(&fake, &plan).await.unwrap_err().to_string();
+    assert!(e.contains("cni"), "{e}");
+    assert!(!e.contains("kubernetes:"), "{e}");
+    let mut names: Vec<_> = std::fs::read_dir(&outside)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["runc"], "wrote onto the host");
+    let inside = machine.join(outside.strip_prefix("/").unwrap());
+    assert_eq!(std::fs::read(inside.join("runc")).unwrap(), b"runc-binary");
+    assert!(inside.join("kubelet").is_file());
+    assert!(inside.join("containerd").is_file());
+}
+
 #[tokio::test]
 async fn a_missing_rootfs_is_an_error_and_is_not_created() {
     let fake = FakeHost::new().unwrap();

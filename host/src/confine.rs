@@ -16,9 +16,16 @@
 //! replaced, never written through. [`remove_tree_at`] removes with `unlinkat` and descends only
 //! through directories opened with `O_NOFOLLOW`.
 //!
-//! The tree being built is private to the unpacker (a fresh `.partial` directory), so the checks
-//! are not fighting a concurrent attacker; the fds still make each step act on exactly the
-//! directory that was checked.
+//! **One policy for every machine tree.** This is the only resolver: the OCI layer unpacker
+//! (`flex-oci`) builds machine trees with it, and every later write into one (the agent's units,
+//! drop-ins, masks, kubeconfigs, component binaries, through [`crate::fs::ConfinedFs`]) goes
+//! through it too. An absolute symlink in the tree is resolved relative to the tree's root, as
+//! the machine itself sees it (as in a chroot); a symlink (or `..`) that climbs above the root is
+//! refused ([`ResolveError::Escape`]), never clamped and never followed onto the host.
+//!
+//! Each step acts on exactly the directory fd that was checked, and `..` pops the walk's own
+//! stack rather than asking the kernel for a parent, so even a tree changed concurrently (by
+//! processes inside a running machine) can at worst redirect a write elsewhere inside the tree.
 
 use std::collections::VecDeque;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -38,30 +45,23 @@ const DIR_FLAGS: OFlags = OFlags::RDONLY
     .union(OFlags::CLOEXEC);
 
 /// Why a directory path could not be resolved inside the root.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub enum ResolveError {
     /// The path leaves the root (the message says how).
+    #[error("path escapes the root: {0}")]
     Escape(String),
     /// A component exists but is not a directory (or a symlink to one).
+    #[error("{0} is not a directory")]
     NotDir(String),
     /// A component does not exist (and creation was not asked for).
+    #[error("{0} does not exist")]
     Missing(String),
     /// Too many symlinks or too deep.
+    #[error("{0}")]
     Limit(String),
     /// A system call failed.
-    Io(&'static str, String, std::io::Error),
-}
-
-impl std::fmt::Display for ResolveError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::Escape(m) => write!(f, "path escapes the root: {m}"),
-            Self::NotDir(p) => write!(f, "{p} is not a directory"),
-            Self::Missing(p) => write!(f, "{p} does not exist"),
-            Self::Limit(m) => f.write_str(m),
-            Self::Io(op, p, e) => write!(f, "{op} {p}: {e}"),
-        }
-    }
+    #[error("{0} {1}: {2}")]
+    Io(&'static str, String, #[source] std::io::Error),
 }
 
 /// An open directory inside the root, with its identity.
@@ -157,6 +157,17 @@ impl Root {
         create: bool,
         on_create: &mut dyn FnMut(u64, u64, &[u8]),
     ) -> Result<DirHandle, ResolveError> {
+        self.resolve_dir_mode(components, create.then_some(0o755), on_create)
+    }
+
+    /// [`Root::resolve_dir`], creating missing directories with `create_mode` when it is given
+    /// (exactly that mode: the umask does not narrow it).
+    pub fn resolve_dir_mode(
+        &self,
+        components: &[&[u8]],
+        create_mode: Option<u32>,
+        on_create: &mut dyn FnMut(u64, u64, &[u8]),
+    ) -> Result<DirHandle, ResolveError> {
         let mut stack: Vec<DirHandle> = Vec::new();
         let mut walked: Vec<Vec<u8>> = Vec::new();
         let mut queue: VecDeque<Vec<u8>> = components.iter().map(|c| c.to_vec()).collect();
@@ -192,8 +203,9 @@ impl Root {
                     stack.push(handle(fd).map_err(|e| io("stat", e))?);
                     walked.push(c);
                 }
-                Err(Errno::NOENT) if create => {
-                    match rustix::fs::mkdirat(cur, c.as_slice(), Mode::from_raw_mode(0o755)) {
+                Err(Errno::NOENT) if create_mode.is_some() => {
+                    let mode = Mode::from_raw_mode(create_mode.unwrap_or(0o755));
+                    match rustix::fs::mkdirat(cur, c.as_slice(), mode) {
                         Ok(()) => {
                             on_create(cur_id.0, cur_id.1, &c);
                         }
@@ -201,9 +213,8 @@ impl Root {
                         Err(e) => return Err(io("mkdir", e)),
                     }
                     let fd = open_dir_at(cur, &c).map_err(|e| io("open", e))?;
-                    // The umask may have narrowed 0755.
-                    rustix::fs::fchmod(&fd, Mode::from_raw_mode(0o755))
-                        .map_err(|e| io("chmod", e))?;
+                    // The umask may have narrowed the mode.
+                    rustix::fs::fchmod(&fd, mode).map_err(|e| io("chmod", e))?;
                     stack.push(handle(fd).map_err(|e| io("stat", e))?);
                     walked.push(c);
                 }
