@@ -3,6 +3,8 @@
 //! `source()`, so the CLI's `{:#}` does not repeat it. Real causes where cheap: OS errors of a
 //! missing file, a serde_json error.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure
+
 use std::path::{Path, PathBuf};
 
 use aks_flex_node::entrypoint::EntrypointError;

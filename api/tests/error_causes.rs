@@ -1,6 +1,8 @@
 //! The API crate's errors print their cause once (the workspace rule in `flex_host::error`):
 //! in the message, never again as a `source()`. Real causes: serde's, the reference parser's.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure
+
 use flex_api::arm::parse_arm_machine;
 use flex_api::image::ImageRef;
 use flex_api::operations::decide::validate_image;

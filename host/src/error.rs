@@ -10,8 +10,8 @@
 //! `flex_api::kube_errors::error_chain`. Before, a message with its cause that also reported it
 //! as `source()` printed `…: X: msg: X: msg` through every chain printer.
 //!
-//! `From` impls, where callers want `?`, are written by hand (`#[from]` would make the field a
-//! source). A cause whose own message leaves out its sources (`reqwest::Error`, `kube::Error`,
+//! `#[from]` goes only with `#[error(transparent)]`; elsewhere a `From` impl, where callers
+//! want `?`, is written by hand (`#[from]` would make the field a source). A cause whose own message leaves out its sources (`reqwest::Error`, `kube::Error`,
 //! hyper's errors) is shown with [`Chain`], so what it wraps is not lost with its `source()`.
 //! The tests check each error type with `flex_testkit::assert_cause_once`.
 

@@ -2,6 +2,8 @@
 //! in its message, so `{e}` keeps it, and never again as a `source()`, so anyhow's `{:#}` and
 //! `source()` walkers do not repeat it. Real causes: OS errors from real files and processes.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure
+
 use std::path::Path;
 
 use flex_host::confine::ResolveError;

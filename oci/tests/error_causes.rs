@@ -3,6 +3,8 @@
 //! CLI's `{:#}` does not repeat it. Real causes where cheap: OS errors of real paths, a real
 //! client error.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure
+
 use std::path::Path;
 
 use flex_oci::{OciError, UnpackError, UnpackOptions, unpack_layer};
