@@ -107,13 +107,12 @@ pub enum EntrypointError {
     #[error("entrypoint: no command given; usage: entrypoint <command> [args...]")]
     NoCommand,
     /// A mount failed.
-    #[error("entrypoint: mount {target}: {source}")]
+    #[error("entrypoint: mount {target}: {cause}")]
     Mount {
         /// The container path.
         target: String,
-        /// The error.
-        #[source]
-        source: std::io::Error,
+        /// The error (in the message, not a `source()`).
+        cause: std::io::Error,
     },
     /// The host's systemd is not reachable over D-Bus.
     #[error("entrypoint: {0}")]
@@ -171,9 +170,9 @@ pub fn execute(ops: &[Op]) -> Result<(), EntrypointError> {
     for op in ops {
         match op {
             Op::CreateHostDir(p) => {
-                std::fs::create_dir_all(p).map_err(|source| EntrypointError::Mount {
+                std::fs::create_dir_all(p).map_err(|cause| EntrypointError::Mount {
                     target: p.display().to_string(),
-                    source,
+                    cause,
                 })?
             }
             Op::Skip(_) => {}
@@ -185,7 +184,7 @@ pub fn execute(ops: &[Op]) -> Result<(), EntrypointError> {
             } => {
                 let err = |e: std::io::Error| EntrypointError::Mount {
                     target: target.display().to_string(),
-                    source: e,
+                    cause: e,
                 };
                 if *file {
                     if let Some(parent) = target.parent() {

@@ -105,7 +105,7 @@ impl<T: Serialize + serde::de::DeserializeOwned> JsonStore<T> {
             Err(e) => {
                 return Err(StateError::ChecksumUnreadable {
                     path: sum_path,
-                    reason: e.source.to_string(),
+                    reason: e.cause.to_string(),
                 });
             }
         };

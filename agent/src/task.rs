@@ -7,13 +7,13 @@ use std::time::Instant;
 
 /// An error from a named step: the step's name and the underlying error.
 #[derive(Debug, thiserror::Error)]
-#[error("{name}: {source}")]
+#[error("{name}: {cause:#}")]
 pub struct StepError {
     /// The step's name (`configure-os`).
     pub name: String,
-    /// What failed.
-    #[source]
-    pub source: anyhow::Error,
+    /// What failed, with its context chain (in the message, not a `source()`: see
+    /// `flex_host::error`).
+    pub cause: anyhow::Error,
 }
 
 /// Runs `fut` as the step `name`.
@@ -35,11 +35,11 @@ where
             Ok(v)
         }
         Err(e) => {
-            let source: anyhow::Error = e.into();
-            tracing::error!(task = name, status = "failed", error = %format!("{source:#}"), "failed");
+            let cause: anyhow::Error = e.into();
+            tracing::error!(task = name, status = "failed", error = %format!("{cause:#}"), "failed");
             Err(StepError {
                 name: name.to_string(),
-                source,
+                cause,
             })
         }
     }

@@ -113,13 +113,12 @@ pub struct ArmKubeletConfig {
 
 /// A machine document that is not valid ARM machine JSON.
 #[derive(Debug, thiserror::Error)]
-#[error("invalid ARM machine JSON{}: {source}", if path.is_empty() || path == "." { String::new() } else { format!(" at {path}") })]
+#[error("invalid ARM machine JSON{}: {cause}", if path.is_empty() || path == "." { String::new() } else { format!(" at {path}") })]
 pub struct ParseError {
     /// Where in the document (`properties.kubernetes.maxPods`), `.` for the whole.
     pub path: String,
-    /// What serde said.
-    #[source]
-    pub source: serde_json::Error,
+    /// What serde said (in the message, not a `source()`: a chain printer would repeat it).
+    pub cause: serde_json::Error,
 }
 
 /// Parses an ARM machine document, naming the offending field on failure.
@@ -127,7 +126,7 @@ pub fn parse_arm_machine(bytes: &[u8]) -> Result<ArmMachine, ParseError> {
     let de = &mut serde_json::Deserializer::from_slice(bytes);
     let value: ArmMachine = serde_path_to_error::deserialize(de).map_err(|e| ParseError {
         path: e.path().to_string(),
-        source: e.into_inner(),
+        cause: e.into_inner(),
     })?;
     Ok(value)
 }

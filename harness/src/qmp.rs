@@ -20,13 +20,12 @@ use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 #[derive(Debug, thiserror::Error)]
 pub enum QmpError {
     /// Socket I/O.
-    #[error("qmp {command}: {source}")]
+    #[error("qmp {command}: {cause}")]
     Io {
         /// The command (or `connect`).
         command: String,
-        /// The error.
-        #[source]
-        source: std::io::Error,
+        /// The error (in the message, not a `source()`: a chain printer would repeat it).
+        cause: std::io::Error,
     },
     /// QEMU answered with an error.
     #[error("qmp {command}: {class}: {desc}")]
@@ -130,9 +129,9 @@ pub struct QmpClient {
 impl QmpClient {
     /// Connects, reads the greeting and negotiates capabilities.
     pub async fn connect(socket: &Path, timeout: Duration) -> Result<Self, QmpError> {
-        let io = |source| QmpError::Io {
+        let io = |cause| QmpError::Io {
             command: "connect".into(),
-            source,
+            cause,
         };
         let stream = UnixStream::connect(socket).await.map_err(io)?;
         let (r, w) = stream.into_split();
@@ -167,9 +166,9 @@ impl QmpClient {
                 command: command.into(),
                 reason: format!("no answer within {:?}", self.timeout),
             })?
-            .map_err(|source| QmpError::Io {
+            .map_err(|cause| QmpError::Io {
                 command: command.into(),
-                source,
+                cause,
             })?;
         if n == 0 {
             return Err(QmpError::Protocol {
@@ -199,9 +198,9 @@ impl Qmp for QmpClient {
         c.writer
             .write_all(text.as_bytes())
             .await
-            .map_err(|source| QmpError::Io {
+            .map_err(|cause| QmpError::Io {
                 command: command.into(),
-                source,
+                cause,
             })?;
         loop {
             let m = self.read_message(&mut c, command).await?;
@@ -271,6 +270,18 @@ impl Qmp for FakeQmp {
 mod tests {
     use super::*;
     use tokio::net::UnixListener;
+
+    /// A socket error is printed once, by `{e}` and by a chain printer alike.
+    #[tokio::test]
+    async fn a_connect_error_prints_its_cause_once() {
+        let d = tempfile::tempdir().unwrap();
+        let missing = d.path().join("qmp.sock");
+        let os = std::fs::read(&missing).unwrap_err().to_string();
+        let Err(e) = QmpClient::connect(&missing, Duration::from_secs(1)).await else {
+            panic!("connected to a missing socket");
+        };
+        flex_testkit::assert_cause_once(&e, &os);
+    }
 
     /// The real client against a scripted QMP server on a real unix socket.
     #[tokio::test]

@@ -59,9 +59,10 @@ pub enum ResolveError {
     /// Too many symlinks or too deep.
     #[error("{0}")]
     Limit(String),
-    /// A system call failed.
+    /// A system call failed (the OS error is in the message, not a `source()`: see
+    /// [`crate::error`]).
     #[error("{0} {1}: {2}")]
-    Io(&'static str, String, #[source] std::io::Error),
+    Io(&'static str, String, std::io::Error),
 }
 
 /// An open directory inside the root, with its identity.

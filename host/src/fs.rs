@@ -38,24 +38,23 @@ const SELINUX_XATTR: &str = "security.selinux";
 
 /// A file-system error naming the host path and what was being done.
 #[derive(Debug, thiserror::Error)]
-#[error("{op} {path}: {source}")]
+#[error("{op} {path}: {cause}")]
 pub struct FsError {
     /// What was being done (`write`, `read`, `remove`, ...).
     pub op: &'static str,
     /// The host path (not the root-prefixed one).
     pub path: PathBuf,
-    /// The OS error.
-    #[source]
-    pub source: std::io::Error,
+    /// The OS error (in the message, not a `source()`: see [`crate::error`]).
+    pub cause: std::io::Error,
 }
 
 impl FsError {
     /// An error of `op` on `path`.
-    pub fn new(op: &'static str, path: &Path, source: std::io::Error) -> Self {
+    pub fn new(op: &'static str, path: &Path, cause: std::io::Error) -> Self {
         Self {
             op,
             path: path.to_path_buf(),
-            source,
+            cause,
         }
     }
 }
@@ -908,7 +907,7 @@ mod tests {
         let c = fs.confined(Path::new("/var/lib/machines/kube1")).unwrap();
         let kubeconfig = Path::new("/var/lib/kubelet/kubeconfig");
         let e = c.write_atomic(kubeconfig, b"x", 0o600).unwrap_err();
-        assert_eq!(e.source.kind(), ErrorKind::PermissionDenied, "{e}");
+        assert_eq!(e.cause.kind(), ErrorKind::PermissionDenied, "{e}");
         let shown = e.to_string();
         assert!(
             shown.starts_with(

@@ -113,25 +113,25 @@ pub enum ExecError {
     #[error(transparent)]
     Refused(#[from] HostExecError),
     /// Entering the host (chroot, namespace) failed.
-    #[error("host-exec: {step}: {source}")]
+    #[error("host-exec: {step}: {cause}")]
     Enter {
         /// What was being done.
         step: &'static str,
-        /// The failure.
-        source: std::io::Error,
+        /// The failure (in the message, not a `source()`: see [`crate::error`]).
+        cause: std::io::Error,
     },
     /// exec(2) of the tool failed.
-    #[error("host-exec: exec {}: {source}", program.display())]
+    #[error("host-exec: exec {}: {cause}", program.display())]
     Exec {
         /// The host path of the tool.
         program: PathBuf,
-        /// The failure.
-        source: std::io::Error,
+        /// The failure (in the message, not a `source()`: see [`crate::error`]).
+        cause: std::io::Error,
     },
 }
 
 fn enter(step: &'static str) -> impl FnOnce(std::io::Error) -> ExecError {
-    move |source| ExecError::Enter { step, source }
+    move |cause| ExecError::Enter { step, cause }
 }
 
 fn all_tools() -> Vec<&'static str> {
@@ -198,7 +198,7 @@ pub fn exec(inv: &Invocation) -> Result<std::convert::Infallible, ExecError> {
             let prog = find_on_host(host_root, &inv.tool)?;
             rustix::process::chroot(host_root).map_err(|e| ExecError::Enter {
                 step: "chroot /host",
-                source: e.into(),
+                cause: e.into(),
             })?;
             std::env::set_current_dir("/").map_err(enter("chdir /"))?;
             #[allow(clippy::disallowed_methods)] // host-exec replaces this process by exec(2)
@@ -209,7 +209,7 @@ pub fn exec(inv: &Invocation) -> Result<std::convert::Infallible, ExecError> {
                 .exec();
             Err(ExecError::Exec {
                 program: prog,
-                source: err,
+                cause: err,
             })
         }
         Mode::HostMountNs => {
@@ -220,7 +220,7 @@ pub fn exec(inv: &Invocation) -> Result<std::convert::Infallible, ExecError> {
             )
             .map_err(|e| ExecError::Enter {
                 step: "join PID 1's mount namespace",
-                source: e.into(),
+                cause: e.into(),
             })?;
             // In PID 1's mount namespace, `/` is the host's root.
             let prog = find_on_host(Path::new("/"), &inv.tool)?;
@@ -233,7 +233,7 @@ pub fn exec(inv: &Invocation) -> Result<std::convert::Infallible, ExecError> {
                 .exec();
             Err(ExecError::Exec {
                 program: prog,
-                source: err,
+                cause: err,
             })
         }
     }

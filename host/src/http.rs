@@ -34,8 +34,8 @@ pub const ERROR_BODY_LIMIT: usize = 64 << 10;
 /// Why a bounded body read failed.
 #[derive(Debug, thiserror::Error)]
 pub enum BodyError {
-    /// Reading failed.
-    #[error("read response body: {0}")]
+    /// Reading failed (with the client error's causes: see [`crate::error`]).
+    #[error("read response body: {}", crate::error::Chain(.0))]
     Read(reqwest::Error),
     /// The body is longer than the limit.
     #[error("response body exceeds {0} bytes")]

@@ -8,9 +8,13 @@
 //!
 //! It knows nothing of Kubernetes, machines or the agent's flows; its recording fakes live in
 //! the `flex-testkit` crate, which is only ever a dev-dependency.
+//!
+//! Errors, in every crate of the workspace, follow one rule ([`error`]): a message names its
+//! cause, and the cause is never also its `source()`, so no printer shows a cause twice.
 
 pub mod confine;
 pub mod context;
+pub mod error;
 pub mod fs;
 pub mod hostexec;
 pub mod hostinfo;

@@ -222,13 +222,12 @@ impl Output {
 #[derive(Debug, thiserror::Error)]
 pub enum CmdError {
     /// The process could not be started.
-    #[error("{argv}: cannot start: {source}")]
+    #[error("{argv}: cannot start: {cause}")]
     Spawn {
         /// Redacted argv.
         argv: String,
-        /// The OS error.
-        #[source]
-        source: std::io::Error,
+        /// The OS error (in the message, not a `source()`: see [`crate::error`]).
+        cause: std::io::Error,
     },
     /// The process did not finish within its timeout and was killed.
     #[error("{argv}: timed out after {after:?}")]
@@ -373,10 +372,10 @@ impl Runner for ProcessRunner {
                         tokio::time::sleep(delay).await;
                         busy += 1;
                     }
-                    Err(source) => {
+                    Err(cause) => {
                         return Err(CmdError::Spawn {
                             argv: argv.clone(),
-                            source,
+                            cause,
                         });
                     }
                 }
@@ -399,7 +398,7 @@ impl Runner for ProcessRunner {
                     tracing::debug!(code = ?output.code, "finished");
                     Ok(output)
                 }
-                Ok(Err(source)) => Err(CmdError::Spawn { argv, source }),
+                Ok(Err(cause)) => Err(CmdError::Spawn { argv, cause }),
                 // Dropping the future drops the child, which kill_on_drop kills.
                 Err(_) => Err(CmdError::Timeout {
                     argv,
@@ -431,9 +430,9 @@ pub async fn run_inherited(cmd: &Cmd) -> Result<(), CmdError> {
         c.args(cmd.arg_list().iter().map(Arg::value))
             .envs(cmd.env_list().iter().map(|(k, v)| (k, v)))
             .kill_on_drop(true);
-        let mut child = c.spawn().map_err(|source| CmdError::Spawn {
+        let mut child = c.spawn().map_err(|cause| CmdError::Spawn {
             argv: argv.clone(),
-            source,
+            cause,
         })?;
         match tokio::time::timeout(cmd.timeout_value(), child.wait()).await {
             Ok(Ok(status)) if status.success() => Ok(()),
@@ -445,7 +444,7 @@ pub async fn run_inherited(cmd: &Cmd) -> Result<(), CmdError> {
                 code: status.code(),
                 stderr: String::new(),
             }),
-            Ok(Err(source)) => Err(CmdError::Spawn { argv, source }),
+            Ok(Err(cause)) => Err(CmdError::Spawn { argv, cause }),
             Err(_) => Err(CmdError::Timeout {
                 argv,
                 after: cmd.timeout_value(),

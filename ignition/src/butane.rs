@@ -93,7 +93,7 @@ pub enum ButaneError {
         error: Box<MergeError>,
     },
     /// A `local` or `contents_local` file could not be read.
-    #[error("{path}: cannot read local file {} ({}): {source}", name.display(), file.display())]
+    #[error("{path}: cannot read local file {} ({}): {cause}", name.display(), file.display())]
     LocalFile {
         /// YAML path of the `local` field.
         path: String,
@@ -101,9 +101,8 @@ pub enum ButaneError {
         name: PathBuf,
         /// The file that was read (files-dir joined with `name`).
         file: PathBuf,
-        /// The I/O error.
-        #[source]
-        source: std::io::Error,
+        /// The I/O error (in the message, not a `source()`: a chain printer would repeat it).
+        cause: std::io::Error,
     },
 }
 
@@ -874,11 +873,11 @@ impl Translator<'_> {
             }
         }
         let file = dir.join(rel);
-        std::fs::read(&file).map_err(|source| ButaneError::LocalFile {
+        std::fs::read(&file).map_err(|cause| ButaneError::LocalFile {
             path: at.to_string(),
             name: rel.to_path_buf(),
             file,
-            source,
+            cause,
         })
     }
 }
@@ -1098,8 +1097,15 @@ mod tests {
             "{msg}"
         );
         assert!(
-            matches!(e, ButaneError::LocalFile { ref source, .. } if source.kind() == std::io::ErrorKind::NotFound)
+            matches!(e, ButaneError::LocalFile { ref cause, .. } if cause.kind() == std::io::ErrorKind::NotFound)
         );
+        // The OS error is in the message and not a `source()` too, or a chain printer (anyhow's
+        // `{:#}`) would print it twice.
+        let os = std::fs::read(dir.path().join("nothere.txt"))
+            .unwrap_err()
+            .to_string();
+        assert_eq!(msg.matches(&os).count(), 1, "{msg}");
+        assert!(std::error::Error::source(&e).is_none(), "{msg}");
     }
 
     #[test]

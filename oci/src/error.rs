@@ -14,7 +14,7 @@ pub enum OciError {
     #[error(transparent)]
     Reference(#[from] ReferenceError),
     /// An HTTP request could not be made or its response not read.
-    #[error("{reference}: {method} {url}: {source}")]
+    #[error("{reference}: {method} {url}: {}", flex_host::error::Chain(cause))]
     Http {
         /// The image.
         reference: String,
@@ -22,9 +22,8 @@ pub enum OciError {
         method: &'static str,
         /// Request URL.
         url: String,
-        /// The client error.
-        #[source]
-        source: reqwest::Error,
+        /// The client error, with its causes (in the message, not a `source()`).
+        cause: reqwest::Error,
     },
     /// The registry answered with an unexpected status.
     #[error("{reference}: {method} {url}: HTTP {status}{}", detail_suffix(detail))]
@@ -49,15 +48,14 @@ pub enum OciError {
         reason: String,
     },
     /// A transient failure persisted through every retry.
-    #[error("{reference}: giving up after {attempts} attempts: {source}")]
+    #[error("{reference}: giving up after {attempts} attempts: {cause}")]
     GaveUp {
         /// The image.
         reference: String,
         /// How many attempts were made.
         attempts: u32,
-        /// The last failure.
-        #[source]
-        source: Box<OciError>,
+        /// The last failure (in the message, not a `source()`).
+        cause: Box<OciError>,
     },
     /// Content does not hash to its digest.
     #[error("{reference}: {what} digest mismatch: expected {expected}, got {actual}")]
@@ -130,7 +128,7 @@ pub enum OciError {
         reason: String,
     },
     /// A file-system operation failed.
-    #[error("{reference}: {op} {}: {source}", path.display())]
+    #[error("{reference}: {op} {}: {cause}", path.display())]
     Io {
         /// The image.
         reference: String,
@@ -138,18 +136,16 @@ pub enum OciError {
         op: &'static str,
         /// The path.
         path: PathBuf,
-        /// The OS error.
-        #[source]
-        source: std::io::Error,
+        /// The OS error (in the message, not a `source()`).
+        cause: std::io::Error,
     },
     /// Applying a layer failed (the error names the layer and entry).
-    #[error("{reference}: {source}")]
+    #[error("{reference}: {cause}")]
     Unpack {
         /// The image.
         reference: String,
-        /// The unpack failure.
-        #[source]
-        source: UnpackError,
+        /// The unpack failure (in the message, not a `source()`).
+        cause: UnpackError,
     },
     /// The destination cannot be used.
     #[error("{reference}: destination {}: {reason}", path.display())]
@@ -181,10 +177,10 @@ impl OciError {
         match self {
             Self::DigestMismatch { .. } | Self::SizeMismatch { .. } => true,
             Self::Unpack {
-                source: UnpackError::DiffId { .. },
+                cause: UnpackError::DiffId { .. },
                 ..
             } => true,
-            Self::GaveUp { source, .. } => source.is_verification_failure(),
+            Self::GaveUp { cause, .. } => cause.is_verification_failure(),
             _ => false,
         }
     }

@@ -77,12 +77,12 @@ impl OciLayout {
         &self.dir
     }
 
-    fn io(&self, op: &'static str, path: &Path, source: std::io::Error) -> OciError {
+    fn io(&self, op: &'static str, path: &Path, cause: std::io::Error) -> OciError {
         OciError::Io {
             reference: self.name.clone(),
             op,
             path: path.to_path_buf(),
-            source,
+            cause,
         }
     }
 

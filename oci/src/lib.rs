@@ -195,7 +195,7 @@ async fn blocking<T: Send + 'static>(
             reference: reference.to_string(),
             op: what,
             path: path.to_path_buf(),
-            source: std::io::Error::other(e),
+            cause: std::io::Error::other(e),
         })?
 }
 
@@ -262,7 +262,7 @@ async fn fetch_blobs(
                 reference: reference.clone(),
                 op: "read",
                 path: cfg_path.clone(),
-                source: e,
+                cause: e,
             })?;
             let layers: Vec<PathBuf> = m
                 .layers
@@ -308,12 +308,12 @@ async fn fetch_blobs(
     }
 }
 
-fn io_err(reference: &str, op: &'static str, path: &Path, source: std::io::Error) -> OciError {
+fn io_err(reference: &str, op: &'static str, path: &Path, cause: std::io::Error) -> OciError {
     OciError::Io {
         reference: reference.to_string(),
         op,
         path: path.to_path_buf(),
-        source,
+        cause,
     }
 }
 
@@ -488,9 +488,9 @@ fn build_and_install(
         .create(partial)
         .map_err(|e| io_err(reference, "create directory", partial, e))?;
     let result = (|| {
-        unpack(partial, layers, opts).map_err(|source| OciError::Unpack {
+        unpack(partial, layers, opts).map_err(|cause| OciError::Unpack {
             reference: reference.to_string(),
-            source,
+            cause,
         })?;
         let marker_path = partial.join(MARKER_FILE);
         // A layer may have put anything at the marker's name; replace it.
@@ -629,10 +629,10 @@ fn extract_artifact(
         };
         if tarish {
             let f = std::fs::File::open(path).map_err(|e| io_err(reference, "open", path, e))?;
-            unpack_layer(dest, desc.digest.as_str(), f, &opts).map_err(|source| {
+            unpack_layer(dest, desc.digest.as_str(), f, &opts).map_err(|cause| {
                 OciError::Unpack {
                     reference: reference.to_string(),
-                    source,
+                    cause,
                 }
             })?;
             continue;
@@ -653,7 +653,7 @@ fn extract_artifact(
         {
             return Err(OciError::Unpack {
                 reference: reference.to_string(),
-                source: UnpackError::Unsafe {
+                cause: UnpackError::Unsafe {
                     layer: desc.digest.to_string(),
                     entry: title.to_string(),
                     reason: "a file layer's title must be a single file name".into(),

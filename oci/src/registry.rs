@@ -274,7 +274,7 @@ impl RegistryClient {
             Err(Failure::Transient(e)) => Err(OciError::GaveUp {
                 reference: image.to_string(),
                 attempts,
-                source: Box::new(e),
+                cause: Box::new(e),
             }),
         }
     }
@@ -285,7 +285,7 @@ impl RegistryClient {
             reference: image.to_string(),
             method,
             url: url.to_string(),
-            source: e,
+            cause: e,
         };
         if transient {
             Failure::Transient(err)
@@ -595,11 +595,11 @@ impl RegistryClient {
         dest: &Path,
         what: &'static str,
     ) -> Result<(), OciError> {
-        let io = |op: &'static str, path: &Path, source: std::io::Error| OciError::Io {
+        let io = |op: &'static str, path: &Path, cause: std::io::Error| OciError::Io {
             reference: image.to_string(),
             op,
             path: path.to_path_buf(),
-            source,
+            cause,
         };
         if dest.exists() {
             let p = dest.to_path_buf();

@@ -83,7 +83,7 @@ pub enum UnpackError {
         reason: String,
     },
     /// A file-system operation for an entry failed.
-    #[error("layer {layer}: entry {entry:?}: {op}: {source}")]
+    #[error("layer {layer}: entry {entry:?}: {op}: {cause}")]
     Entry {
         /// The layer.
         layer: String,
@@ -91,20 +91,18 @@ pub enum UnpackError {
         entry: String,
         /// What was being done.
         op: &'static str,
-        /// The OS error.
-        #[source]
-        source: std::io::Error,
+        /// The OS error (in the message, not a `source()`).
+        cause: std::io::Error,
     },
     /// The layer could not be read or decompressed, or is not a valid tar stream.
-    #[error("layer {layer}: {op}: {source}")]
+    #[error("layer {layer}: {op}: {cause}")]
     Read {
         /// The layer.
         layer: String,
         /// What was being read.
         op: &'static str,
-        /// The error.
-        #[source]
-        source: std::io::Error,
+        /// The error (in the message, not a `source()`).
+        cause: std::io::Error,
     },
     /// The uncompressed stream's digest is not the image config's `diff_id`.
     #[error(
@@ -119,13 +117,12 @@ pub enum UnpackError {
         actual: Digest,
     },
     /// The root directory could not be opened.
-    #[error("unpack root {root}: {source}")]
+    #[error("unpack root {root}: {cause}")]
     Root {
         /// The root.
         root: PathBuf,
-        /// The OS error.
-        #[source]
-        source: std::io::Error,
+        /// The OS error (in the message, not a `source()`).
+        cause: std::io::Error,
     },
 }
 
@@ -192,10 +189,10 @@ pub fn unpack(
 ) -> Result<Vec<LayerStats>, UnpackError> {
     let mut all = Vec::with_capacity(layers.len());
     for layer in layers {
-        let file = File::open(&layer.path).map_err(|source| UnpackError::Read {
+        let file = File::open(&layer.path).map_err(|cause| UnpackError::Read {
             layer: layer.name.clone(),
             op: "open blob",
-            source,
+            cause,
         })?;
         let stats = unpack_layer(root, &layer.name, file, opts)?;
         if let (Some(expected), Some(actual)) = (&layer.diff_id, &stats.diff_id)
@@ -222,15 +219,15 @@ pub fn unpack_layer<R: Read>(
 ) -> Result<LayerStats, UnpackError> {
     let span = tracing::debug_span!("unpack_layer", layer = %name, root = %root.display());
     let _enter = span.enter();
-    let root_dir = Root::open(root).map_err(|source| UnpackError::Root {
+    let root_dir = Root::open(root).map_err(|cause| UnpackError::Root {
         root: root.to_path_buf(),
-        source,
+        cause,
     })?;
     let read_err = |op: &'static str| {
-        move |source: std::io::Error| UnpackError::Read {
+        move |cause: std::io::Error| UnpackError::Read {
             layer: name.to_string(),
             op,
-            source,
+            cause,
         }
     };
     let mut counted = HashingReader::new(blob);
@@ -389,7 +386,7 @@ impl Applier<'_> {
             layer: self.layer.to_string(),
             entry: entry.to_string(),
             op,
-            source: e.into(),
+            cause: e.into(),
         }
     }
 
@@ -400,7 +397,7 @@ impl Applier<'_> {
                 layer: self.layer.to_string(),
                 entry: entry.to_string(),
                 op,
-                source: std::io::Error::new(source.kind(), format!("{p}: {source}")),
+                cause: std::io::Error::new(source.kind(), format!("{p}: {source}")),
             },
             other => self.io(
                 entry,
@@ -439,7 +436,7 @@ impl Applier<'_> {
         let bad = |what: &str, e: std::io::Error| UnpackError::Read {
             layer: self.layer.to_string(),
             op: "read tar header",
-            source: std::io::Error::new(e.kind(), format!("entry {shown:?}: {what}: {e}")),
+            cause: std::io::Error::new(e.kind(), format!("entry {shown:?}: {what}: {e}")),
         };
         let h = entry.header();
         let mode = h.mode().map_err(|e| bad("mode", e))? & 0o7777;

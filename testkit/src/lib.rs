@@ -6,6 +6,7 @@
 //! [`flex_host::fs::HostFs`] a temporary root instead. HTTP peers are not faked either:
 //! [`http::ScriptedServer`] is a real server on 127.0.0.1 with scripted answers.
 
+pub mod errors;
 pub mod http;
 pub mod layer_builder;
 pub mod operations;
@@ -21,6 +22,8 @@ use flex_host::fs::HostFs;
 use flex_host::hostinfo::HostInfo;
 use flex_host::runner::{Cmd, CmdError, Output, Runner};
 use flex_host::systemd::{SystemdError, SystemdManager, TransientTimer};
+
+pub use errors::{assert_cause_once, render_chain};
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // A panic in another test thread poisons the lock; the data is still usable for assertions.
@@ -107,7 +110,7 @@ impl Runner for FakeRunner {
         if st.missing.contains(cmd.program()) {
             return Err(CmdError::Spawn {
                 argv,
-                source: std::io::Error::from(std::io::ErrorKind::NotFound),
+                cause: std::io::Error::from(std::io::ErrorKind::NotFound),
             });
         }
         let rule = st

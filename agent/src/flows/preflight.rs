@@ -258,7 +258,7 @@ fn host_os_configuration(host: &Host) -> CheckResult {
                 name,
                 "host OS configuration",
                 Severity::Error,
-                format!("{dir} is not writable: {}", e.source),
+                format!("{dir} is not writable: {}", e.cause),
             );
         }
     }

@@ -138,10 +138,10 @@ impl CredentialStore {
         if self.fs.mode(dir) != Some(0o700) {
             use std::os::unix::fs::PermissionsExt;
             std::fs::set_permissions(self.fs.path(dir), std::fs::Permissions::from_mode(0o700))
-                .map_err(|source| crate::fs::FsError {
+                .map_err(|cause| crate::fs::FsError {
                     op: "chmod",
                     path: dir.to_path_buf(),
-                    source,
+                    cause,
                 })?;
         }
         Ok(())

@@ -121,7 +121,7 @@ impl Timings {
 pub enum MachineError {
     /// Listing registered machines failed.
     #[error("inspect registered machines: {0}")]
-    Inspect(#[source] crate::runner::CmdError),
+    Inspect(crate::runner::CmdError),
     /// `machinectl disable` failed and the unit is still enabled.
     #[error("machine {machine}: disable: {message}")]
     Disable {
@@ -147,24 +147,22 @@ pub enum MachineError {
     #[error("refusing to remove registered machine {0}")]
     RefuseRemove(String),
     /// Unmounting the machine's bpffs failed.
-    #[error("machine {machine}: unmount {path}: {source}")]
+    #[error("machine {machine}: unmount {path}: {cause}")]
     Unmount {
         /// Machine.
         machine: String,
         /// Mount point.
         path: String,
-        /// The command error.
-        #[source]
-        source: crate::runner::CmdError,
+        /// The command error (in the message, not a `source()`).
+        cause: crate::runner::CmdError,
     },
     /// A file operation failed.
-    #[error("machine {machine}: {source}")]
+    #[error("machine {machine}: {cause}")]
     Fs {
         /// Machine.
         machine: String,
-        /// The error.
-        #[source]
-        source: crate::fs::FsError,
+        /// The error (in the message, not a `source()`).
+        cause: crate::fs::FsError,
     },
 }
 
@@ -451,9 +449,9 @@ pub async fn wait_for_kubelet(host: &Host, machine: &str, t: Timings) -> Result<
 /// image (`machinectl remove`, retried while busy), then its directory, `.nspawn` file and unit
 /// drop-ins.
 pub async fn cleanup_machine(host: &Host, machine: &str, t: Timings) -> Result<(), MachineError> {
-    let fs_err = |source| MachineError::Fs {
+    let fs_err = |cause| MachineError::Fs {
         machine: machine.into(),
-        source,
+        cause,
     };
     let bpffs = bpffs_dir(machine);
     let bpffs_str = bpffs.display().to_string();
@@ -467,10 +465,10 @@ pub async fn cleanup_machine(host: &Host, machine: &str, t: Timings) -> Result<(
         host.runner
             .run(&Cmd::new("umount").arg(&bpffs_str))
             .await
-            .map_err(|source| MachineError::Unmount {
+            .map_err(|cause| MachineError::Unmount {
                 machine: machine.into(),
                 path: bpffs_str.clone(),
-                source,
+                cause,
             })?;
     }
     host.fs.remove_dir_all(&bpffs).map_err(fs_err)?;

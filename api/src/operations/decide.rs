@@ -221,9 +221,10 @@ fn validate_upgrade(
 /// Why an `image` parameter was refused.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum ImageParamError {
-    /// Not an image reference.
+    /// Not an image reference (the reason is in the message, not a `source()`: a chain printer
+    /// would repeat it).
     #[error("parameter \"image\": {0}")]
-    Unparsable(#[from] crate::image::ReferenceError),
+    Unparsable(crate::image::ReferenceError),
     /// A tag only, no digest.
     #[error(
         "parameter \"image\" must be pinned by digest (registry/repository@sha256:<digest>), \
@@ -253,6 +254,12 @@ pub enum ImageParamError {
         /// Its canonical form.
         canonical: String,
     },
+}
+
+impl From<crate::image::ReferenceError> for ImageParamError {
+    fn from(e: crate::image::ReferenceError) -> Self {
+        Self::Unparsable(e)
+    }
 }
 
 /// Checks an `image` parameter: a fully qualified reference (naming its registry, in canonical

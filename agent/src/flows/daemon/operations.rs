@@ -41,7 +41,7 @@ use crate::flows::operations::{
     Handlers, HostHandlers, ReconcileError, Reconciler, ReconcilerConfig, RecordStore, watch_stream,
 };
 use crate::flows::repave::{NodeOps, SeamError};
-use crate::kubeclient::{KubeClients, describe};
+use crate::kubeclient::KubeClients;
 use flex_host::retry::Attempt;
 
 /// Logged when the reconciler is enabled.
@@ -190,19 +190,10 @@ impl ClusterOperations {
     }
 }
 
-/// A reconcile error in one line, the API server's answer named ([`describe`]).
+/// A reconcile error in one line, the API server's answer named (its message uses
+/// [`crate::kubeclient::describe`]).
 fn reconcile_error(e: &ReconcileError) -> String {
-    match e {
-        ReconcileError::Api {
-            action,
-            name,
-            source,
-        } => format!("{action} MachineOperation {name}: {}", describe(source)),
-        ReconcileError::Labels { kind, name, source } => {
-            format!("read labels of {kind} {name}: {}", describe(source))
-        }
-        other => other.to_string(),
-    }
+    e.to_string()
 }
 
 #[async_trait]

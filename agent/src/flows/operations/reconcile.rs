@@ -33,6 +33,7 @@ use super::handlers::{Executed, Handlers, execute, stops_daemon};
 use super::record::{Record, RecordStore, Stage};
 use super::{IN_PROGRESS, OperationResult};
 use crate::flows::upgrade::{OperationRef, Resumed};
+use crate::kubeclient::describe;
 use crate::machina::{CONDITION_COMPLETED, Machine, MachineOperation, OperationPhase};
 use crate::state::StateError;
 
@@ -105,35 +106,32 @@ impl Outcome {
 #[derive(Debug, thiserror::Error)]
 pub enum ReconcileError {
     /// An API call failed.
-    #[error("{action} MachineOperation {name}: {source}")]
+    #[error("{action} MachineOperation {name}: {}", describe(cause))]
     Api {
         /// `get`, `mark in progress`, `finish`, `delete`.
         action: &'static str,
         /// The operation.
         name: String,
-        /// The client's error.
-        #[source]
-        source: kube::Error,
+        /// The client's error, described with its causes (in the message, not a `source()`).
+        cause: kube::Error,
     },
     /// Reading the labels a selector is matched against failed.
-    #[error("read labels of {kind} {name}: {source}")]
+    #[error("read labels of {kind} {name}: {}", describe(cause))]
     Labels {
         /// `Node` or `Machine`.
         kind: &'static str,
         /// Its name.
         name: String,
-        /// The client's error.
-        #[source]
-        source: kube::Error,
+        /// The client's error, described with its causes (in the message, not a `source()`).
+        cause: kube::Error,
     },
     /// The local record could not be written (nothing runs without it).
-    #[error("record MachineOperation {name}: {source}")]
+    #[error("record MachineOperation {name}: {cause}")]
     Record {
         /// The operation.
         name: String,
-        /// The file error.
-        #[source]
-        source: StateError,
+        /// The file error (in the message, not a `source()`).
+        cause: StateError,
     },
     /// The operation kept changing under the reconciler.
     #[error("MachineOperation {name} kept changing: {attempts} conflicting writes in a row")]
@@ -153,11 +151,11 @@ impl ReconcileError {
     pub fn is_permanent(&self) -> bool {
         match self {
             ReconcileError::Api {
-                source: kube::Error::Api(s),
+                cause: kube::Error::Api(s),
                 ..
             }
             | ReconcileError::Labels {
-                source: kube::Error::Api(s),
+                cause: kube::Error::Api(s),
                 ..
             } => matches!(s.code, 400 | 422),
             _ => false,
@@ -248,11 +246,11 @@ impl Reconciler {
                         self.forget_name(name);
                         return Ok(Outcome::done(Taken::Gone));
                     }
-                    Err(source) => {
+                    Err(cause) => {
                         return Err(ReconcileError::Api {
                             action: "get",
                             name: name.into(),
-                            source,
+                            cause,
                         });
                     }
                 },
@@ -308,11 +306,11 @@ impl Reconciler {
                         return Ok(Outcome::done(Taken::Gone));
                     }
                     Err(WriteError::Conflict) => conflicts += 1,
-                    Err(WriteError::Other(source)) => {
+                    Err(WriteError::Other(cause)) => {
                         return Err(ReconcileError::Api {
                             action: "delete",
                             name: name.into(),
-                            source,
+                            cause,
                         });
                     }
                 },
@@ -400,11 +398,11 @@ impl Reconciler {
                             self.drop_record(&uid);
                             return Ok(Outcome::done(Taken::Gone));
                         }
-                        Err(WriteError::Other(source)) => {
+                        Err(WriteError::Other(cause)) => {
                             return Err(ReconcileError::Api {
                                 action: "mark in progress",
                                 name: name.into(),
-                                source,
+                                cause,
                             });
                         }
                     }
@@ -481,10 +479,10 @@ impl Reconciler {
                 }
                 Ok(Some(Outcome::done(Taken::Gone)))
             }
-            Err(WriteError::Other(source)) => Err(ReconcileError::Api {
+            Err(WriteError::Other(cause)) => Err(ReconcileError::Api {
                 action: "finish",
                 name,
-                source,
+                cause,
             }),
         }
     }
@@ -498,21 +496,21 @@ impl Reconciler {
         match apis.nodes.get_opt(node).await {
             Ok(Some(n)) => return Ok(Some(n.metadata.labels.unwrap_or_default())),
             Ok(None) => {}
-            Err(source) => {
+            Err(cause) => {
                 return Err(ReconcileError::Labels {
                     kind: "Node",
                     name: node.clone(),
-                    source,
+                    cause,
                 });
             }
         }
         let machine = &self.cfg.machine_name;
         match apis.machines.get_opt(machine).await {
             Ok(m) => Ok(m.map(|m| m.metadata.labels.unwrap_or_default())),
-            Err(source) => Err(ReconcileError::Labels {
+            Err(cause) => Err(ReconcileError::Labels {
                 kind: "Machine",
                 name: machine.clone(),
-                source,
+                cause,
             }),
         }
     }
@@ -547,9 +545,9 @@ impl Reconciler {
             self.cfg
                 .records
                 .save(rec)
-                .map_err(|source| ReconcileError::Record {
+                .map_err(|cause| ReconcileError::Record {
                     name: rec.name.clone(),
-                    source,
+                    cause,
                 })?;
         }
         Ok(())

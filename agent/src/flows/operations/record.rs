@@ -90,7 +90,7 @@ impl RecordStore {
                 return Err(StateError::Fs(crate::fs::FsError {
                     path: self.dir.clone(),
                     op: "read directory",
-                    source: e,
+                    cause: e,
                 }));
             }
         };

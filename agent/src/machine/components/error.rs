@@ -66,10 +66,10 @@ pub enum Failure {
     #[error("{0}")]
     MissingMember(String),
     /// A local read or write failed.
-    #[error("{0}")]
+    #[error(transparent)]
     Io(#[from] std::io::Error),
     /// Writing into the rootfs failed.
-    #[error("{0}")]
+    #[error(transparent)]
     Fs(#[from] FsError),
 }
 
@@ -93,8 +93,7 @@ pub struct ComponentError {
     pub step: Step,
     /// The URL (user info and query redacted) or the bundle file.
     pub location: String,
-    /// The cause.
-    #[source]
+    /// The cause (in the message, not a `source()`: see `flex_host::error`).
     pub failure: Failure,
 }
 

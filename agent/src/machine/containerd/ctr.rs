@@ -96,11 +96,7 @@ impl CtrImages {
 
     fn err(image: &str, step: &'static str) -> impl FnOnce(CmdError) -> ContainerdError + use<> {
         let image = image.to_string();
-        move |source| ContainerdError::Ctr {
-            image,
-            step,
-            source,
-        }
+        move |cause| ContainerdError::Ctr { image, step, cause }
     }
 
     /// The target digest of image `reference` from `ctr images ls name==<ref>`'s table.

@@ -394,11 +394,7 @@ impl Pull<'_> {
 
     fn registry(&self, step: &'static str) -> impl FnOnce(crate::oci::OciError) -> ContainerdError {
         let image = self.reference.to_string();
-        move |source| ContainerdError::Registry {
-            image,
-            step,
-            source,
-        }
+        move |cause| ContainerdError::Registry { image, step, cause }
     }
 
     fn request<T>(&self, msg: T, timeout: Option<Duration>) -> Request<T> {

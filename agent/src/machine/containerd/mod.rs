@@ -124,16 +124,15 @@ pub struct PulledImage {
 /// Why an image operation failed. Every variant names the image and the failing step.
 #[derive(Debug, thiserror::Error)]
 pub enum ContainerdError {
-    /// A `ctr` command failed (its argv and stderr are in the source).
-    #[error("image {image}: {step}: {source}")]
+    /// A `ctr` command failed (its argv and stderr are in the cause).
+    #[error("image {image}: {step}: {cause}")]
     Ctr {
         /// The image reference.
         image: String,
         /// The failing step (`pull`, `list`, `remove`, ...).
         step: &'static str,
-        /// The command's failure.
-        #[source]
-        source: CmdError,
+        /// The command's failure (in the message, not a `source()`).
+        cause: CmdError,
     },
     /// A containerd API call failed.
     #[error("image {image}: {step}: containerd {call}: {code}: {message}")]
@@ -160,16 +159,15 @@ pub enum ContainerdError {
         /// What went wrong.
         reason: String,
     },
-    /// The registry failed (the source names the URL or digest).
-    #[error("image {image}: {step}: {source}")]
+    /// The registry failed (the cause names the URL or digest).
+    #[error("image {image}: {step}: {cause}")]
     Registry {
         /// The image reference.
         image: String,
         /// The failing step (`resolve`, `download layer`, ...).
         step: &'static str,
-        /// The registry client's error.
-        #[source]
-        source: OciError,
+        /// The registry client's error (in the message, not a `source()`).
+        cause: OciError,
     },
     /// Anything else: an invalid reference or document, an unexpected answer.
     #[error("image {image}: {step}: {reason}")]

@@ -759,13 +759,13 @@ fn only_a_request_the_api_server_calls_malformed_is_permanent() {
         let e = ReconcileError::Api {
             action: "finish",
             name: "op".into(),
-            source: api(code),
+            cause: api(code),
         };
         assert_eq!(e.is_permanent(), want, "status write answered {code}");
         let e = ReconcileError::Labels {
             kind: "Node",
             name: "n".into(),
-            source: api(code),
+            cause: api(code),
         };
         assert_eq!(e.is_permanent(), want, "labels read answered {code}");
     }
@@ -777,7 +777,7 @@ fn only_a_request_the_api_server_calls_malformed_is_permanent() {
     let transport = ReconcileError::Api {
         action: "get",
         name: "op".into(),
-        source: kube::Error::LinesCodecMaxLineLengthExceeded,
+        cause: kube::Error::LinesCodecMaxLineLengthExceeded,
     };
     assert!(!transport.is_permanent());
 }
