@@ -327,7 +327,8 @@ fn http() -> reqwest::Client {
 async fn install(host: &Host, plan: &ComponentPlan) -> Result<InstallReport, ComponentsError> {
     // The machine image would have been unpacked here first.
     std::fs::create_dir_all(host.fs.path(Path::new(ROOTFS))).unwrap();
-    install_components(host, &http(), Path::new(ROOTFS), plan).await
+    let registry = aks_flex_node::oci::RegistryClient::new(http());
+    install_components(host, &http(), &registry, Path::new(ROOTFS), plan).await
 }
 
 fn real(host: &Host, rel: &str) -> PathBuf {

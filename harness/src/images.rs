@@ -235,7 +235,7 @@ mod tests {
     /// containerd inside a machine cannot make; the machine rootfs keeps xattrs.
     #[tokio::test]
     async fn pod_images_leave_out_dev_entries_and_xattrs() {
-        let client = crate::vm::registry_client().unwrap();
+        let client = crate::vm::registry_client("127.0.0.1:1").unwrap();
         let work = tempfile::tempdir().unwrap();
         for (for_pods, want, not) in [
             (true, "--exclude=./dev/*", "--xattrs"),

@@ -29,6 +29,9 @@ pub struct Additions {
     pub agent_image: String,
     /// Extra `ctr images pull` flags (`--plain-http` for the local registry).
     pub pull_args: String,
+    /// The registries the agent may pull from over plain HTTP (`AKS_FLEX_NODE_INSECURE_REGISTRIES`
+    /// in the container settings): exactly the harness's registry as the guest reaches it.
+    pub insecure_registries: String,
     /// `/etc/aks-flex-node/bootstrap.env`, if the host should bootstrap at first boot.
     pub bootstrap_env: Option<String>,
     /// Merge `image/label-containerd.bu`.
@@ -56,10 +59,23 @@ pub fn additions_butane(a: &Additions) -> String {
 }
 
 /// Fills the placeholders of `image/agent-container.bu`.
-pub fn fill_agent_container(template: &str, agent_image: &str, pull_args: &str) -> String {
+pub fn fill_agent_container(
+    template: &str,
+    agent_image: &str,
+    pull_args: &str,
+    insecure_registries: &str,
+) -> String {
     template
         .replace("@AKS_FLEX_NODE_IMAGE@", agent_image)
         .replace("@AKS_FLEX_NODE_PULL_ARGS@", pull_args)
+        .replace("@AKS_FLEX_NODE_INSECURE_REGISTRIES@", insecure_registries)
+}
+
+/// The registry (`host[:port]`) of an image reference: the part before the first `/`. The
+/// harness's images all live on its own registry, so this is the one registry it opts in to
+/// plain HTTP.
+pub fn registry_of(image: &str) -> &str {
+    image.split_once('/').map_or(image, |(r, _)| r)
 }
 
 /// The bootstrap inputs that join the harness's kind cluster: its API server as the guest
@@ -108,6 +124,10 @@ pub fn cluster_bootstrap_env(
         ),
         "AKS_FLEX_NODE_REQUIRE_MACHINE_REGISTRATION=true".into(),
         format!("AKS_FLEX_NODE_OCI_IMAGE={machine_image}"),
+        format!(
+            "AKS_FLEX_NODE_INSECURE_REGISTRIES={}",
+            registry_of(machine_image)
+        ),
         "AKS_FLEX_NODE_LOG_LEVEL=debug".into(),
         "AKS_FLEX_NODE_PREFLIGHT_IGNORE=disk-space".into(),
     ];
@@ -161,7 +181,12 @@ pub fn render(repo: &Path, a: &Additions, spec: SpecVersion) -> anyhow::Result<S
         std::fs::read_to_string(&p).map_err(|e| anyhow::anyhow!("read {}: {e}", p.display()))
     };
     let base = parse_butane(
-        &fill_agent_container(&read("agent-container.bu")?, &a.agent_image, &a.pull_args),
+        &fill_agent_container(
+            &read("agent-container.bu")?,
+            &a.agent_image,
+            &a.pull_args,
+            &a.insecure_registries,
+        ),
         None,
     )
     .map_err(|e| anyhow::anyhow!("image/agent-container.bu: {e}"))?;
@@ -199,6 +224,7 @@ mod tests {
             hostname: "flex-dev-node".into(),
             agent_image: "10.0.2.100:5000/aks-flex/agent@sha256:0123".into(),
             pull_args: "--plain-http".into(),
+            insecure_registries: "10.0.2.100:5000".into(),
             bootstrap_env: Some("AKS_FLEX_NODE_NODE_NAME=\"$(touch /tmp/x)\"\n".into()),
             label_containerd: true,
         }
@@ -207,6 +233,16 @@ mod tests {
     #[test]
     fn renders_merged_config() {
         let json = render(&repo(), &additions(), SpecVersion::V3_3_0).unwrap();
+        assert!(
+            !json.contains("@AKS_FLEX_NODE_"),
+            "a placeholder is left: {json}"
+        );
+        // The container settings opt the harness's registry (only) in to plain HTTP.
+        assert!(
+            json.contains("AKS_FLEX_NODE_INSECURE_REGISTRIES%3D10.0.2.100%3A5000")
+                || json.contains("AKS_FLEX_NODE_INSECURE_REGISTRIES=10.0.2.100:5000"),
+            "{json}"
+        );
         let v: serde_json::Value = serde_json::from_str(&json).unwrap();
         assert_eq!(v["ignition"]["version"], "3.3.0");
         let units: Vec<&str> = v["systemd"]["units"]

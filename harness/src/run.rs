@@ -42,6 +42,10 @@ pub fn offline_bootstrap_env(machine_image: &str, bundle: &str, kubernetes: &str
         format!("AKS_FLEX_NODE_NODE_NAME={HOSTNAME}"),
         format!("AKS_FLEX_NODE_OCI_IMAGE={machine_image}"),
         format!("AKS_FLEX_NODE_OFFLINE_ARTIFACTS=oci://{bundle}"),
+        format!(
+            "AKS_FLEX_NODE_INSECURE_REGISTRIES={}",
+            provision::registry_of(machine_image)
+        ),
         "AKS_FLEX_NODE_LOG_LEVEL=debug".into(),
         "AKS_FLEX_NODE_PREFLIGHT_IGNORE=api-server-reachable,disk-space".into(),
         String::new(),
@@ -376,7 +380,7 @@ async fn push_images(
 ) -> anyhow::Result<Pushed> {
     p.say("starting the registry");
     let reg = vm::start_registry(r, work).await?;
-    let client = vm::registry_client()?;
+    let client = vm::registry_client(&reg.host_addr())?;
     let epoch = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)?
         .as_secs();
@@ -614,6 +618,7 @@ fn write_ignition(
             hostname: HOSTNAME.into(),
             agent_image: images.agent.clone(),
             pull_args: "--plain-http".into(),
+            insecure_registries: images.registry.guest_addr(),
             bootstrap_env: Some(env.to_string()),
             label_containerd: opts.label_containerd,
         },
@@ -904,5 +909,12 @@ mod tests {
             .map(|e| e.value.clone())
             .unwrap();
         assert_eq!(loc, provision::hostile_location());
+        // The harness's registry, and only it, is opted in to plain HTTP.
+        let insecure: Vec<&str> = vars
+            .iter()
+            .filter(|e| e.key == "AKS_FLEX_NODE_INSECURE_REGISTRIES")
+            .map(|e| e.value.as_str())
+            .collect();
+        assert_eq!(insecure, ["10.0.2.100:5000"]);
     }
 }

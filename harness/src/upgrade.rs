@@ -321,7 +321,7 @@ async fn candidates_ready(c: &Ctx<'_>) -> anyhow::Result<Checked> {
         .registry
         .as_ref()
         .ok_or_else(|| anyhow::anyhow!("up recorded no registry"))?;
-    let client = crate::vm::registry_client()?;
+    let client = crate::vm::registry_client(&reg.host_addr())?;
     let (rec, why) = candidates::ensure(
         &client,
         &c.state.work,

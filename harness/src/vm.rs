@@ -637,9 +637,11 @@ pub async fn save_snapshot(state: &mut State) -> anyhow::Result<f64> {
     Ok(t.elapsed().as_secs_f64())
 }
 
-/// The registry client for pushes from the host.
-pub fn registry_client() -> anyhow::Result<RegistryClient> {
-    Ok(RegistryClient::new(flex_host::http::client()?))
+/// The registry client for pushes from the host to the harness's registry at `host_addr`
+/// (`127.0.0.1:<port>`), the one registry it opts in to plain HTTP.
+pub fn registry_client(host_addr: &str) -> anyhow::Result<RegistryClient> {
+    let insecure = flex_host::http::InsecureRegistries::parse("the harness registry", host_addr)?;
+    Ok(RegistryClient::new(flex_host::http::client()?).with_insecure_registries(insecure))
 }
 
 /// Starts the registry under `work`, with `r`.

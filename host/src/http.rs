@@ -1,10 +1,16 @@
-//! The HTTP client the agent downloads with (registry blobs, release artifacts), and the rule
+//! The HTTP client the agent downloads with (registry blobs, release artifacts), and the rules
 //! for when plain HTTP is allowed.
 //!
 //! TLS is rustls with the `ring` provider (installed once per process by [`install_crypto`]) and
-//! the platform's CA store. Plain HTTP is used only for registries on `localhost`, loopback or
-//! private-range addresses, as upstream does; everything else is HTTPS.
+//! the platform's CA store.
+//!
+//! - **Registries**: plain HTTP only for a registry named in an explicit opt-in list,
+//!   [`InsecureRegistries`] (`host[:port]` entries, as containerd's and Docker's "insecure
+//!   registries"); every other registry, whatever its address, is HTTPS.
+//! - **Other endpoints** (IMDS, a test authority host): [`is_local_address`] tells whether a
+//!   host is loopback, private or link-local, for callers that accept `http://` URLs there.
 
+use std::collections::BTreeSet;
 use std::net::IpAddr;
 use std::time::Duration;
 
@@ -69,9 +75,10 @@ pub async fn read_capped(resp: reqwest::Response, limit: usize) -> Result<Vec<u8
     }
 }
 
-/// Whether a registry `host[:port]` may be reached over plain HTTP: `localhost`, loopback, or a
-/// private (RFC 1918 / unique-local / link-local) address.
-pub fn allows_plain_http(host_port: &str) -> bool {
+/// Whether `host[:port]` (a bare host, `host:port`, `[v6]` or `[v6]:port`) is `localhost`, a
+/// loopback, a private (RFC 1918 / unique-local) or a link-local address. Not a registry rule:
+/// registries get plain HTTP only through [`InsecureRegistries`].
+pub fn is_local_address(host_port: &str) -> bool {
     let host = match host_port.strip_prefix('[') {
         Some(rest) => rest.split(']').next().unwrap_or(rest),
         None => host_port.rsplit_once(':').map_or(host_port, |(h, p)| {
@@ -94,12 +101,153 @@ pub fn allows_plain_http(host_port: &str) -> bool {
     }
 }
 
+/// The environment/settings variable holding the insecure registries, comma-separated
+/// (`bootstrap.env`, the agent container's settings file).
+pub const INSECURE_REGISTRIES_ENV: &str = "AKS_FLEX_NODE_INSECURE_REGISTRIES";
+
+/// Why an insecure-registry entry was refused. Names the field (config key or variable) and the
+/// entry.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {entry:?} {problem}")]
+pub struct InsecureRegistryError {
+    /// The config key or variable the list came from.
+    pub field: String,
+    /// The refused entry (cut to 100 characters).
+    pub entry: String,
+    /// What is wrong with it.
+    pub problem: &'static str,
+}
+
+/// The registries that may be reached over plain HTTP: an explicit opt-in list of
+/// `host[:port]` entries. A registry matches an entry when its `host[:port]` (as the image
+/// reference names it, `registry-1.docker.io` for Docker Hub) is the entry, host compared
+/// case-insensitively; an entry without a port matches only the registry without a port.
+/// Empty by default: every registry is HTTPS.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct InsecureRegistries(BTreeSet<String>);
+
+impl InsecureRegistries {
+    /// No registry over plain HTTP.
+    pub fn none() -> Self {
+        Self::default()
+    }
+
+    /// Parses a comma-separated list (`10.0.2.2:5000,registry.local`); blanks around entries
+    /// and empty entries are skipped. `field` names the source in errors.
+    pub fn parse(field: &str, text: &str) -> Result<Self, InsecureRegistryError> {
+        Self::from_entries(field, text.split(','))
+    }
+
+    /// Validates each entry (`host` or `host:port`; IPv6 in brackets). A scheme, path, user
+    /// info, query or blank is an error naming `field` and the entry.
+    pub fn from_entries<I, S>(field: &str, entries: I) -> Result<Self, InsecureRegistryError>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        let mut set = BTreeSet::new();
+        for entry in entries {
+            let entry = entry.as_ref().trim();
+            if entry.is_empty() {
+                continue;
+            }
+            let bad = |problem: &'static str| InsecureRegistryError {
+                field: field.to_string(),
+                entry: entry.chars().take(100).collect(),
+                problem,
+            };
+            set.insert(normalize_registry(entry).map_err(bad)?);
+        }
+        Ok(Self(set))
+    }
+
+    /// Whether the registry `host_port` may be reached over plain HTTP.
+    pub fn allows(&self, host_port: &str) -> bool {
+        !self.0.is_empty() && self.0.contains(&host_port.to_ascii_lowercase())
+    }
+
+    /// `http` for a listed registry, `https` otherwise.
+    pub fn scheme_for(&self, host_port: &str) -> &'static str {
+        if self.allows(host_port) {
+            "http"
+        } else {
+            "https"
+        }
+    }
+
+    /// Whether the list is empty.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The entries, normalized (lowercase), sorted.
+    pub fn iter(&self) -> impl Iterator<Item = &str> {
+        self.0.iter().map(String::as_str)
+    }
+
+    /// The list as [`InsecureRegistries::parse`] reads it (comma-separated).
+    pub fn to_list(&self) -> String {
+        self.iter().collect::<Vec<_>>().join(",")
+    }
+}
+
+/// `entry` checked as `host[:port]` and lowercased.
+fn normalize_registry(entry: &str) -> Result<String, &'static str> {
+    if entry.contains("://") {
+        return Err("must be host[:port], without a scheme");
+    }
+    if entry.contains('/') {
+        return Err("must be host[:port], without a path");
+    }
+    if entry.contains(['@', '?', '#']) || entry.contains(char::is_whitespace) {
+        return Err("must be host[:port]");
+    }
+    let (host, port) = if let Some(rest) = entry.strip_prefix('[') {
+        let (v6, after) = rest.split_once(']').ok_or("has an unclosed '['")?;
+        if v6.parse::<std::net::Ipv6Addr>().is_err() {
+            return Err("is not an IPv6 address in brackets");
+        }
+        match after {
+            "" => (entry, None),
+            p => (
+                &entry[..entry.len() - after.len()],
+                Some(p.strip_prefix(':').ok_or("must be [v6] or [v6]:port")?),
+            ),
+        }
+    } else {
+        match entry.split_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (entry, None),
+        }
+    };
+    if let Some(p) = port
+        && !(p.bytes().all(|b| b.is_ascii_digit()) && p.parse::<u16>().is_ok_and(|n| n > 0))
+    {
+        return Err("has a port that is not 1 to 65535");
+    }
+    if !host.starts_with('[') {
+        let labels_ok = !host.is_empty()
+            && host.len() <= 253
+            && host.split('.').all(|l| {
+                !l.is_empty()
+                    && l.len() <= 63
+                    && !l.starts_with('-')
+                    && !l.ends_with('-')
+                    && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+            });
+        if !labels_ok {
+            return Err("is not a host name or IP address");
+        }
+    }
+    Ok(entry.to_ascii_lowercase())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn plain_http_table() {
+    fn local_address_table() {
         for h in [
             "localhost",
             "localhost:5000",
@@ -110,7 +258,7 @@ mod tests {
             "[::1]:5000",
             "[fd00::1]",
         ] {
-            assert!(allows_plain_http(h), "{h}");
+            assert!(is_local_address(h), "{h}");
         }
         for h in [
             "ghcr.io",
@@ -119,7 +267,61 @@ mod tests {
             "172.32.0.1",
             "[2001:db8::1]:5000",
         ] {
-            assert!(!allows_plain_http(h), "{h}");
+            assert!(!is_local_address(h), "{h}");
+        }
+    }
+
+    /// Pure parsing, nothing faked: entries are `host[:port]`, matched exactly (host
+    /// case-insensitively); a private address is not plain HTTP unless listed.
+    #[test]
+    fn insecure_registries_are_an_explicit_list() {
+        let l = InsecureRegistries::parse("F", " 10.0.2.2:5000, Registry.Local ,,[fd00::1]:5000")
+            .unwrap();
+        assert_eq!(l.to_list(), "10.0.2.2:5000,[fd00::1]:5000,registry.local");
+        assert!(l.allows("10.0.2.2:5000"));
+        assert!(l.allows("REGISTRY.local"));
+        assert!(l.allows("[fd00::1]:5000"));
+        assert_eq!(l.scheme_for("10.0.2.2:5000"), "http");
+        // Not listed: HTTPS, private address or not.
+        for h in [
+            "10.0.2.2:5001",
+            "10.0.2.2",
+            "registry.local:5000",
+            "127.0.0.1:5000",
+            "ghcr.io",
+        ] {
+            assert!(!l.allows(h), "{h}");
+            assert_eq!(l.scheme_for(h), "https", "{h}");
+        }
+        let none = InsecureRegistries::none();
+        assert!(none.is_empty());
+        for h in ["localhost:5000", "127.0.0.1:5000", "10.1.2.3", "[::1]:5000"] {
+            assert_eq!(none.scheme_for(h), "https", "{h}");
+        }
+        assert_eq!(InsecureRegistries::parse("F", " , ").unwrap(), none);
+    }
+
+    #[test]
+    fn insecure_registry_errors_name_the_field_and_entry() {
+        for (entry, problem) in [
+            ("http://10.0.2.2:5000", "without a scheme"),
+            ("10.0.2.2:5000/v2", "without a path"),
+            ("u@host", "must be host[:port]"),
+            ("host:0", "port that is not 1 to 65535"),
+            ("host:65536", "port that is not 1 to 65535"),
+            ("host:x", "port that is not 1 to 65535"),
+            ("-bad-.io", "not a host name"),
+            ("a..b", "not a host name"),
+            ("[fd00::1", "unclosed"),
+            ("[nothex]:1", "IPv6"),
+            ("[::1]5000", "[v6]:port"),
+        ] {
+            let e = InsecureRegistries::parse("AKS_FLEX_NODE_INSECURE_REGISTRIES", entry)
+                .unwrap_err()
+                .to_string();
+            assert!(e.starts_with("AKS_FLEX_NODE_INSECURE_REGISTRIES: "), "{e}");
+            assert!(e.contains(&format!("{entry:?}")), "{e}");
+            assert!(e.contains(problem), "{entry}: {e}");
         }
     }
 

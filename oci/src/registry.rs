@@ -1,8 +1,11 @@
 //! An anonymous OCI distribution (registry v2) client: manifests, blobs, pushes.
 //!
-//! - **Transport**: the agent's `reqwest::Client` ([`flex_host::http::client`]). Plain HTTP exactly
-//!   when [`flex_host::http::allows_plain_http`] allows the registry host (localhost, loopback,
-//!   private ranges); HTTPS otherwise.
+//! - **Transport**: the agent's `reqwest::Client` ([`flex_host::http::client`]). HTTPS, except
+//!   for a registry named in the client's opt-in list
+//!   ([`RegistryClient::with_insecure_registries`], a [`flex_host::http::InsecureRegistries`]),
+//!   which gets plain HTTP and a warning naming it once per pull or push
+//!   ([`RegistryClient::warn_if_plain_http`]). The registry's address plays no part: a private
+//!   or loopback registry that is not listed is HTTPS too.
 //! - **Auth**: anonymous only. A `401` with `WWW-Authenticate: Bearer realm=…,service=…,scope=…`
 //!   gets a token from the realm (`GET realm?service=…&scope=…`, no credentials), cached per
 //!   registry and scope, and the request is retried once with it. Any other challenge is an
@@ -40,6 +43,7 @@ use super::manifest::{
     select_platform,
 };
 use super::reference::ImageRef;
+use flex_host::http::InsecureRegistries;
 use flex_host::retry::Attempt;
 
 /// How transient failures are retried: the workspace's one backoff. Registries default to
@@ -68,6 +72,7 @@ pub struct FetchedManifest {
 pub struct RegistryClient {
     http: reqwest::Client,
     retry: RetryPolicy,
+    insecure: InsecureRegistries,
     tokens: Arc<Mutex<HashMap<String, String>>>,
 }
 
@@ -76,6 +81,7 @@ impl std::fmt::Debug for RegistryClient {
         // Tokens are bearer credentials, even anonymous ones: never shown.
         f.debug_struct("RegistryClient")
             .field("retry", &self.retry)
+            .field("insecure", &self.insecure)
             .finish_non_exhaustive()
     }
 }
@@ -94,15 +100,6 @@ impl std::fmt::Display for Failure {
 }
 
 type Build<'a> = &'a (dyn Fn(&reqwest::Client) -> reqwest::RequestBuilder + Send + Sync);
-
-/// `http` or `https` for a registry `host[:port]`.
-pub fn scheme_for(host: &str) -> &'static str {
-    if flex_host::http::allows_plain_http(host) {
-        "http"
-    } else {
-        "https"
-    }
-}
 
 fn is_transient_status(s: StatusCode) -> bool {
     matches!(s.as_u16(), 429 | 500 | 502 | 503 | 504)
@@ -217,7 +214,36 @@ impl RegistryClient {
         Self {
             http,
             retry: REGISTRY_RETRY,
+            insecure: InsecureRegistries::none(),
             tokens: Arc::new(Mutex::new(HashMap::new())),
+        }
+    }
+
+    /// The same client, reaching the registries in `insecure` over plain HTTP (the explicit
+    /// opt-in); every other registry stays HTTPS.
+    pub fn with_insecure_registries(mut self, insecure: InsecureRegistries) -> Self {
+        self.insecure = insecure;
+        self
+    }
+
+    /// The registries this client reaches over plain HTTP.
+    pub fn insecure_registries(&self) -> &InsecureRegistries {
+        &self.insecure
+    }
+
+    /// Logs a warning naming `image`'s registry when this client reaches it over plain HTTP;
+    /// `what` is the operation (`pull`, `push`). Called once per operation: by
+    /// [`RegistryClient::resolve`] and [`RegistryClient::push_image`], and by callers that
+    /// drive a pull from [`RegistryClient::fetch_manifest`] themselves.
+    pub fn warn_if_plain_http(&self, image: &ImageRef, what: &str) {
+        let registry = image.api_host();
+        if self.insecure.allows(registry) {
+            tracing::warn!(
+                registry,
+                image = %image,
+                "{what} over plain HTTP: the registry is listed as insecure; its content is not \
+                 protected in transit (digests are still verified)"
+            );
         }
     }
 
@@ -235,12 +261,13 @@ impl RegistryClient {
         self.retry
     }
 
-    /// `<scheme>://<api host>/v2/<repository>/<path>`.
-    pub fn url(image: &ImageRef, path: &str) -> String {
+    /// `<scheme>://<api host>/v2/<repository>/<path>`: `http` for a registry in the insecure
+    /// list, `https` otherwise.
+    pub fn url(&self, image: &ImageRef, path: &str) -> String {
         let host = image.api_host();
         format!(
             "{}://{host}/v2/{}/{path}",
-            scheme_for(host),
+            self.insecure.scheme_for(host),
             image.repository
         )
     }
@@ -448,7 +475,7 @@ impl RegistryClient {
         reference: &str,
         expected: Option<&Descriptor>,
     ) -> Result<FetchedManifest, OciError> {
-        let url = Self::url(image, &format!("manifests/{reference}"));
+        let url = self.url(image, &format!("manifests/{reference}"));
         let span = tracing::debug_span!("fetch_manifest", image = %image, reference);
         let this = self;
         let url_ref = url.as_str();
@@ -551,6 +578,7 @@ impl RegistryClient {
     /// Resolves `image` to its image manifest for `linux/<arch>`, following an index (a single
     /// manifest is accepted as it is).
     pub async fn resolve(&self, image: &ImageRef, arch: Arch) -> Result<ResolvedImage, OciError> {
+        self.warn_if_plain_http(image, "pull");
         let mut fetched = self.fetch_manifest(image, &image.reference(), None).await?;
         let mut index_digest = None;
         for _ in 0..super::MAX_INDEX_DEPTH {
@@ -614,7 +642,7 @@ impl RegistryClient {
                 .await
                 .map_err(|e| io("remove", dest, e))?;
         }
-        let url = Self::url(image, &format!("blobs/{}", desc.digest));
+        let url = self.url(image, &format!("blobs/{}", desc.digest));
         let tmp = dest.with_extension("download");
         let span = tracing::info_span!("pull_blob", image = %image, digest = %desc.digest, size = desc.size, what);
         let this = self;
@@ -687,7 +715,7 @@ impl RegistryClient {
 
     /// Whether the registry has blob `digest` in `image`'s repository.
     pub async fn blob_exists(&self, image: &ImageRef, digest: &Digest) -> Result<bool, OciError> {
-        let url = Self::url(image, &format!("blobs/{digest}"));
+        let url = self.url(image, &format!("blobs/{digest}"));
         let this = self;
         let url_ref = url.as_str();
         let build: Build<'_> = &move |c: &reqwest::Client| c.head(url_ref);
@@ -714,7 +742,7 @@ impl RegistryClient {
             return Ok(desc);
         }
         let span = tracing::debug_span!("push_blob", image = %image, digest = %desc.digest);
-        let start = Self::url(image, "blobs/uploads/");
+        let start = self.url(image, "blobs/uploads/");
         let this = self;
         let start_ref = start.as_str();
         let digest = desc.digest.clone();
@@ -773,7 +801,7 @@ impl RegistryClient {
         body: Bytes,
     ) -> Result<Digest, OciError> {
         let digest = Digest::of(&body);
-        let url = Self::url(image, &format!("manifests/{reference}"));
+        let url = self.url(image, &format!("manifests/{reference}"));
         let this = self;
         let (url_ref, body_ref) = (url.as_str(), &body);
         let mt = media_type.to_string();
@@ -802,6 +830,7 @@ impl RegistryClient {
         config: Bytes,
         layers: Vec<(String, Bytes)>,
     ) -> Result<Descriptor, OciError> {
+        self.warn_if_plain_http(image, "push");
         let config = self
             .push_blob(image, media_type::OCI_CONFIG, config)
             .await?;

@@ -120,12 +120,18 @@ impl Registry {
     }
 }
 
-fn client() -> RegistryClient {
-    RegistryClient::new(flex_host::http::client().unwrap()).with_retry(RetryPolicy::new(
-        3,
-        Duration::from_millis(20),
-        Duration::from_secs(1),
-    ))
+/// A client with `reg` (and only it) opted in to plain HTTP.
+fn client(reg: &Registry) -> RegistryClient {
+    RegistryClient::new(flex_host::http::client().unwrap())
+        .with_retry(RetryPolicy::new(
+            3,
+            Duration::from_millis(20),
+            Duration::from_secs(1),
+        ))
+        .with_insecure_registries(
+            flex_host::http::InsecureRegistries::parse("test", &format!("127.0.0.1:{}", reg.port))
+                .unwrap(),
+        )
 }
 
 const T1: u64 = 1_700_000_001;
@@ -434,7 +440,7 @@ fn names(dir: &Path) -> Vec<String> {
 #[tokio::test]
 async fn real_registry_pull_by_tag_and_by_digest_matches_expected_tree() {
     let reg = Registry::start().await;
-    let c = client();
+    let c = client(&reg);
     let image = reg.image("flex/node:v1");
     let arch = Arch::host().as_str();
     let desc = push(&c, &image, arch, &layers()).await;
@@ -490,7 +496,7 @@ async fn real_registry_pull_by_tag_and_by_digest_matches_expected_tree() {
 #[tokio::test]
 async fn real_registry_index_selects_the_host_platform() {
     let reg = Registry::start().await;
-    let c = client();
+    let c = client(&reg);
     let base = layers();
     let mut per_arch = Vec::new();
     for arch in [Arch::Amd64, Arch::Arm64] {
@@ -563,7 +569,7 @@ async fn real_registry_index_selects_the_host_platform() {
 #[tokio::test]
 async fn real_registry_malicious_layer_is_refused_and_leaves_nothing() {
     let reg = Registry::start().await;
-    let c = client();
+    let c = client(&reg);
     let mut b = LayerBuilder::new();
     b.file("innocent", b"hello", 0o644).unwrap();
     b.raw_file(b"../escape", b"pwned").unwrap();
@@ -605,7 +611,7 @@ async fn real_registry_malicious_layer_is_refused_and_leaves_nothing() {
 #[tokio::test]
 async fn real_registry_corrupted_blob_fails_digest_verification() {
     let reg = Registry::start().await;
-    let c = client();
+    let c = client(&reg);
     // The registry itself refuses an upload whose bytes do not match the digest.
     let image = reg.image("flex/corrupt:v1");
     let http = flex_host::http::client().unwrap();
@@ -674,7 +680,7 @@ async fn real_registry_corrupted_blob_fails_digest_verification() {
 #[tokio::test]
 async fn real_registry_fetch_artifact_extracts_a_bundle() {
     let reg = Registry::start().await;
-    let c = client();
+    let c = client(&reg);
     let image = reg.image("flex/bundle:v1");
     let mut b = LayerBuilder::new();
     b.dir("bin", 0o755).unwrap();

@@ -190,6 +190,11 @@ struct Pushed {
     missing: String,
 }
 
+/// The opt-in for the test registry (and only it): plain HTTP to `127.0.0.1:<port>`.
+fn listed(port: u16) -> aks_flex_node::http::InsecureRegistries {
+    aks_flex_node::http::InsecureRegistries::parse("test", &format!("127.0.0.1:{port}")).unwrap()
+}
+
 /// Builds the busybox image with `flex-image` and pushes it (manifest, then an index over it)
 /// with the agent's registry client.
 async fn push_test_image(port: u16) -> Pushed {
@@ -225,9 +230,13 @@ async fn push_test_image(port: u16) -> Pushed {
         &diff_ids,
     )
     .unwrap();
-    let client = RegistryClient::new(aks_flex_node::http::client().unwrap()).with_retry(
-        RetryPolicy::new(3, Duration::from_millis(50), Duration::from_secs(1)),
-    );
+    let client = RegistryClient::new(aks_flex_node::http::client().unwrap())
+        .with_retry(RetryPolicy::new(
+            3,
+            Duration::from_millis(50),
+            Duration::from_secs(1),
+        ))
+        .with_insecure_registries(listed(port));
     let repo = format!("127.0.0.1:{port}/flex/busybox");
     let image = ImageRef::parse(&format!("{repo}:manifest")).unwrap();
     let manifest = client
@@ -320,7 +329,10 @@ async fn grpc_pull_into_real_containerd_from_real_registry_then_real_ctr_runs_it
     .unwrap()
     .with_snapshotter(&snapshotter)
     .with_staging_dir(dir);
-    let plain = PullOptions { plain_http: true };
+    let plain = PullOptions {
+        plain_http: true,
+        insecure_registries: listed(port),
+    };
 
     // A digest the registry does not have: an error naming the reference and the step.
     let e = grpc.pull(&pushed.missing, &plain).await.unwrap_err();
@@ -505,7 +517,10 @@ async fn ctr_store_with_real_runner_real_containerd_and_real_registry() {
     let (containerd, sock, snapshotter) = start_containerd(dir).await;
     let pushed = push_test_image(port).await;
     let store = real_ctr(&sock, &snapshotter);
-    let plain = PullOptions { plain_http: true };
+    let plain = PullOptions {
+        plain_http: true,
+        insecure_registries: listed(port),
+    };
 
     let e = store.pull(&pushed.missing, &plain).await.unwrap_err();
     let text = e.to_string();

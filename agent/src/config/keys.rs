@@ -86,6 +86,7 @@ pub(crate) const SCHEMA: Shape = Struct(&[
             ("ociImage", Leaf),
             ("offlineArtifacts", Struct(&[("source", Leaf)])),
             ("additionalHostDevices", Leaf),
+            ("insecureRegistries", Leaf),
         ]),
     ),
     (

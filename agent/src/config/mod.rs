@@ -214,6 +214,24 @@ pub struct BootstrapConfig {
     /// group specifiers (`char-input`).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub additional_host_devices: Vec<String>,
+    /// Registries the agent may reach over plain HTTP (`host[:port]`, the explicit opt-in, as
+    /// containerd's and Docker's insecure registries) when it pulls `ociImage` and `oci://`
+    /// offline artifacts; every other registry is HTTPS. Not upstream's.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub insecure_registries: Vec<String>,
+}
+
+impl BootstrapConfig {
+    /// [`BootstrapConfig::insecure_registries`] checked (config validation checks it at load,
+    /// so this fails only for a config built in code).
+    pub fn insecure_registries(
+        &self,
+    ) -> Result<flex_host::http::InsecureRegistries, flex_host::http::InsecureRegistryError> {
+        flex_host::http::InsecureRegistries::from_entries(
+            "bootstrap.insecureRegistries",
+            &self.insecure_registries,
+        )
+    }
 }
 
 /// `bootstrap.offlineArtifacts`.

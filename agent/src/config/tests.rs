@@ -162,6 +162,24 @@ fn invalid_configs_name_their_field() {
             "node.registryMirrors[\"registry.k8s.io\"]: mirror \"10.0.2.2:5000\"",
         ),
         (
+            "insecure registry with a scheme",
+            |v| {
+                v["bootstrap"]["insecureRegistries"] =
+                    json!(["10.0.2.2:5000", "http://10.0.2.2:5000"])
+            },
+            "bootstrap.insecureRegistries[1]: \"http://10.0.2.2:5000\" must be host[:port], without a scheme",
+        ),
+        (
+            "insecure registry with a path",
+            |v| v["bootstrap"]["insecureRegistries"] = json!(["r.local/v2"]),
+            "bootstrap.insecureRegistries[0]: \"r.local/v2\" must be host[:port], without a path",
+        ),
+        (
+            "empty insecure registry",
+            |v| v["bootstrap"]["insecureRegistries"] = json!([" "]),
+            "bootstrap.insecureRegistries[0]: must be host[:port], not empty",
+        ),
+        (
             "registry mirror for a URL",
             |v| v["node"]["registryMirrors"] = json!({"https://r.io": "http://m"}),
             "node.registryMirrors[\"https://r.io\"]: \"https://r.io\" is not a registry host",

@@ -552,6 +552,14 @@ fn validate_bootstrap(c: &Config) -> Result<(), ValidationError> {
             return Err(err(&field, format!("{d:?} must be a clean path")));
         }
     }
+    for (i, r) in c.bootstrap.insecure_registries.iter().enumerate() {
+        let field = format!("bootstrap.insecureRegistries[{i}]");
+        if r.trim().is_empty() {
+            return Err(err(&field, "must be host[:port], not empty"));
+        }
+        flex_host::http::InsecureRegistries::from_entries(&field, [r])
+            .map_err(|e| err(&e.field, format!("{:?} {}", e.entry, e.problem)))?;
+    }
     Ok(())
 }
 

@@ -18,7 +18,7 @@
 //! the public cloud's. The IMDS token endpoint is `AKS_FLEX_NODE_IMDS_ENDPOINT` when set (this
 //! agent's variable, a full URL: no Azure SDK has one for IMDS itself), otherwise
 //! [`DEFAULT_IMDS_ENDPOINT`]. Plain `http` is accepted only for loopback, private and
-//! link-local hosts (`crate::http::allows_plain_http`), so a client secret never crosses a
+//! link-local hosts (`crate::http::is_local_address`), so a client secret never crosses a
 //! network unencrypted.
 //!
 //! Every request has a timeout ([`REQUEST_TIMEOUT`]) and goes through the workspace's one
@@ -203,7 +203,7 @@ fn endpoint_url(what: &str, value: &str) -> Result<Url, AuthError> {
     match url.scheme() {
         _ if host.is_empty() => Err(bad("has no host".into())),
         "https" => Ok(url),
-        "http" if crate::http::allows_plain_http(host) => Ok(url),
+        "http" if crate::http::is_local_address(host) => Ok(url),
         "http" => Err(bad(
             "must be https (plain http only to loopback, private or link-local hosts)".into(),
         )),

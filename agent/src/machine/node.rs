@@ -41,8 +41,9 @@ impl NodeMachines {
     /// Machines for `config` on `host`, provisioning with the running agent binary.
     pub fn new(host: Host, config: Config) -> anyhow::Result<Self> {
         let http = crate::http::client()?;
+        let insecure = config.bootstrap.insecure_registries()?;
         Ok(Self {
-            registry: RegistryClient::new(http.clone()),
+            registry: RegistryClient::new(http.clone()).with_insecure_registries(insecure),
             http,
             exe: lifecycle::current_exe()?,
             host,
@@ -137,7 +138,14 @@ impl NodeMachines {
         .await
         .map_err(SeamError::transient)?;
         step("install-components", async {
-            components::install_components(host, &self.http, &goal.machine_dir(), &plan).await
+            components::install_components(
+                host,
+                &self.http,
+                &self.registry,
+                &goal.machine_dir(),
+                &plan,
+            )
+            .await
         })
         .await
         .map_err(SeamError::transient)?;
@@ -240,7 +248,7 @@ impl RemoteProbe for NodeMachines {
         goal: &MachineGoal,
     ) -> Vec<(String, Result<(), String>)> {
         match ComponentPlan::resolve(config, &goal.arch, self.downloads.clone()) {
-            Ok(plan) => components::check_reachable(&self.http, &plan).await,
+            Ok(plan) => components::check_reachable(&self.http, &self.registry, &plan).await,
             Err(e) => vec![(components::CHECK_KUBERNETES.to_string(), Err(e.to_string()))],
         }
     }

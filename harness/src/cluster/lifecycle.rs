@@ -72,7 +72,7 @@ async fn good_candidate(e: &Env<'_>) -> anyhow::Result<String> {
     let reg = e
         .registry
         .ok_or_else(|| anyhow::anyhow!("up recorded no registry"))?;
-    let client = crate::vm::registry_client()?;
+    let client = crate::vm::registry_client(&reg.host_addr())?;
     let (rec, _) = candidates::ensure(
         &client,
         e.work,

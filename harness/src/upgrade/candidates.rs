@@ -454,7 +454,7 @@ mod tests {
         let reg = crate::registry::start(&runner, &d.path().join("registry"))
             .await
             .unwrap();
-        let client = crate::vm::registry_client().unwrap();
+        let client = crate::vm::registry_client(&reg.host_addr()).unwrap();
         let host = reg.host_addr();
         // A small base image in aks-flex/agent, as `up` pushes the agent's.
         let mut base_layer = Layer::new();
@@ -532,6 +532,7 @@ mod tests {
             .await
             .unwrap();
         let host2 = reg2.host_addr();
+        let client = crate::vm::registry_client(&host2).unwrap();
         images::push_layout(
             &client,
             &d.path().join("layout"),

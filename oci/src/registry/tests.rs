@@ -141,6 +141,11 @@ impl Fake {
         ImageRef::parse(&format!("127.0.0.1:{}/{repo_tag}", self.port)).unwrap()
     }
 
+    /// A client with this fake (and only it) opted in to plain HTTP.
+    fn client(&self) -> RegistryClient {
+        client_for(&format!("127.0.0.1:{}", self.port))
+    }
+
     fn log(&self) -> Vec<String> {
         self.log.lock().unwrap().clone()
     }
@@ -154,8 +159,11 @@ fn fast() -> RetryPolicy {
     RetryPolicy::new(5, Duration::from_millis(5), Duration::from_secs(1))
 }
 
-fn client() -> RegistryClient {
-    RegistryClient::new(flex_host::http::client().unwrap()).with_retry(fast())
+/// A client that opts in to plain HTTP for `registry` only (the fakes speak plain HTTP).
+fn client_for(registry: &str) -> RegistryClient {
+    RegistryClient::new(flex_host::http::client().unwrap())
+        .with_retry(fast())
+        .with_insecure_registries(InsecureRegistries::parse("test", registry).unwrap())
 }
 
 /// A one-layer image: blobs by digest, and the manifest.
@@ -206,23 +214,115 @@ fn serve(img: &TestImage, req: &Req, manifest_type: &str) -> Resp {
     )
 }
 
+/// Pure URL building, nothing faked: a loopback or private registry is HTTPS unless listed.
 #[test]
-fn plain_http_only_for_local_registries() {
-    assert_eq!(scheme_for("localhost:5000"), "http");
-    assert_eq!(scheme_for("127.0.0.1:5000"), "http");
-    assert_eq!(scheme_for("10.1.2.3"), "http");
-    assert_eq!(scheme_for("ghcr.io"), "https");
-    assert_eq!(scheme_for("registry-1.docker.io"), "https");
+fn urls_are_https_unless_the_registry_is_listed() {
+    let plain = RegistryClient::new(flex_host::http::client().unwrap());
+    for r in [
+        "localhost:5000/a/b",
+        "127.0.0.1:5000/a/b",
+        "10.0.2.2:5000/a/b",
+    ] {
+        let image = ImageRef::parse(r).unwrap();
+        assert!(plain.url(&image, "blobs/x").starts_with("https://"), "{r}");
+    }
     let hub = ImageRef::parse("debian:12").unwrap();
     assert_eq!(
-        RegistryClient::url(&hub, "manifests/12"),
+        plain.url(&hub, "manifests/12"),
         "https://registry-1.docker.io/v2/library/debian/manifests/12"
     );
+    let listed = plain
+        .with_insecure_registries(InsecureRegistries::parse("test", "localhost:5000").unwrap());
     let local = ImageRef::parse("localhost:5000/a/b").unwrap();
     assert_eq!(
-        RegistryClient::url(&local, "blobs/x"),
+        listed.url(&local, "blobs/x"),
         "http://localhost:5000/v2/a/b/blobs/x"
     );
+    let other_port = ImageRef::parse("localhost:5001/a/b").unwrap();
+    assert!(listed.url(&other_port, "blobs/x").starts_with("https://"));
+    assert_eq!(listed.insecure_registries().to_list(), "localhost:5000");
+}
+
+/// Log lines captured from `tracing` for the current thread.
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Captured {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+/// The process-wide log capture (a global subscriber: a thread-scoped one misses events while
+/// other tests register callsites in parallel). Tests filter it by what is theirs.
+fn captured_logs() -> Captured {
+    static CAPTURED: std::sync::OnceLock<Captured> = std::sync::OnceLock::new();
+    CAPTURED
+        .get_or_init(|| {
+            let captured = Captured::default();
+            let writer = captured.clone();
+            let subscriber = tracing_subscriber::fmt()
+                .with_writer(move || writer.clone())
+                .with_ansi(false)
+                .finish();
+            tracing::subscriber::set_global_default(subscriber).unwrap();
+            captured
+        })
+        .clone()
+}
+
+/// The real client against a real plain-HTTP server on 127.0.0.1 (the in-process fake
+/// registry): without an opt-in the client speaks HTTPS to it and fails (the fake never sees an
+/// HTTP request); with `127.0.0.1:<port>` listed it pulls over HTTP and logs one warning naming
+/// the registry.
+#[tokio::test]
+async fn loopback_registry_is_https_unless_listed_and_plain_http_warns() {
+    let img = test_image(b"insecure");
+    let fake = Fake::start(move |req| serve(&img, req, media_type::OCI_MANIFEST)).await;
+    let image = fake.image("test/img:v1");
+    let registry = format!("127.0.0.1:{}", fake.port);
+
+    let captured = captured_logs();
+
+    // The fake waits for an HTTP request head that a TLS handshake never sends: a short timeout.
+    flex_host::http::install_crypto();
+    let short = reqwest::Client::builder()
+        .timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let unlisted =
+        RegistryClient::new(short).with_retry(RetryPolicy::new(1, Duration::ZERO, Duration::ZERO));
+    let e = unlisted
+        .resolve(&image, Arch::host())
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains(&format!("https://{registry}/")), "{e}");
+    assert_eq!(fake.count("GET"), 0, "{:?}", fake.log());
+    let mine = |logs: String| -> Vec<String> {
+        logs.lines()
+            .filter(|l| l.contains("plain HTTP") && l.contains(&registry))
+            .map(str::to_string)
+            .collect()
+    };
+    assert_eq!(mine(captured.text()), Vec::<String>::new());
+
+    let r = fake.client().resolve(&image, Arch::host()).await.unwrap();
+    assert_eq!(fake.count("GET /v2/test/img/manifests/v1"), 1);
+    assert!(!r.manifest.layers.is_empty());
+    let warnings = mine(captured.text());
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(warnings[0].contains("WARN"), "{warnings:?}");
 }
 
 #[test]
@@ -293,7 +393,7 @@ async fn fake_registry_anonymous_bearer_token_flow() {
     let t = tempfile::tempdir().unwrap();
     let dest = t.path().join("kube1");
     let source = ImageSource::Registry(fake.image("test/img:v1"));
-    let info = pull_rootfs(&client(), &source, &dest, &PullOptions::default())
+    let info = pull_rootfs(&fake.client(), &source, &dest, &PullOptions::default())
         .await
         .unwrap();
     assert_eq!(std::fs::read(dest.join("etc/hello")).unwrap(), b"hello");
@@ -331,7 +431,7 @@ async fn fake_registry_transient_statuses_are_retried() {
     })
     .await;
     let image = fake.image("test/img:v1");
-    let r = client().resolve(&image, Arch::host()).await.unwrap();
+    let r = fake.client().resolve(&image, Arch::host()).await.unwrap();
     assert_eq!(r.digest, want);
     assert_eq!(fake.count("GET /v2/test/img/manifests/v1"), 4);
 }
@@ -341,7 +441,11 @@ async fn fake_registry_retries_give_up_after_five_attempts() {
     let fake = Fake::start(|_| Resp::new(502, "bad gateway")).await;
     let image = fake.image("test/img:v1");
     let started = std::time::Instant::now();
-    let e = client().resolve(&image, Arch::host()).await.unwrap_err();
+    let e = fake
+        .client()
+        .resolve(&image, Arch::host())
+        .await
+        .unwrap_err();
     let msg = e.to_string();
     assert!(msg.contains("giving up after 5 attempts"), "{msg}");
     assert!(msg.contains("HTTP 502"), "{msg}");
@@ -356,7 +460,8 @@ async fn fake_registry_retries_give_up_after_five_attempts() {
         )
     })
     .await;
-    let e = client()
+    let e = fake
+        .client()
         .resolve(&fake.image("a/b:c"), Arch::host())
         .await
         .unwrap_err();
@@ -371,7 +476,7 @@ async fn connection_refused_is_retried_then_reported() {
         l.local_addr().unwrap().port()
     };
     let image = ImageRef::parse(&format!("127.0.0.1:{port}/x/y:z")).unwrap();
-    let c = client().with_retry(RetryPolicy::new(
+    let c = client_for(&format!("127.0.0.1:{port}")).with_retry(RetryPolicy::new(
         3,
         Duration::from_millis(1),
         Duration::from_secs(1),
@@ -404,7 +509,7 @@ async fn fake_registry_bad_blob_fails_digest_verification() {
     let t = tempfile::tempdir().unwrap();
     let dest = t.path().join("kube2");
     let source = ImageSource::Registry(fake.image("test/img:v1"));
-    let e = pull_rootfs(&client(), &source, &dest, &PullOptions::default())
+    let e = pull_rootfs(&fake.client(), &source, &dest, &PullOptions::default())
         .await
         .unwrap_err();
     assert!(e.is_verification_failure(), "{e}");
@@ -479,7 +584,7 @@ async fn fake_registry_docker_media_types_and_platform_selection() {
         serve(&img, req, media_type::OCI_MANIFEST)
     })
     .await;
-    let c = client();
+    let c = fake.client();
     let r = c
         .resolve(&fake.image("test/img:multi"), Arch::host())
         .await
@@ -518,7 +623,8 @@ async fn fake_registry_docker_media_types_and_platform_selection() {
 async fn basic_auth_challenge_is_refused_clearly() {
     let fake =
         Fake::start(|_| Resp::new(401, "").header("WWW-Authenticate", r#"Basic realm="r""#)).await;
-    let e = client()
+    let e = fake
+        .client()
         .resolve(&fake.image("p/q:r"), Arch::host())
         .await
         .unwrap_err();
@@ -536,7 +642,11 @@ async fn pinned_digest_must_match_what_is_served() {
     let fake = Fake::start(move |req| serve(&img, req, media_type::OCI_MANIFEST)).await;
     let wrong = Digest::of(b"something else");
     let image = fake.image("test/img").with_digest(wrong.clone());
-    let e = client().resolve(&image, Arch::host()).await.unwrap_err();
+    let e = fake
+        .client()
+        .resolve(&image, Arch::host())
+        .await
+        .unwrap_err();
     let msg = e.to_string();
     assert!(msg.contains(&format!("expected {wrong}")), "{msg}");
 }

@@ -73,6 +73,7 @@ pub const INPUTS: &[InputSpec] = &[
     spec(REQUIRE_MACHINE_REGISTRATION, Kind::Render),
     spec(OCI_IMAGE, Kind::Render),
     spec(OFFLINE_ARTIFACTS, Kind::Render),
+    spec(INSECURE_REGISTRIES, Kind::Render),
     spec(LOG_LEVEL, Kind::Render),
     spec(PREFLIGHT_IGNORE, Kind::Flow),
     spec(VERSION, Kind::Install),
@@ -127,6 +128,8 @@ pub struct Inputs {
     pub oci_image: String,
     /// `AKS_FLEX_NODE_OFFLINE_ARTIFACTS`.
     pub offline_artifacts: String,
+    /// `AKS_FLEX_NODE_INSECURE_REGISTRIES`.
+    pub insecure_registries: String,
     /// `AKS_FLEX_NODE_LOG_LEVEL`.
     pub log_level: String,
     /// `AKS_FLEX_NODE_PREFLIGHT_IGNORE`.
@@ -182,6 +185,7 @@ impl Inputs {
             REQUIRE_MACHINE_REGISTRATION => self.require_machine_registration = v,
             OCI_IMAGE => self.oci_image = v,
             OFFLINE_ARTIFACTS => self.offline_artifacts = v,
+            INSECURE_REGISTRIES => self.insecure_registries = v,
             LOG_LEVEL => self.log_level = v,
             PREFLIGHT_IGNORE => self.preflight_ignore = v,
             n => return lookup(n).is_some_and(|s| s.kind == Kind::Install),
@@ -216,6 +220,7 @@ impl Inputs {
             ),
             (OCI_IMAGE, &self.oci_image),
             (OFFLINE_ARTIFACTS, &self.offline_artifacts),
+            (INSECURE_REGISTRIES, &self.insecure_registries),
             (LOG_LEVEL, &self.log_level),
         ]
         .into_iter()

@@ -114,6 +114,16 @@ pub fn render(
     let labels = labels(&inputs.labels)?;
     let taints = taints(&inputs.taints)?;
     let mirrors = registry_mirrors(&inputs.registry_mirrors)?;
+    let insecure = flex_host::http::InsecureRegistries::parse(
+        names::INSECURE_REGISTRIES,
+        &inputs.insecure_registries,
+    )
+    .map_err(|e| {
+        invalid(
+            names::INSECURE_REGISTRIES,
+            format!("{:?} {}", e.entry, e.problem),
+        )
+    })?;
     let require_registration = parse_bool(
         names::REQUIRE_MACHINE_REGISTRATION,
         &inputs.require_machine_registration,
@@ -156,6 +166,12 @@ pub fn render(
         let mut oa = Map::new();
         put(&mut oa, "source", &inputs.offline_artifacts);
         bootstrap.insert("offlineArtifacts".into(), Value::Object(oa));
+    }
+    if !insecure.is_empty() {
+        bootstrap.insert(
+            "insecureRegistries".into(),
+            insecure.iter().map(Value::from).collect::<Vec<_>>().into(),
+        );
     }
 
     let mut kubelet = Map::new();
@@ -242,6 +258,7 @@ fn input_for_field(field: &str) -> Option<&'static str> {
         "networking.dnsServiceIP" => names::DNS_SERVICE_IP,
         f if f.starts_with("node.labels[") => names::LABELS,
         f if f.starts_with("node.taints[") => names::TAINTS,
+        f if f.starts_with("bootstrap.insecureRegistries[") => names::INSECURE_REGISTRIES,
         _ => return None,
     })
 }

@@ -424,8 +424,11 @@ impl Upgrader {
                 .ok()
                 .flatten()
                 .unwrap_or_default();
+            let opts = PullOptions::from_settings(&settings).map_err(|e| {
+                step("read the pull settings")(format!("{CONTAINER_SETTINGS}: {e}"))
+            })?;
             images
-                .pull(image, &PullOptions::from_settings(&settings))
+                .pull(image, &opts)
                 .await
                 .map_err(|e| step("pull")(e.to_string()))?;
             let n = u32::try_from(self.now().as_second().rem_euclid(1_000_000)).unwrap_or(0);

@@ -90,10 +90,11 @@ pub enum Outcome {
 pub async fn install_components(
     host: &Host,
     http: &reqwest::Client,
+    registry: &crate::oci::RegistryClient,
     rootfs: &Path,
     plan: &ComponentPlan,
 ) -> Result<InstallReport, ComponentsError> {
-    let fetcher = OciArtifactFetcher::new(http.clone());
+    let fetcher = OciArtifactFetcher::new(registry.clone());
     install_components_with(host, http, &fetcher, rootfs, plan).await
 }
 

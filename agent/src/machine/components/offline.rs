@@ -138,18 +138,17 @@ pub trait ArtifactFetcher: Send + Sync {
 
 /// The real [`ArtifactFetcher`]: [`crate::oci::fetch_artifact`] and
 /// [`crate::oci::manifest_reachable`] through a [`RegistryClient`] over the agent's HTTP
-/// client (anonymous access, plain HTTP only for local and private registries, retries).
+/// client (anonymous access, plain HTTP only for the registries the client lists as insecure,
+/// retries).
 #[derive(Clone, Debug)]
 pub struct OciArtifactFetcher {
     registry: RegistryClient,
 }
 
 impl OciArtifactFetcher {
-    /// A fetcher over `http` (normally [`crate::http::client`]).
-    pub fn new(http: reqwest::Client) -> Self {
-        Self {
-            registry: RegistryClient::new(http),
-        }
+    /// A fetcher through `registry` (the node's client, with `bootstrap.insecureRegistries`).
+    pub fn new(registry: RegistryClient) -> Self {
+        Self { registry }
     }
 }
 

@@ -40,9 +40,10 @@ fn unreachable_message(check: &str) -> &'static str {
 /// URLs)` for [`CHECK_KUBERNETES`], [`CHECK_CRI`], [`CHECK_CNI`], in that order.
 pub async fn check_reachable(
     http: &reqwest::Client,
+    registry: &crate::oci::RegistryClient,
     plan: &ComponentPlan,
 ) -> Vec<(String, Result<(), String>)> {
-    let fetcher = OciArtifactFetcher::new(http.clone());
+    let fetcher = OciArtifactFetcher::new(registry.clone());
     check_reachable_with(&HostFs::host(), &fetcher, http, plan).await
 }
 

@@ -19,7 +19,7 @@ use super::{
     AGENT_SLICE, CTR_NAMESPACE, ContainerdError, Images, PullOptions, PulledImage,
     check_container_name,
 };
-use crate::oci::Digest;
+use crate::oci::{Digest, ImageRef};
 use crate::runner::{Cmd, CmdError, Runner, check_status};
 
 /// Default deadline of a pull.
@@ -160,8 +160,27 @@ impl Images for CtrImages {
         reference: &str,
         opts: &PullOptions,
     ) -> Result<PulledImage, ContainerdError> {
+        // A reference the agent cannot parse is left to ctr to judge (and refuse), unless plain
+        // HTTP was asked for: then the registry must be known to be listed.
+        let plain_http = match ImageRef::parse(reference) {
+            Ok(image) => opts
+                .plain_http_for(&image)
+                .map_err(|reason| ContainerdError::Failed {
+                    image: reference.to_string(),
+                    step: "pull".into(),
+                    reason,
+                })?,
+            Err(_) if !opts.plain_http => false,
+            Err(e) => {
+                return Err(ContainerdError::Failed {
+                    image: reference.to_string(),
+                    step: "parse reference".into(),
+                    reason: e.to_string(),
+                });
+            }
+        };
         let mut cmd = self.ctr().args(["images", "pull"]);
-        if opts.plain_http {
+        if plain_http {
             cmd = cmd.arg("--plain-http");
         }
         if let Some(s) = &self.snapshotter {

@@ -29,9 +29,10 @@
 //! `ctr run <ref>` then finds the image unpacked (it checks the top chain ID's snapshot) and
 //! starts without pulling. [`Images::run_check`] is delegated to `ctr run` ([`CtrImages`]).
 //!
-//! The registry's scheme is the registry client's rule ([`crate::http::allows_plain_http`]):
-//! plain HTTP for localhost and private addresses, HTTPS otherwise. `plain_http` for a host
-//! the rule does not allow is refused with an error, rather than silently using HTTPS.
+//! The registry's scheme is [`PullOptions::plain_http_for`]'s: plain HTTP (with a warning naming
+//! the registry) exactly for a registry listed in the pull's insecure registries, HTTPS for
+//! every other, whatever its address. `plain_http` for a registry that is not listed is refused
+//! with an error, rather than silently using HTTPS.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -237,6 +238,8 @@ struct Doc {
 /// One pull's context: the image, its lease, its staging directory.
 struct Pull<'a> {
     store: &'a GrpcImages,
+    /// The store's registry client with this pull's insecure registries.
+    registry: RegistryClient,
     reference: &'a str,
     image: ImageRef,
     lease: String,
@@ -354,6 +357,7 @@ impl GrpcImages {
         &self,
         reference: &str,
         image: ImageRef,
+        registry: RegistryClient,
         lease: String,
     ) -> Result<PulledImage, ContainerdError> {
         let staging = tempfile::Builder::new()
@@ -366,6 +370,7 @@ impl GrpcImages {
             })?;
         let pull = Pull {
             store: self,
+            registry,
             reference,
             image,
             lease,
@@ -409,7 +414,7 @@ impl Pull<'_> {
     }
 
     async fn run(&self) -> Result<PulledImage, ContainerdError> {
-        let reg = &self.store.registry;
+        let reg = &self.registry;
         // Resolve: the document the reference names, indexes down to this platform's manifest.
         let mut fetched = reg
             .fetch_manifest(&self.image, &self.image.reference(), None)
@@ -976,17 +981,21 @@ impl Images for GrpcImages {
             step: "parse reference".into(),
             reason: e.to_string(),
         })?;
-        if opts.plain_http && !crate::http::allows_plain_http(image.api_host()) {
-            return Err(ContainerdError::Failed {
+        let plain_http = opts
+            .plain_http_for(&image)
+            .map_err(|reason| ContainerdError::Failed {
                 image: reference.to_string(),
                 step: "pull".into(),
-                reason: format!(
-                    "plain HTTP was asked for, but the agent's registry client speaks plain HTTP \
-                     only to localhost and private addresses, not to {}",
-                    image.api_host()
-                ),
+                reason,
+            })?;
+        let registry = self
+            .registry
+            .clone()
+            .with_insecure_registries(if plain_http {
+                opts.insecure_registries.clone()
+            } else {
+                flex_host::http::InsecureRegistries::none()
             });
-        }
         let lease = format!("aks-flex-pull-{}", unique());
         let expiry = SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -1006,7 +1015,7 @@ impl Images for GrpcImages {
         let started = std::time::Instant::now();
         let result = match tokio::time::timeout(
             self.pull_timeout,
-            self.pull_in_lease(reference, image, lease.clone()),
+            self.pull_in_lease(reference, image, registry, lease.clone()),
         )
         .await
         {

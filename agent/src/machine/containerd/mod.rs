@@ -39,8 +39,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::oci::OciError;
+use crate::oci::{ImageRef, OciError};
 use crate::runner::{CmdError, Runner};
+use flex_host::http::{INSECURE_REGISTRIES_ENV, InsecureRegistries, InsecureRegistryError};
 
 pub use crate::systemd::CTR_NAMESPACE;
 pub use ctr::CtrImages;
@@ -65,19 +66,27 @@ pub fn check_container_name(n: u32) -> String {
 
 /// How images are pulled: read from the host's settings file
 /// ([`crate::systemd::CONTAINER_SETTINGS`]).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PullOptions {
-    /// Talk plain HTTP to the registry (`--plain-http`).
+    /// `--plain-http` among [`PULL_ARGS_KEY`]'s flags (what the boot units pass to `ctr`). For
+    /// the agent's own pulls it is honoured only for a registry in
+    /// [`PullOptions::insecure_registries`]; for any other it is an error.
     pub plain_http: bool,
+    /// [`flex_host::http::INSECURE_REGISTRIES_ENV`]: the registries pulled over plain HTTP (the
+    /// explicit opt-in); every other registry is HTTPS.
+    pub insecure_registries: InsecureRegistries,
 }
 
 impl PullOptions {
-    /// Reads `AKS_FLEX_NODE_PULL_ARGS=…` from the settings file's text: `KEY=VALUE` lines, the
-    /// value optionally in single or double quotes; blank lines and `#` comments are skipped and
-    /// a later assignment wins. `--plain-http` among the (whitespace-separated) flags sets
-    /// [`PullOptions::plain_http`]; other flags are logged and ignored.
-    pub fn from_settings(env_file_text: &str) -> Self {
+    /// Reads `AKS_FLEX_NODE_PULL_ARGS=…` and `AKS_FLEX_NODE_INSECURE_REGISTRIES=…` from the
+    /// settings file's text: `KEY=VALUE` lines, the value optionally in single or double
+    /// quotes; blank lines and `#` comments are skipped and a later assignment wins.
+    /// `--plain-http` among the (whitespace-separated) flags sets [`PullOptions::plain_http`];
+    /// other flags are logged and ignored. The registries are `host[:port]`, comma-separated; a
+    /// wrong entry is an error naming the variable.
+    pub fn from_settings(env_file_text: &str) -> Result<Self, InsecureRegistryError> {
         let mut args = None;
+        let mut insecure = None;
         for line in env_file_text.lines() {
             let line = line.trim();
             if line.is_empty() || line.starts_with('#') {
@@ -87,11 +96,19 @@ impl PullOptions {
             let Some((key, value)) = line.split_once('=') else {
                 continue;
             };
-            if key.trim() == PULL_ARGS_KEY {
-                args = Some(unquote(value.trim()).to_string());
+            match key.trim() {
+                PULL_ARGS_KEY => args = Some(unquote(value.trim()).to_string()),
+                INSECURE_REGISTRIES_ENV => insecure = Some(unquote(value.trim()).to_string()),
+                _ => {}
             }
         }
-        let mut opts = Self::default();
+        let mut opts = Self {
+            insecure_registries: InsecureRegistries::parse(
+                INSECURE_REGISTRIES_ENV,
+                insecure.as_deref().unwrap_or(""),
+            )?,
+            ..Self::default()
+        };
         for flag in args.as_deref().unwrap_or("").split_whitespace() {
             match flag {
                 "--plain-http" | "--plain-http=true" => opts.plain_http = true,
@@ -99,7 +116,31 @@ impl PullOptions {
                 other => tracing::warn!(flag = other, "{PULL_ARGS_KEY}: ignoring unknown flag"),
             }
         }
-        opts
+        Ok(opts)
+    }
+
+    /// Whether `image` is pulled over plain HTTP: exactly when its registry is in
+    /// [`PullOptions::insecure_registries`], with a warning naming it. `--plain-http` for a
+    /// registry that is not listed is refused (the reason is returned; the stores report it as
+    /// a [`ContainerdError::Failed`] at step `pull`) rather than silently ignored or obeyed.
+    pub fn plain_http_for(&self, image: &ImageRef) -> Result<bool, String> {
+        let registry = image.api_host();
+        if self.insecure_registries.allows(registry) {
+            tracing::warn!(
+                registry,
+                image = %image,
+                "pull over plain HTTP: the registry is listed in {INSECURE_REGISTRIES_ENV}; its \
+                 content is not protected in transit (digests are still verified)"
+            );
+            return Ok(true);
+        }
+        if self.plain_http {
+            return Err(format!(
+                "{PULL_ARGS_KEY} asks for plain HTTP, but {registry} is not listed in \
+                 {INSECURE_REGISTRIES_ENV}"
+            ));
+        }
+        Ok(false)
     }
 }
 

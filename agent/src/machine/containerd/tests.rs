@@ -53,11 +53,79 @@ fn pull_options_from_settings() {
     ];
     for (text, plain_http) in cases {
         assert_eq!(
-            PullOptions::from_settings(text),
-            PullOptions { plain_http },
+            PullOptions::from_settings(text).unwrap(),
+            PullOptions {
+                plain_http,
+                ..Default::default()
+            },
             "{text:?}"
         );
     }
+    let o = PullOptions::from_settings(
+        "AKS_FLEX_NODE_INSECURE_REGISTRIES=\"10.0.2.2:5000, r.local\"\nAKS_FLEX_NODE_PULL_ARGS=--plain-http\n",
+    )
+    .unwrap();
+    assert!(o.plain_http);
+    assert_eq!(o.insecure_registries.to_list(), "10.0.2.2:5000,r.local");
+    let e = PullOptions::from_settings("AKS_FLEX_NODE_INSECURE_REGISTRIES=http://10.0.2.2:5000\n")
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        e,
+        "AKS_FLEX_NODE_INSECURE_REGISTRIES: \"http://10.0.2.2:5000\" must be host[:port], without a scheme"
+    );
+}
+
+fn listed(registries: &str) -> PullOptions {
+    PullOptions {
+        plain_http: true,
+        insecure_registries: flex_host::http::InsecureRegistries::parse("test", registries)
+            .unwrap(),
+    }
+}
+
+/// `ctr` faked by the runner: a private-address registry gets `--plain-http` only when it is
+/// listed; asking for plain HTTP to one that is not listed is refused before `ctr` runs.
+#[tokio::test]
+async fn ctr_plain_http_only_for_listed_registries() {
+    let fake = FakeRunner::new();
+    fake.on(
+        &format!("ctr -n aks-flex images ls name=={REF}"),
+        Output::ok(ls_table(REF, DIGEST)),
+    );
+    let ctr = ctr_over(&fake);
+    // Private address, nothing listed, no flag: HTTPS (no --plain-http).
+    ctr.pull(REF, &PullOptions::default()).await.unwrap();
+    // Listed: --plain-http, even without the flag.
+    let only_list = PullOptions {
+        plain_http: false,
+        ..listed("10.0.2.2:5000")
+    };
+    ctr.pull(REF, &only_list).await.unwrap();
+    let pulls: Vec<String> = fake
+        .calls()
+        .into_iter()
+        .filter(|c| c.contains("images pull"))
+        .collect();
+    assert_eq!(
+        pulls,
+        [
+            format!("ctr -n aks-flex images pull {REF}"),
+            format!("ctr -n aks-flex images pull --plain-http {REF}"),
+        ]
+    );
+    // The flag for a registry that is not listed (another port): refused, ctr not run.
+    let before = fake.calls().len();
+    let e = ctr
+        .pull(REF, &listed("10.0.2.2:5001"))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("10.0.2.2:5000 is not listed in AKS_FLEX_NODE_INSECURE_REGISTRIES"),
+        "{e}"
+    );
+    assert_eq!(fake.calls().len(), before);
 }
 
 fn ls_table(reference: &str, digest: &str) -> String {
@@ -82,10 +150,7 @@ async fn ctr_argv_transcript() {
         Output::ok("aks-flex-node 1.2.3\n".to_string()),
     );
     let ctr = ctr_over(&fake);
-    let pulled = ctr
-        .pull(REF, &PullOptions { plain_http: true })
-        .await
-        .unwrap();
+    let pulled = ctr.pull(REF, &listed("10.0.2.2:5000")).await.unwrap();
     assert_eq!(
         pulled,
         PulledImage {
@@ -395,10 +460,7 @@ async fn fake_records_and_answers() {
         .check_prints(REF, "v2\n")
         .fail_check("broken", 1, "segfault");
     assert!(fake.exists("old").await.unwrap());
-    let p = fake
-        .pull(REF, &PullOptions { plain_http: true })
-        .await
-        .unwrap();
+    let p = fake.pull(REF, &listed("10.0.2.2:5000")).await.unwrap();
     assert_eq!(p.digest, DIGEST);
     assert_eq!(
         fake.pull("plain", &PullOptions::default())

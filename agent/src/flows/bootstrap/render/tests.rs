@@ -49,6 +49,7 @@ pub(crate) fn full() -> Inputs {
         (names::REQUIRE_MACHINE_REGISTRATION, "TRUE"),
         (names::OCI_IMAGE, "ghcr.io/azure/agent-ubuntu2404:v20260619"),
         (names::OFFLINE_ARTIFACTS, "/var/lib/aks-flex-node/offline"),
+        (names::INSECURE_REGISTRIES, " 10.0.2.2:5000 ,Registry.Local"),
         (names::LOG_LEVEL, "debug"),
         (names::PREFLIGHT_IGNORE, "disk-space"),
     ] {
@@ -82,6 +83,14 @@ fn full_inputs_snapshot() {
     assert_eq!(
         c.node.registry_mirrors["mcr.microsoft.com"],
         "https://mirror.example:8443"
+    );
+    assert_eq!(
+        c.bootstrap.insecure_registries,
+        vec!["10.0.2.2:5000", "registry.local"]
+    );
+    assert_eq!(
+        names::INSECURE_REGISTRIES,
+        flex_host::http::INSECURE_REGISTRIES_ENV
     );
     assert!(c.agent.require_machine_registration);
     assert!(c.offline());
@@ -215,6 +224,16 @@ fn errors_name_the_input() {
             names::REGISTRY_MIRRORS,
             "r.io=http://a,r.io=http://b",
             "registry \"r.io\" is given twice",
+        ),
+        (
+            names::INSECURE_REGISTRIES,
+            "10.0.2.2:5000,http://10.0.2.2:5000",
+            "\"http://10.0.2.2:5000\" must be host[:port], without a scheme",
+        ),
+        (
+            names::INSECURE_REGISTRIES,
+            "10.0.2.2:5000/v2",
+            "without a path",
         ),
         (
             names::MACHINE_CLIENT_MODE,
