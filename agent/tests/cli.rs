@@ -122,20 +122,9 @@ fn bad_configs_are_one_line_errors_naming_the_problem() {
         .assert()
         .code(1)
         .stderr(predicate::str::contains("failed to parse config file"));
-    let bad_field = write_config(
-        d.path(),
+    let err = preflight_error(
         &TOKEN_FIXTURE.replace("\"logLevel\": \"debug\"", "\"logLevel\": \"loud\""),
     );
-    let out = bin()
-        .args(["preflight", "--config"])
-        .arg(&bad_field)
-        .assert()
-        .code(1)
-        .get_output()
-        .stderr
-        .clone();
-    let err = String::from_utf8(out).unwrap();
-    assert_eq!(err.lines().count(), 1, "{err}");
     assert!(
         err.contains("config validation failed: agent.logLevel: \"loud\" is not one of debug, info, warning, error"),
         "{err}"
@@ -571,19 +560,24 @@ async fn the_kube_client_sends_the_token_that_token_kubelogin_prints() {
     }
 }
 
-/// Runs `preflight` on `json` (the real binary, a real file); returns its one-line stderr.
-fn preflight_error(json: &str) -> String {
-    let d = tempfile::tempdir().unwrap();
-    let cfg = write_config(d.path(), json);
+/// Runs `preflight` on the config file `cfg` (the real binary), which must fail; returns its
+/// stderr.
+fn preflight_stderr(cfg: &Path) -> String {
     let out = bin()
         .args(["preflight", "--config"])
-        .arg(&cfg)
+        .arg(cfg)
         .assert()
         .code(1)
         .get_output()
         .stderr
         .clone();
-    let err = String::from_utf8(out).unwrap();
+    String::from_utf8(out).unwrap()
+}
+
+/// Runs `preflight` on `json` (the real binary, a real file); returns its one-line stderr.
+fn preflight_error(json: &str) -> String {
+    let d = tempfile::tempdir().unwrap();
+    let err = preflight_stderr(&write_config(d.path(), json));
     assert_eq!(err.lines().count(), 1, "{err}");
     err
 }
@@ -593,16 +587,7 @@ fn preflight_error(json: &str) -> String {
 #[test]
 fn config_errors_print_each_cause_once() {
     let d = tempfile::tempdir().unwrap();
-    let missing = d.path().join("missing.json");
-    let out = bin()
-        .args(["preflight", "--config"])
-        .arg(&missing)
-        .assert()
-        .code(1)
-        .get_output()
-        .stderr
-        .clone();
-    let err = String::from_utf8(out).unwrap();
+    let err = preflight_stderr(&d.path().join("missing.json"));
     assert_eq!(err.matches("No such file or directory").count(), 1, "{err}");
     let err = preflight_error(
         &TOKEN_FIXTURE.replace("\"logLevel\": \"debug\"", "\"logLevel\": \"loud\""),

@@ -684,6 +684,23 @@ pub(super) fn token_in(env: &str) -> Option<String> {
         .map(|e| e.value)
 }
 
+/// Removes `node`'s entry from the controller's machine store (`kube-system/aks-flex-machines`).
+pub(super) async fn remove_machine_entry(e: &Env<'_>, node: &str) -> anyhow::Result<()> {
+    e.kubectl
+        .run([
+            "-n",
+            render::NAMESPACE,
+            "patch",
+            "configmap",
+            render::MACHINES_CONFIG_MAP,
+            "--type=json",
+            "-p",
+            &format!(r#"[{{"op":"remove","path":"/data/{node}.json"}}]"#),
+        ])
+        .await?;
+    Ok(())
+}
+
 /// The administrator's re-admission of a reset node: deletes the daemon's earlier
 /// CertificateSigningRequests (label `app.kubernetes.io/managed-by=aks-flex-node`). The
 /// controller's approver issues no certificate through a bootstrap token to a node that holds a

@@ -151,24 +151,10 @@ async fn create(
 ) -> Result<Created, StepError> {
     std::fs::create_dir_all(dir).step("create the cluster directory")?;
     let kubeconfig = dir.join("kubeconfig");
-    let flat = r
-        .run(
-            &Cmd::new("kubectl")
-                .arg("--kubeconfig")
-                .arg(req.kubeconfig.display().to_string())
-                .args([
-                    "config",
-                    "view",
-                    "--raw",
-                    "--minify",
-                    "--flatten",
-                    "-o",
-                    "json",
-                ]),
-        )
+    let flat = Kubectl::new(r, &req.kubeconfig)
+        .flattened_config()
         .await
-        .step("read the kubeconfig")?
-        .stdout;
+        .step("read the kubeconfig")?;
     let server = super::parse::kubeconfig_server(&flat).step("read the kubeconfig")?;
     let ca = super::parse::kubeconfig_ca(&flat).step("read the kubeconfig")?;
     let api_server = guest_server(&server).step("read the kubeconfig")?;

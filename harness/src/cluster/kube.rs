@@ -107,6 +107,21 @@ impl<'a> Kubectl<'a> {
         }
     }
 
+    /// The kubeconfig with its credentials and CA inline, as JSON (`config view --raw --minify
+    /// --flatten`): it holds the credentials.
+    pub async fn flattened_config(&self) -> anyhow::Result<String> {
+        self.run([
+            "config",
+            "view",
+            "--raw",
+            "--minify",
+            "--flatten",
+            "-o",
+            "json",
+        ])
+        .await
+    }
+
     /// `kubectl get <what> -o json --ignore-not-found` (`what` like `node x`, `-n ns pod y`):
     /// empty when it is not there.
     pub async fn get_json(&self, what: &[&str]) -> anyhow::Result<String> {

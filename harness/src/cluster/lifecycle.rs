@@ -100,18 +100,7 @@ async fn deletion_signal(e: &Env<'_>) -> anyhow::Result<Checked> {
     let t = Instant::now();
     // The machine goes first: a taint with the machine still there only makes the daemon wait,
     // and the taint, a change of the Node, is what wakes it.
-    e.kubectl
-        .run([
-            "-n",
-            render::NAMESPACE,
-            "patch",
-            "configmap",
-            render::MACHINES_CONFIG_MAP,
-            "--type=json",
-            "-p",
-            &format!(r#"[{{"op":"remove","path":"/data/{node}.json"}}]"#),
-        ])
-        .await?;
+    super::checks::remove_machine_entry(e, node).await?;
     e.kubectl
         .run([
             "taint",

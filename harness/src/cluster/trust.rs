@@ -62,18 +62,7 @@ const ISSUE_TIMEOUT: Duration = Duration::from_secs(90);
 
 /// The API server and CA from the admin kubeconfig, as a kubeconfig for `user` (JSON).
 async fn kubeconfig_for(k: &Kubectl<'_>, user: Value) -> anyhow::Result<String> {
-    let admin: Value = serde_json::from_str(
-        &k.run([
-            "config",
-            "view",
-            "--raw",
-            "--minify",
-            "--flatten",
-            "-o",
-            "json",
-        ])
-        .await?,
-    )?;
+    let admin: Value = serde_json::from_str(&k.flattened_config().await?)?;
     let cluster = admin["clusters"][0]["cluster"].clone();
     if cluster["server"].as_str().unwrap_or_default().is_empty() {
         anyhow::bail!("the admin kubeconfig names no server");
@@ -224,24 +213,38 @@ fn operation(e: &Env<'_>, name: &str, target: &str) -> String {
     doc.to_string()
 }
 
-/// `f`'s error text, or a failure naming `what` when it succeeded.
-async fn refused<F>(what: &str, f: F) -> anyhow::Result<String>
+/// Fails unless `f` fails with an error that contains `want` (the refusal expected), naming
+/// `what`.
+async fn refused<F>(what: &str, f: F, want: &str) -> anyhow::Result<()>
 where
     F: std::future::Future<Output = anyhow::Result<String>>,
 {
     match f.await {
         Ok(out) => anyhow::bail!("{what} was allowed ({})", out.trim()),
-        Err(e) => Ok(format!("{e:#}")),
+        Err(e) => {
+            let text = format!("{e:#}");
+            if text.contains(want) {
+                Ok(())
+            } else {
+                anyhow::bail!("{what} was refused, but not by {want:?}: {text}")
+            }
+        }
     }
 }
 
-/// Fails unless `text` (a refusal) contains `want`, naming `what`.
-fn because(what: &str, text: &str, want: &str) -> anyhow::Result<()> {
-    if text.contains(want) {
-        Ok(())
-    } else {
-        anyhow::bail!("{what} was refused, but not by {want:?}: {text}")
-    }
+/// `kubectl patch machineoperation <name> --subresource=status --type=merge -p <body>` as
+/// `k`'s identity.
+async fn patch_status(k: Kubectl<'_>, name: &str, body: Value) -> anyhow::Result<String> {
+    k.run([
+        "patch",
+        "machineoperation",
+        name,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        &body.to_string(),
+    ])
+    .await
 }
 
 /// Removes the group's objects.
@@ -311,8 +314,7 @@ async fn confined(e: &Env<'_>) -> anyhow::Result<usize> {
     let other_kc = node_identity(e, &s, &other).await?;
     let k = e.kubectl.with_kubeconfig(&me_kc);
     let k2 = e.kubectl.with_kubeconfig(&other_kc);
-    let mop = "machineoperation";
-    let status = "--subresource=status";
+    const POLICY: &str = "may not change MachineOperation";
     let mut n = 0;
     // The seed's attack: turn another node's operation into an AgentUpgrade for every node.
     let attack = json!({"spec": {
@@ -321,115 +323,69 @@ async fn confined(e: &Env<'_>) -> anyhow::Result<usize> {
         "parameters": {"downloadURL": "https://attacker.invalid/agent.tar.gz", "sha256": "0".repeat(64)},
     }})
     .to_string();
-    let why = refused(
-        "the intruder's spec patch",
-        k.run(["patch", mop, &aimed, "--type=merge", "-p", &attack]),
-    )
-    .await?;
-    because("the intruder's spec patch", &why, "forbidden")?;
-    n += 1;
-    let why = refused(
-        "the intruder's create",
-        k.apply(&operation(e, &format!("trust-{st}-created"), &victim)),
-    )
-    .await?;
-    because("the intruder's create", &why, "forbidden")?;
-    n += 1;
-    for (what, body) in [
-        (
-            "resetting another machine's operation to Pending",
-            json!({"status": {"phase": "Pending", "claimedBy": me}}),
-        ),
-        (
-            "finishing another machine's operation",
-            json!({"status": {"phase": "Complete"}}),
-        ),
-    ] {
-        let why = refused(
-            what,
-            k.run([
-                "patch",
-                mop,
-                &aimed,
-                status,
-                "--type=merge",
-                "-p",
-                &body.to_string(),
-            ]),
-        )
-        .await?;
-        because(what, &why, "may not change MachineOperation")?;
-        n += 1;
-    }
-    let why = refused(
-        "deleting another machine's operation",
-        k.run(["delete", mop, &aimed]),
-    )
-    .await?;
-    because(
-        "deleting another machine's operation",
-        &why,
-        "may not change MachineOperation",
-    )?;
-    n += 1;
-    // Its own: claimed, then not handed to someone else's name.
-    let claim = json!({"status": {"phase": "InProgress", "claimedBy": me}}).to_string();
-    k.run(["patch", mop, &own, status, "--type=merge", "-p", &claim])
-        .await?;
-    let why = refused(
-        "naming another node as the claimer",
-        k.run([
-            "patch",
-            mop,
-            &own,
-            status,
-            "--type=merge",
-            "-p",
-            &json!({"status": {"claimedBy": victim}}).to_string(),
-        ]),
-    )
-    .await?;
-    because(
-        "naming another node as the claimer",
-        &why,
-        "status.claimedBy only to its own node",
-    )?;
-    n += 1;
-    // A selector operation: the first claim stands, and another node cannot take it over.
-    k.run([
+    let spec_patch = k.run([
         "patch",
-        mop,
-        &by_label,
-        status,
+        "machineoperation",
+        &aimed,
         "--type=merge",
         "-p",
-        &claim,
-    ])
-    .await?;
-    let theirs = json!({"status": {"phase": "Pending", "claimedBy": other}}).to_string();
-    let why = refused(
-        "taking over another node's claim",
-        k2.run([
-            "patch",
-            mop,
-            &by_label,
-            status,
-            "--type=merge",
-            "-p",
-            &theirs,
-        ]),
+        &attack,
+    ]);
+    refused("the intruder's spec patch", spec_patch, "forbidden").await?;
+    n += 1;
+    let created = operation(e, &format!("trust-{st}-created"), &victim);
+    let create = k.apply(&created);
+    refused("the intruder's create", create, "forbidden").await?;
+    n += 1;
+    let reset = json!({"status": {"phase": "Pending", "claimedBy": me}});
+    refused(
+        "resetting another machine's operation to Pending",
+        patch_status(k, &aimed, reset),
+        POLICY,
     )
     .await?;
-    because(
+    n += 1;
+    let finish = json!({"status": {"phase": "Complete"}});
+    refused(
+        "finishing another machine's operation",
+        patch_status(k, &aimed, finish),
+        POLICY,
+    )
+    .await?;
+    n += 1;
+    let delete = k.run(["delete", "machineoperation", &aimed]);
+    refused("deleting another machine's operation", delete, POLICY).await?;
+    n += 1;
+    // Its own: claimed, then not handed to someone else's name.
+    let claim = json!({"status": {"phase": "InProgress", "claimedBy": me}});
+    patch_status(k, &own, claim.clone()).await?;
+    refused(
+        "naming another node as the claimer",
+        patch_status(k, &own, json!({"status": {"claimedBy": victim}})),
+        "status.claimedBy only to its own node",
+    )
+    .await?;
+    n += 1;
+    // A selector operation: the first claim stands, and another node cannot take it over.
+    patch_status(k, &by_label, claim).await?;
+    refused(
         "taking over another node's claim",
-        &why,
-        "may not change MachineOperation",
-    )?;
+        patch_status(
+            k2,
+            &by_label,
+            json!({"status": {"phase": "Pending", "claimedBy": other}}),
+        ),
+        POLICY,
+    )
+    .await?;
     n += 1;
     // And it finishes its own.
-    let done = json!({"status": {"phase": "Complete", "claimedBy": me}}).to_string();
-    k.run(["patch", mop, &own, status, "--type=merge", "-p", &done])
-        .await?;
+    patch_status(
+        k,
+        &own,
+        json!({"status": {"phase": "Complete", "claimedBy": me}}),
+    )
+    .await?;
     Ok(n)
 }
 
@@ -448,27 +404,28 @@ async fn spec_rules_inner(e: &Env<'_>) -> anyhow::Result<()> {
         .apply(&operation(e, &name, &format!("trust-{st}-victim")))
         .await?;
     let edit = json!({"spec": {"operationKind": "AgentReset"}}).to_string();
-    let why = refused(
+    let spec_edit = admin.run([
+        "patch",
+        "machineoperation",
+        &name,
+        "--type=merge",
+        "-p",
+        &edit,
+    ]);
+    refused(
         "an administrator's spec edit",
-        admin.run([
-            "patch",
-            "machineoperation",
-            &name,
-            "--type=merge",
-            "-p",
-            &edit,
-        ]),
+        spec_edit,
+        "spec is immutable",
     )
     .await?;
-    because("an administrator's spec edit", &why, "spec is immutable")?;
     let mut empty: Value = serde_json::from_str(&operation(e, &format!("trust-{st}-empty"), ""))?;
     empty["spec"]["machineSelector"] = json!({});
-    let why = refused("an empty selector", admin.apply(&empty.to_string())).await?;
-    because(
+    refused(
         "an empty selector",
-        &why,
+        admin.apply(&empty.to_string()),
         "an empty selector matches no machine",
-    )?;
+    )
+    .await?;
     Ok(())
 }
 
@@ -476,22 +433,7 @@ async fn token_bound(e: &Env<'_>) -> anyhow::Result<Checked> {
     let t = Instant::now();
     let r = token_bound_inner(e).await;
     clean(e).await;
-    let _ = e
-        .kubectl
-        .run([
-            "-n",
-            render::NAMESPACE,
-            "patch",
-            "configmap",
-            render::MACHINES_CONFIG_MAP,
-            "--type=json",
-            "-p",
-            &format!(
-                r#"[{{"op":"remove","path":"/data/trust-{}-bound.json"}}]"#,
-                e.stamp
-            ),
-        ])
-        .await;
+    let _ = super::checks::remove_machine_entry(e, &format!("trust-{}-bound", e.stamp)).await;
     r.map(|m| Checked::passed_with(format!("{m}, in {}", secs(t.elapsed()))))
 }
 
