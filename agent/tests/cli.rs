@@ -566,6 +566,7 @@ fn preflight_stderr(cfg: &Path) -> String {
     let out = bin()
         .args(["preflight", "--config"])
         .arg(cfg)
+        .timeout(std::time::Duration::from_secs(30))
         .assert()
         .code(1)
         .get_output()
@@ -646,15 +647,7 @@ fn config_file_size_is_capped() {
     let padded = format!("{TOKEN_FIXTURE}{}", " ".repeat(2 << 20));
     let err = preflight_error(&padded);
     assert!(err.contains("is larger than 1 MiB"), "{err}");
-    let out = bin()
-        .args(["preflight", "--config", "/dev/zero"])
-        .timeout(std::time::Duration::from_secs(30))
-        .assert()
-        .code(1)
-        .get_output()
-        .stderr
-        .clone();
-    let err = String::from_utf8(out).unwrap();
+    let err = preflight_stderr(Path::new("/dev/zero"));
     assert!(
         err.contains("config file at /dev/zero is larger than 1 MiB"),
         "{err}"

@@ -684,8 +684,13 @@ pub(super) fn token_in(env: &str) -> Option<String> {
         .map(|e| e.value)
 }
 
-/// Removes `node`'s entry from the controller's machine store (`kube-system/aks-flex-machines`).
-pub(super) async fn remove_machine_entry(e: &Env<'_>, node: &str) -> anyhow::Result<()> {
+/// Patches the controller's machine store (`kube-system/aks-flex-machines`) with `patch` of
+/// `kind` (`json` or `merge`).
+pub(super) async fn patch_machine_store(
+    e: &Env<'_>,
+    kind: &str,
+    patch: &str,
+) -> anyhow::Result<()> {
     e.kubectl
         .run([
             "-n",
@@ -693,12 +698,18 @@ pub(super) async fn remove_machine_entry(e: &Env<'_>, node: &str) -> anyhow::Res
             "patch",
             "configmap",
             render::MACHINES_CONFIG_MAP,
-            "--type=json",
+            &format!("--type={kind}"),
             "-p",
-            &format!(r#"[{{"op":"remove","path":"/data/{node}.json"}}]"#),
+            patch,
         ])
         .await?;
     Ok(())
+}
+
+/// Removes `node`'s entry from the controller's machine store.
+pub(super) async fn remove_machine_entry(e: &Env<'_>, node: &str) -> anyhow::Result<()> {
+    let patch = format!(r#"[{{"op":"remove","path":"/data/{node}.json"}}]"#);
+    patch_machine_store(e, "json", &patch).await
 }
 
 /// The administrator's re-admission of a reset node: deletes the daemon's earlier

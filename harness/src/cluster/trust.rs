@@ -463,18 +463,7 @@ async fn token_bound_inner(e: &Env<'_>) -> anyhow::Result<String> {
     let (good, stray) = (make_token(e).await?, make_token(e).await?);
     let entry = render::machine_entry(&bound, &e.info.kubernetes_version, "trust", good.id())?;
     let patch = json!({"data": {format!("{bound}.json"): entry}}).to_string();
-    e.kubectl
-        .run([
-            "-n",
-            render::NAMESPACE,
-            "patch",
-            "configmap",
-            render::MACHINES_CONFIG_MAP,
-            "--type=merge",
-            "-p",
-            &patch,
-        ])
-        .await?;
+    super::checks::patch_machine_store(e, "merge", &patch).await?;
     let mut kcs = Vec::new();
     for (t, file) in [(&good, "good.kubeconfig"), (&stray, "stray.kubeconfig")] {
         let kc = kubeconfig_for(&e.kubectl, json!({"token": t.token().expose()})).await?;
