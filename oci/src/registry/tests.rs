@@ -412,6 +412,50 @@ async fn fake_registry_anonymous_bearer_token_flow() {
     assert_eq!(names, ["kube1"]);
 }
 
+/// The token realm a registry names is any URL: its answer is read only up to the document
+/// limit. A realm that answers a valid token padded past 4 MiB is refused (before the bound,
+/// the whole answer was buffered and the token used). Real client, fake registry and realm on
+/// loopback.
+#[tokio::test]
+async fn a_token_realm_answer_past_the_limit_is_refused() {
+    let img = test_image(b"hello");
+    let port_cell = Arc::new(std::sync::OnceLock::<u16>::new());
+    let pc = port_cell.clone();
+    let fake = Fake::start(move |req| {
+        if req.path.starts_with("/token") {
+            let pad = "x".repeat(flex_host::http::DOCUMENT_LIMIT + 1);
+            return Resp::new(200, format!(r#"{{"token":"tok123","pad":"{pad}"}}"#));
+        }
+        if req.headers.get("authorization").map(String::as_str) != Some("Bearer tok123") {
+            let port = pc.get().copied().unwrap_or(0);
+            return Resp::new(401, "").header(
+                "WWW-Authenticate",
+                &format!(
+                    r#"Bearer realm="http://127.0.0.1:{port}/token",service="fake",scope="repository:test/img:pull""#
+                ),
+            );
+        }
+        serve(&img, req, media_type::OCI_MANIFEST)
+    })
+    .await;
+    port_cell.set(fake.port).unwrap();
+    let e = fake
+        .client()
+        .resolve(&fake.image("test/img:v1"), Arch::host())
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("token endpoint") && e.contains("exceeds 4194304 bytes"),
+        "{e}"
+    );
+    assert!(
+        e.len() < 1_000,
+        "the padding is not quoted: {} bytes",
+        e.len()
+    );
+}
+
 #[tokio::test]
 async fn fake_registry_transient_statuses_are_retried() {
     let img = test_image(b"retry");
