@@ -642,8 +642,8 @@ impl Pull<'_> {
                 .await;
         }
         let path = self.staging.join(layer.digest.hex());
-        self.store
-            .registry
+        // This pull's client (with its insecure registries), not the store's.
+        self.registry
             .pull_blob(&self.image, layer, &path, "layer")
             .await
             .map_err(self.registry("download layer"))?;
