@@ -168,7 +168,7 @@ pub async fn run_checks(
                 Severity::Ok,
                 format!("goal state for {} resolves", goal.machine),
             ));
-            results.push(match remote.image_reachable(&goal).await {
+            results.push(match remote.image_reachable(config, &goal).await {
                 Ok(digest) => CheckResult::new(
                     "oci-image-reachable",
                     "node rootfs image",
@@ -685,7 +685,7 @@ mod tests {
 
     #[async_trait::async_trait]
     impl RemoteProbe for FakeRemote {
-        async fn image_reachable(&self, _g: &MachineGoal) -> Result<String, String> {
+        async fn image_reachable(&self, _c: &Config, _g: &MachineGoal) -> Result<String, String> {
             if self.up {
                 Ok("sha256:abc".into())
             } else {

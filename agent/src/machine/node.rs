@@ -231,12 +231,25 @@ impl NodeOps for NodeMachines {
     }
 }
 
+impl NodeMachines {
+    /// A registry client with `config`'s insecure registries: a probe is asked about the config
+    /// it is given, which is not always the one these machines were made for (`bootstrap-node`
+    /// probes the config it has just rendered).
+    fn registry_for(&self, config: &Config) -> Result<RegistryClient, String> {
+        let insecure = config
+            .bootstrap
+            .insecure_registries()
+            .map_err(|e| e.to_string())?;
+        Ok(RegistryClient::new(self.http.clone()).with_insecure_registries(insecure))
+    }
+}
+
 #[async_trait]
 impl RemoteProbe for NodeMachines {
-    async fn image_reachable(&self, goal: &MachineGoal) -> Result<String, String> {
+    async fn image_reachable(&self, config: &Config, goal: &MachineGoal) -> Result<String, String> {
         let source = ImageSource::parse(&goal.oci_image).map_err(|e| e.to_string())?;
         let arch = goal.arch.parse().map_err(|e| format!("{e}"))?;
-        oci::manifest_reachable(&self.registry, &source, arch)
+        oci::manifest_reachable(&self.registry_for(config)?, &source, arch)
             .await
             .map(|d| d.to_string())
             .map_err(|e| format!("rootfs image is not reachable: {e}"))
@@ -248,7 +261,10 @@ impl RemoteProbe for NodeMachines {
         goal: &MachineGoal,
     ) -> Vec<(String, Result<(), String>)> {
         match ComponentPlan::resolve(config, &goal.arch, self.downloads.clone()) {
-            Ok(plan) => components::check_reachable(&self.http, &self.registry, &plan).await,
+            Ok(plan) => match self.registry_for(config) {
+                Ok(registry) => components::check_reachable(&self.http, &registry, &plan).await,
+                Err(e) => vec![(components::CHECK_KUBERNETES.to_string(), Err(e))],
+            },
             Err(e) => vec![(components::CHECK_KUBERNETES.to_string(), Err(e.to_string()))],
         }
     }

@@ -110,7 +110,7 @@ pub trait NodeOps: Send + Sync {
 #[async_trait]
 pub trait RemoteProbe: Send + Sync {
     /// Whether the rootfs image's manifest can be fetched: `Ok(digest)` or why not.
-    async fn image_reachable(&self, goal: &MachineGoal) -> Result<String, String>;
+    async fn image_reachable(&self, config: &Config, goal: &MachineGoal) -> Result<String, String>;
     /// `(check name, result)` for `kubernetes-artifacts`, `cri-artifacts`, `cni-artifacts`.
     async fn artifacts_reachable(
         &self,

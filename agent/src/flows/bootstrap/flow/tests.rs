@@ -15,7 +15,7 @@ struct UpProbe;
 
 #[async_trait]
 impl RemoteProbe for UpProbe {
-    async fn image_reachable(&self, _g: &MachineGoal) -> Result<String, String> {
+    async fn image_reachable(&self, _c: &Config, _g: &MachineGoal) -> Result<String, String> {
         Ok("sha256:abc".into())
     }
     async fn artifacts_reachable(
