@@ -362,6 +362,20 @@ fn bearer_challenges() {
     assert!(parse_bearer_challenge("").is_none());
 }
 
+/// A registry behind anonymous bearer auth (token `tok123` from the realm `/token` on `port`):
+/// a request without the token gets the 401 challenge, one with it what `serve` answers.
+fn behind_bearer(req: &Req, port: u16, serve: impl FnOnce() -> Resp) -> Resp {
+    if req.headers.get("authorization").map(String::as_str) != Some("Bearer tok123") {
+        return Resp::new(401, "").header(
+            "WWW-Authenticate",
+            &format!(
+                r#"Bearer realm="http://127.0.0.1:{port}/token",service="fake",scope="repository:test/img:pull""#
+            ),
+        );
+    }
+    serve()
+}
+
 #[tokio::test]
 async fn fake_registry_anonymous_bearer_token_flow() {
     let img = test_image(b"hello");
@@ -373,20 +387,17 @@ async fn fake_registry_anonymous_bearer_token_flow() {
         if req.path.starts_with("/token") {
             t2.fetch_add(1, Ordering::SeqCst);
             assert!(req.path.contains("service=fake"), "{}", req.path);
-            assert!(req.path.contains("scope=repository%3Atest%2Fimg%3Apull"), "{}", req.path);
+            assert!(
+                req.path.contains("scope=repository%3Atest%2Fimg%3Apull"),
+                "{}",
+                req.path
+            );
             assert!(!req.headers.contains_key("authorization"));
             return Resp::new(200, r#"{"token":"tok123"}"#);
         }
-        if req.headers.get("authorization").map(String::as_str) != Some("Bearer tok123") {
-            let port = pc.get().copied().unwrap_or(0);
-            return Resp::new(401, "").header(
-                "WWW-Authenticate",
-                &format!(
-                    r#"Bearer realm="http://127.0.0.1:{port}/token",service="fake",scope="repository:test/img:pull""#
-                ),
-            );
-        }
-        serve(&img, req, media_type::OCI_MANIFEST)
+        behind_bearer(req, pc.get().copied().unwrap_or(0), || {
+            serve(&img, req, media_type::OCI_MANIFEST)
+        })
     })
     .await;
     port_cell.set(fake.port).unwrap();
@@ -426,16 +437,9 @@ async fn a_token_realm_answer_past_the_limit_is_refused() {
             let pad = "x".repeat(flex_host::http::DOCUMENT_LIMIT + 1);
             return Resp::new(200, format!(r#"{{"token":"tok123","pad":"{pad}"}}"#));
         }
-        if req.headers.get("authorization").map(String::as_str) != Some("Bearer tok123") {
-            let port = pc.get().copied().unwrap_or(0);
-            return Resp::new(401, "").header(
-                "WWW-Authenticate",
-                &format!(
-                    r#"Bearer realm="http://127.0.0.1:{port}/token",service="fake",scope="repository:test/img:pull""#
-                ),
-            );
-        }
-        serve(&img, req, media_type::OCI_MANIFEST)
+        behind_bearer(req, pc.get().copied().unwrap_or(0), || {
+            serve(&img, req, media_type::OCI_MANIFEST)
+        })
     })
     .await;
     port_cell.set(fake.port).unwrap();
