@@ -129,6 +129,10 @@ impl<T: Serialize + serde::de::DeserializeOwned> JsonStore<T> {
         })?;
         bytes.push(b'\n');
         self.fs.write_atomic(&self.path, &bytes, 0o600)?;
+        flex_host::fault::point(&format!(
+            "store.save-midway:{}",
+            self.path.file_name().unwrap_or_default().to_string_lossy()
+        ));
         let sum = format!("{}\n", checksum(&bytes));
         self.fs
             .write_atomic(&self.checksum_path(), sum.as_bytes(), 0o600)?;

@@ -4,7 +4,7 @@
 //! host files ([`fs::HostFs`]) and files confined to a directory tree such as a machine's root
 //! ([`confine`], [`fs::ConfinedFs`]), [`hostinfo`], [`secret::Secret`], the [`systemd`] manager
 //! (over `systemctl`, or D-Bus with the `dbus` feature), the [`http`] client (feature `http`)
-//! and the one retry/backoff ([`retry`]).
+//! the one retry/backoff ([`retry`]) and the crash-safety checks' [`fault`] injection points.
 //!
 //! It knows nothing of Kubernetes, machines or the agent's flows; its recording fakes live in
 //! the `flex-testkit` crate, which is only ever a dev-dependency.
@@ -15,6 +15,7 @@
 pub mod confine;
 pub mod context;
 pub mod error;
+pub mod fault;
 pub mod fs;
 pub mod hostexec;
 pub mod hostinfo;

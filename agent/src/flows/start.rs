@@ -169,6 +169,7 @@ pub async fn run_start(
         .await?;
         step("start-node", node.start_node(host, config, KUBE1)).await?;
         step("save-daemon-state", async { store.save(&state) }).await?;
+        flex_host::fault::point("start.before-agent-unit");
         step("install-service", async {
             // On a host: the blue/green binary layout the unit runs through, and the units.
             let running = crate::machine::lifecycle::current_exe().ok();

@@ -218,6 +218,7 @@ impl CredentialStore {
             issued.key_pem.expose().as_bytes(),
             0o600,
         )?;
+        flex_host::fault::point("cert.save-midway");
         self.fs
             .write_atomic(Path::new(CERT_FILE), issued.cert_pem.as_bytes(), 0o644)?;
         self.fs.remove_file(Path::new(PENDING_KEY_FILE))?;

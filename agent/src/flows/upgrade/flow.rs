@@ -265,7 +265,10 @@ impl Upgrader {
             .switch(candidate)
             .map_err(|e| step("switch current")(e.to_string()));
         let scheduled = match switched {
-            Ok(()) => self.schedule_restart(RESTART_DELAY).await,
+            Ok(()) => {
+                flex_host::fault::point("upgrade.after-switch");
+                self.schedule_restart(RESTART_DELAY).await
+            }
             Err(e) => Err(e),
         };
         if let Err(e) = scheduled {
@@ -461,7 +464,10 @@ impl Upgrader {
         self.save(&rec)?;
         let before = self.host.fs.read(Path::new(AGENT_IMAGE_ENV)).ok().flatten();
         let scheduled = match self.write_image_env(image, &selected) {
-            Ok(()) => self.schedule_restart(RESTART_DELAY).await,
+            Ok(()) => {
+                flex_host::fault::point("upgrade.after-switch");
+                self.schedule_restart(RESTART_DELAY).await
+            }
             Err(e) => Err(e),
         };
         if let Err(e) = scheduled {
