@@ -1,13 +1,55 @@
-//! The daemon state file, `/etc/aks-flex-node/daemon-state.json` (0600), and its checksum
-//! sidecar `<path>.sha256` (0600): the lowercase hex SHA-256 of the exact JSON bytes plus `\n`.
+//! The agent's durable records: the daemon state (`/etc/aks-flex-node/daemon-state.json`), the
+//! repave journal, the operation records and the upgrade record, each one file (0600) written by
+//! [`JsonStore`].
 //!
-//! Load: a missing state file is "no state"; a present state file with an unreadable or
-//! mismatching checksum, or JSON that does not decode, is an error naming the file. Save writes
-//! the JSON, then the checksum, each atomically. Delete removes both.
+//! # Format
+//!
+//! A record is one JSON file holding its own checksum, the *envelope*:
+//!
+//! ```text
+//! {
+//!   "format": "aks-flex-node.record/v1",
+//!   "sha256": "<lowercase hex SHA-256 of the payload's bytes>",
+//!   "payload": {
+//!     ...the record, 2-space indented...
+//!   }
+//! }
+//! ```
+//!
+//! The checksum covers the payload's bytes exactly as they stand in the file, from its opening
+//! `{` to its closing `}`: the loader takes that slice from the file as it is (serde_json's
+//! `RawValue`) and hashes it, never a re-serialization, so a changed byte anywhere in the
+//! payload — even a space — fails the check, and no decoder's re-encoding can make a tampered
+//! payload pass. The envelope's other keys are checked for what they are: an unknown `format`
+//! is an error, a malformed `sha256` is a mismatch.
+//!
+//! # Writing
+//!
+//! [`JsonStore::save`] writes the whole file under a temporary name in the same directory
+//! (`.<name>.new`, itself written and synced atomically), then renames it over the record and
+//! syncs the directory: at any instant the record is the old one or the new one, whole. The
+//! fault point `store.save-midway:<file name>` sits between the two, the new file complete and
+//! synced, the old record still in place.
+//!
+//! # The legacy format
+//!
+//! Agents before this one wrote the JSON alone and its checksum in a sidecar `<path>.sha256`
+//! (lowercase hex of the JSON's bytes, plus `\n`), in two writes. A file that is not an envelope
+//! is read that way when its sidecar matches it (nodes in the field have such files); the next
+//! save writes the envelope and removes the sidecar. A sidecar left next to an envelope (a save
+//! interrupted after its rename) is ignored.
+//!
+//! # Errors
+//!
+//! A missing record is `Ok(None)`. A record that is there but cannot be trusted (truncated,
+//! not JSON, an unknown format, a checksum mismatch, a payload that does not decode, a legacy
+//! file without its sidecar) is a [`StateError`] for which [`StateError::is_unreadable`] holds;
+//! each caller decides what that means for it (see `ARCHITECTURE.md`).
 
 use std::path::{Path, PathBuf};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
 use sha2::{Digest, Sha256};
 
 use crate::fs::{FsError, HostFs};
@@ -15,31 +57,51 @@ use crate::fs::{FsError, HostFs};
 /// Default location of the state file.
 pub const STATE_PATH: &str = "/etc/aks-flex-node/daemon-state.json";
 
+/// The envelope's `format`.
+pub const FORMAT: &str = "aks-flex-node.record/v1";
+
 pub use flex_api::goal::{ActiveMachineError, DaemonState, KUBE1, KUBE2};
 
-/// A state file problem.
+/// A record problem.
 #[derive(Debug, thiserror::Error)]
 pub enum StateError {
     /// Reading or writing failed.
     #[error(transparent)]
     Fs(#[from] FsError),
-    /// The checksum file is missing or unreadable.
-    #[error("read daemon state checksum {path}: {reason}")]
+    /// A legacy record's checksum file is missing or unreadable.
+    #[error("read record checksum {path}: {reason}")]
     ChecksumUnreadable {
         /// The checksum file.
         path: PathBuf,
         /// Why.
         reason: String,
     },
-    /// The checksum does not match the state file.
-    #[error("daemon state checksum mismatch for {0}")]
+    /// The checksum does not match the record.
+    #[error("record checksum mismatch for {0}")]
     ChecksumMismatch(PathBuf),
-    /// The JSON does not decode.
+    /// The file is not a record envelope this agent reads: truncated, not JSON, or an unknown
+    /// format.
+    #[error("read record {path}: {reason}")]
+    Corrupt {
+        /// The record file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The payload does not decode.
     #[error("decode state file {path}: {reason}")]
     Decode {
-        /// The state file.
+        /// The record file.
         path: PathBuf,
         /// The decoder's message.
+        reason: String,
+    },
+    /// The value does not encode.
+    #[error("encode record {path}: {reason}")]
+    Encode {
+        /// The record file.
+        path: PathBuf,
+        /// The encoder's message.
         reason: String,
     },
     /// The active machine is missing or not `kube1`/`kube2`.
@@ -47,9 +109,22 @@ pub enum StateError {
     ActiveMachine(#[from] ActiveMachineError),
 }
 
-/// A JSON file with a `.sha256` sidecar, saved atomically (JSON first, checksum second, both
-/// 0600) and verified on load. [`StateStore`] is the daemon state; the repave journal uses the
-/// same format.
+impl StateError {
+    /// Whether the record is there but its content cannot be trusted (as opposed to the file
+    /// system failing): the caller decides what an unreadable record means for it.
+    pub fn is_unreadable(&self) -> bool {
+        matches!(
+            self,
+            StateError::ChecksumUnreadable { .. }
+                | StateError::ChecksumMismatch(_)
+                | StateError::Corrupt { .. }
+                | StateError::Decode { .. }
+        )
+    }
+}
+
+/// One record file in the envelope format (see the module documentation), saved atomically
+/// (0600) and verified on load. [`StateStore`] is the daemon state.
 #[derive(Clone, Debug)]
 pub struct JsonStore<T> {
     fs: HostFs,
@@ -67,6 +142,21 @@ impl StateStore {
     }
 }
 
+/// The envelope as read: the payload is the file's own bytes.
+#[derive(Deserialize)]
+struct Envelope<'a> {
+    format: String,
+    sha256: String,
+    #[serde(borrow)]
+    payload: &'a RawValue,
+}
+
+/// Just enough of a JSON object to tell an envelope from a legacy record.
+#[derive(Deserialize)]
+struct Probe {
+    format: Option<serde_json::Value>,
+}
+
 impl<T: Serialize + serde::de::DeserializeOwned> JsonStore<T> {
     /// A store at `path` (a host path).
     pub fn at(fs: HostFs, path: impl Into<PathBuf>) -> Self {
@@ -82,10 +172,26 @@ impl<T: Serialize + serde::de::DeserializeOwned> JsonStore<T> {
         &self.path
     }
 
+    fn sibling(&self, prefix: &str, suffix: &str) -> PathBuf {
+        let name = self.path.file_name().unwrap_or_default().to_string_lossy();
+        self.path.with_file_name(format!("{prefix}{name}{suffix}"))
+    }
+
+    /// The legacy checksum sidecar.
     fn checksum_path(&self) -> PathBuf {
-        let mut p = self.path.clone().into_os_string();
-        p.push(".sha256");
-        PathBuf::from(p)
+        self.sibling("", ".sha256")
+    }
+
+    /// Where a save writes the new file before renaming it over the record.
+    fn temp_path(&self) -> PathBuf {
+        self.sibling(".", ".new")
+    }
+
+    fn corrupt(&self, reason: impl Into<String>) -> StateError {
+        StateError::Corrupt {
+            path: self.path.clone(),
+            reason: reason.into(),
+        }
     }
 
     /// Loads the value; `Ok(None)` when there is no file.
@@ -93,6 +199,47 @@ impl<T: Serialize + serde::de::DeserializeOwned> JsonStore<T> {
         let Some(bytes) = self.fs.read(&self.path)? else {
             return Ok(None);
         };
+        let payload: &[u8] = match serde_json::from_slice::<Probe>(&bytes) {
+            Ok(Probe { format: Some(_) }) => self.open_envelope(&bytes)?,
+            Ok(Probe { format: None }) => self.check_legacy(&bytes)?,
+            // Not a JSON object at all: a legacy file with a matching sidecar would say so (and
+            // fail to decode); anything else is a damaged record.
+            Err(e) if self.fs.exists(&self.checksum_path()) => {
+                self.check_legacy(&bytes)?;
+                return Err(StateError::Decode {
+                    path: self.path.clone(),
+                    reason: e.to_string(),
+                });
+            }
+            Err(e) => return Err(self.corrupt(format!("not a record: {e}"))),
+        };
+        serde_json::from_slice(payload)
+            .map(Some)
+            .map_err(|e| StateError::Decode {
+                path: self.path.clone(),
+                reason: e.to_string(),
+            })
+    }
+
+    /// The verified payload bytes of an envelope.
+    fn open_envelope<'a>(&self, bytes: &'a [u8]) -> Result<&'a [u8], StateError> {
+        let env: Envelope<'a> = serde_json::from_slice(bytes)
+            .map_err(|e| self.corrupt(format!("not a record envelope: {e}")))?;
+        if env.format != FORMAT {
+            return Err(self.corrupt(format!(
+                "unknown record format {:?} (this agent reads {FORMAT:?})",
+                env.format
+            )));
+        }
+        let payload = env.payload.get().as_bytes();
+        if env.sha256 != checksum(payload) {
+            return Err(StateError::ChecksumMismatch(self.path.clone()));
+        }
+        Ok(payload)
+    }
+
+    /// `bytes` when the legacy sidecar matches them.
+    fn check_legacy<'a>(&self, bytes: &'a [u8]) -> Result<&'a [u8], StateError> {
         let sum_path = self.checksum_path();
         let sum = match self.fs.read_to_string(&sum_path) {
             Ok(Some(s)) => s,
@@ -109,40 +256,49 @@ impl<T: Serialize + serde::de::DeserializeOwned> JsonStore<T> {
                 });
             }
         };
-        if sum.trim() != checksum(&bytes) {
+        if sum.trim() != checksum(bytes) {
             return Err(StateError::ChecksumMismatch(self.path.clone()));
         }
-        serde_json::from_slice(&bytes)
-            .map(Some)
-            .map_err(|e| StateError::Decode {
-                path: self.path.clone(),
-                reason: e.to_string(),
-            })
+        Ok(bytes)
     }
 
-    /// Saves the value: the JSON (2-space indent, trailing newline), then its checksum, each
-    /// atomically with mode 0600.
-    pub fn save(&self, value: &T) -> Result<(), StateError> {
-        let mut bytes = serde_json::to_vec_pretty(value).map_err(|e| StateError::Decode {
+    /// The file [`Self::save`] writes for `value`.
+    pub fn encode(&self, value: &T) -> Result<Vec<u8>, StateError> {
+        let pretty = serde_json::to_string_pretty(value).map_err(|e| StateError::Encode {
             path: self.path.clone(),
             reason: e.to_string(),
         })?;
-        bytes.push(b'\n');
-        self.fs.write_atomic(&self.path, &bytes, 0o600)?;
+        // Nested one level: JSON strings hold no raw newline, so this only moves whitespace
+        // between tokens. The checksum is of these bytes, as they stand in the file.
+        let payload = pretty.replace('\n', "\n  ");
+        let sum = checksum(payload.as_bytes());
+        Ok(format!(
+            "{{\n  \"format\": \"{FORMAT}\",\n  \"sha256\": \"{sum}\",\n  \"payload\": {payload}\n}}\n"
+        )
+        .into_bytes())
+    }
+
+    /// Saves the value: the envelope, complete and synced under a temporary name, renamed over
+    /// the record (mode 0600); then the legacy sidecar, if any, is removed.
+    pub fn save(&self, value: &T) -> Result<(), StateError> {
+        let bytes = self.encode(value)?;
+        let temp = self.temp_path();
+        self.fs.write_atomic(&temp, &bytes, 0o600)?;
         flex_host::fault::point(&format!(
             "store.save-midway:{}",
             self.path.file_name().unwrap_or_default().to_string_lossy()
         ));
-        let sum = format!("{}\n", checksum(&bytes));
-        self.fs
-            .write_atomic(&self.checksum_path(), sum.as_bytes(), 0o600)?;
+        self.fs.rename(&temp, &self.path)?;
+        self.fs.remove_file(&self.checksum_path())?;
         Ok(())
     }
 
-    /// Removes the file and its checksum (missing files are fine).
+    /// Removes the record (with a legacy sidecar and an unfinished save's temporary file;
+    /// missing files are fine).
     pub fn delete(&self) -> Result<(), StateError> {
         self.fs.remove_file(&self.path)?;
         self.fs.remove_file(&self.checksum_path())?;
+        self.fs.remove_file(&self.temp_path())?;
         Ok(())
     }
 }
@@ -155,6 +311,8 @@ pub fn checksum(bytes: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    // All tests: a real HostFs on a temporary directory; nothing is faked.
 
     fn store() -> (tempfile::TempDir, StateStore) {
         let d = tempfile::tempdir().unwrap();
@@ -172,6 +330,29 @@ mod tests {
         }
     }
 
+    fn real(d: &tempfile::TempDir, p: &str) -> PathBuf {
+        d.path().join(p.trim_start_matches('/'))
+    }
+
+    const SIDECAR: &str = "/etc/aks-flex-node/daemon-state.json.sha256";
+    const TEMP: &str = "/etc/aks-flex-node/.daemon-state.json.new";
+
+    /// The legacy two-file format, as the previous agent wrote it.
+    fn write_legacy(d: &tempfile::TempDir, value: &DaemonState) -> Vec<u8> {
+        let fs = HostFs::new(d.path());
+        let mut json = serde_json::to_vec_pretty(value).unwrap();
+        json.push(b'\n');
+        fs.write_atomic(Path::new(STATE_PATH), &json, 0o600)
+            .unwrap();
+        fs.write_atomic(
+            Path::new(SIDECAR),
+            format!("{}\n", checksum(&json)).as_bytes(),
+            0o600,
+        )
+        .unwrap();
+        json
+    }
+
     #[test]
     fn missing_state_is_none() {
         let (_d, s) = store();
@@ -183,73 +364,213 @@ mod tests {
         let (d, s) = store();
         s.save(&sample()).unwrap();
         assert_eq!(s.load().unwrap(), Some(sample()));
-        let real = d.path().join("etc/aks-flex-node/daemon-state.json");
-        let json = std::fs::read_to_string(&real).unwrap();
+        let json = std::fs::read_to_string(real(&d, STATE_PATH)).unwrap();
         insta::assert_snapshot!(json, @r#"
         {
-          "appliedSettingsVersion": "repave-token-1783000000",
-          "appliedKubernetesVersion": "1.35.3",
-          "previousSettingsVersion": "1.35.0",
-          "previousKubernetesVersion": "1.35.0",
-          "activeMachine": "kube2"
+          "format": "aks-flex-node.record/v1",
+          "sha256": "912cb26b6ccaa2097d591e1e37a60f1a2a3b498324a98a0a6ee9487c03ee12b6",
+          "payload": {
+            "appliedSettingsVersion": "repave-token-1783000000",
+            "appliedKubernetesVersion": "1.35.3",
+            "previousSettingsVersion": "1.35.0",
+            "previousKubernetesVersion": "1.35.0",
+            "activeMachine": "kube2"
+          }
         }
         "#);
-        let sum = std::fs::read_to_string(real.with_extension("json.sha256")).unwrap();
-        assert_eq!(sum, format!("{}\n", checksum(json.as_bytes())));
+        // The checksum is of the payload's bytes as they stand in the file.
+        let start = json.find("\"payload\": ").unwrap() + "\"payload\": ".len();
+        let payload = &json[start..json.len() - "\n}\n".len()];
+        assert!(json.contains(&checksum(payload.as_bytes())));
         let fs = HostFs::new(d.path());
         assert_eq!(fs.mode(Path::new(STATE_PATH)), Some(0o600));
-        assert_eq!(
-            fs.mode(Path::new("/etc/aks-flex-node/daemon-state.json.sha256")),
-            Some(0o600)
-        );
+        // One file: no sidecar, no temporary left behind.
+        assert!(!fs.exists(Path::new(SIDECAR)));
+        assert!(!fs.exists(Path::new(TEMP)));
     }
 
     #[test]
-    fn tampered_state_is_a_mismatch_naming_the_file() {
+    fn a_flipped_byte_anywhere_in_the_payload_is_a_typed_error() {
         let (d, s) = store();
         s.save(&sample()).unwrap();
-        let real = d.path().join("etc/aks-flex-node/daemon-state.json");
-        let tampered = std::fs::read_to_string(&real)
+        let path = real(&d, STATE_PATH);
+        let good = std::fs::read(&path).unwrap();
+        let start = good.windows(10).position(|w| w == b"\"payload\":").unwrap();
+        for i in start + 11..good.len() - 2 {
+            let mut bad = good.clone();
+            bad[i] ^= 0x01;
+            std::fs::write(&path, &bad).unwrap();
+            let e = s.load().unwrap_err();
+            assert!(e.is_unreadable(), "byte {i}: {e}");
+        }
+        // Whitespace only, still valid JSON decoding to the same value: still a mismatch (the
+        // check is of the bytes, not of a re-serialization).
+        let spaced = String::from_utf8(good.clone())
             .unwrap()
-            .replace("kube2", "kube1");
-        std::fs::write(&real, tampered).unwrap();
-        let e = s.load().unwrap_err().to_string();
+            .replace("\"activeMachine\": ", "\"activeMachine\":  ");
+        std::fs::write(&path, spaced).unwrap();
+        assert!(matches!(
+            s.load().unwrap_err(),
+            StateError::ChecksumMismatch(_)
+        ));
+        // A tampered value with the sidecar-era trick (no sidecar involved now) is caught too.
+        let tampered = String::from_utf8(good).unwrap().replace("kube2", "kube1");
+        std::fs::write(&path, tampered).unwrap();
         assert_eq!(
-            e,
-            "daemon state checksum mismatch for /etc/aks-flex-node/daemon-state.json"
+            s.load().unwrap_err().to_string(),
+            "record checksum mismatch for /etc/aks-flex-node/daemon-state.json"
         );
     }
 
     #[test]
-    fn missing_checksum_and_bad_json_are_errors() {
+    fn a_truncated_file_is_a_typed_error_naming_the_file() {
         let (d, s) = store();
+        s.save(&sample()).unwrap();
+        let path = real(&d, STATE_PATH);
+        let good = std::fs::read(&path).unwrap();
+        for len in [0, 1, good.len() / 2, good.len() - 3] {
+            std::fs::write(&path, &good[..len]).unwrap();
+            let e = s.load().unwrap_err();
+            assert!(e.is_unreadable(), "{len}: {e}");
+            assert!(
+                e.to_string()
+                    .starts_with("read record /etc/aks-flex-node/daemon-state.json: "),
+                "{e}"
+            );
+        }
+    }
+
+    #[test]
+    fn unknown_format_and_bad_payload_are_typed_errors() {
+        let (d, s) = store();
+        let path = real(&d, STATE_PATH);
+        let payload = "{\"activeMachine\": 7}";
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(
+            &path,
+            format!(
+                "{{\"format\": \"{FORMAT}\", \"sha256\": \"{}\", \"payload\": {payload}}}",
+                checksum(payload.as_bytes())
+            ),
+        )
+        .unwrap();
+        let e = s.load().unwrap_err();
+        assert!(matches!(e, StateError::Decode { .. }), "{e}");
+        assert!(e.is_unreadable());
+        std::fs::write(
+            &path,
+            "{\"format\": \"aks-flex-node.record/v9\", \"sha256\": \"\", \"payload\": {}}",
+        )
+        .unwrap();
+        let e = s.load().unwrap_err();
+        assert!(e.to_string().contains("unknown record format"), "{e}");
+        assert!(e.is_unreadable());
+    }
+
+    #[test]
+    fn legacy_two_file_record_loads_and_the_next_save_migrates_it() {
+        let (d, s) = store();
+        write_legacy(&d, &sample());
+        assert_eq!(s.load().unwrap(), Some(sample()));
+        let mut next = sample();
+        next.active_machine = "kube1".into();
+        s.save(&next).unwrap();
         let fs = HostFs::new(d.path());
-        fs.write_atomic(Path::new(STATE_PATH), b"{}", 0o600)
+        assert!(!fs.exists(Path::new(SIDECAR)), "the sidecar is removed");
+        let json = std::fs::read_to_string(real(&d, STATE_PATH)).unwrap();
+        assert!(json.starts_with("{\n  \"format\": \"aks-flex-node.record/v1\""));
+        assert_eq!(s.load().unwrap(), Some(next));
+    }
+
+    #[test]
+    fn legacy_record_that_does_not_match_its_sidecar_or_lacks_it_is_a_typed_error() {
+        let (d, s) = store();
+        let json = write_legacy(&d, &sample());
+        let path = real(&d, STATE_PATH);
+        let tampered = String::from_utf8(json.clone())
+            .unwrap()
+            .replace("kube2", "kube1");
+        std::fs::write(&path, tampered).unwrap();
+        let e = s.load().unwrap_err();
+        assert!(matches!(e, StateError::ChecksumMismatch(_)), "{e}");
+        // The old agent's torn write: the JSON without its checksum.
+        std::fs::remove_file(real(&d, SIDECAR)).unwrap();
+        std::fs::write(&path, &json).unwrap();
+        let e = s.load().unwrap_err();
+        assert!(e.is_unreadable());
+        assert!(e.to_string().contains("daemon-state.json.sha256"), "{e}");
+        // Legacy bytes that are not JSON, with a matching sidecar: a decode error.
+        let fs = HostFs::new(d.path());
+        fs.write_atomic(Path::new(STATE_PATH), b"not json", 0o600)
             .unwrap();
-        let e = s.load().unwrap_err().to_string();
-        assert!(e.contains("daemon-state.json.sha256"), "{e}");
-        let bad = b"not json";
-        fs.write_atomic(Path::new(STATE_PATH), bad, 0o600).unwrap();
         fs.write_atomic(
-            Path::new("/etc/aks-flex-node/daemon-state.json.sha256"),
-            format!("{}\n", checksum(bad)).as_bytes(),
+            Path::new(SIDECAR),
+            format!("{}\n", checksum(b"not json")).as_bytes(),
             0o600,
         )
         .unwrap();
-        let e = s.load().unwrap_err().to_string();
+        let e = s.load().unwrap_err();
         assert!(
-            e.starts_with("decode state file /etc/aks-flex-node/daemon-state.json"),
+            e.to_string()
+                .starts_with("decode state file /etc/aks-flex-node/daemon-state.json"),
             "{e}"
         );
     }
 
     #[test]
-    fn delete_removes_both_and_is_idempotent() {
-        let (_d, s) = store();
+    fn a_stale_sidecar_next_to_an_envelope_is_ignored() {
+        // A migrating save killed after its rename, before it removed the sidecar.
+        let (d, s) = store();
+        write_legacy(&d, &sample());
+        let mut next = sample();
+        next.active_machine = "kube1".into();
+        let bytes = s.encode(&next).unwrap();
+        HostFs::new(d.path())
+            .write_atomic(Path::new(STATE_PATH), &bytes, 0o600)
+            .unwrap();
+        assert_eq!(s.load().unwrap(), Some(next));
+    }
+
+    #[test]
+    fn a_save_killed_between_temp_write_and_rename_leaves_the_old_record_loadable() {
+        // The instant of the `store.save-midway` fault point, reproduced by hand: the new file
+        // complete under its temporary name, not renamed.
+        let (d, s) = store();
         s.save(&sample()).unwrap();
+        let mut next = sample();
+        next.active_machine = "kube1".into();
+        let fs = HostFs::new(d.path());
+        fs.write_atomic(Path::new(TEMP), &s.encode(&next).unwrap(), 0o600)
+            .unwrap();
+        assert_eq!(s.load().unwrap(), Some(sample()));
+        // The next save replaces the leftover and completes.
+        s.save(&next).unwrap();
+        assert_eq!(s.load().unwrap(), Some(next.clone()));
+        assert!(!fs.exists(Path::new(TEMP)));
+        // Also for a legacy record being migrated.
+        let (d, s) = store();
+        write_legacy(&d, &sample());
+        let fs = HostFs::new(d.path());
+        fs.write_atomic(Path::new(TEMP), &s.encode(&next).unwrap(), 0o600)
+            .unwrap();
+        assert_eq!(s.load().unwrap(), Some(sample()));
+    }
+
+    #[test]
+    fn delete_removes_record_sidecar_and_temp_and_is_idempotent() {
+        let (d, s) = store();
+        write_legacy(&d, &sample());
+        let fs = HostFs::new(d.path());
+        fs.write_atomic(Path::new(TEMP), b"x", 0o600).unwrap();
         s.delete().unwrap();
         assert_eq!(s.load().unwrap(), None);
+        for p in [STATE_PATH, SIDECAR, TEMP] {
+            assert!(!fs.exists(Path::new(p)), "{p}");
+        }
+        s.save(&sample()).unwrap();
         s.delete().unwrap();
+        s.delete().unwrap();
+        assert_eq!(s.load().unwrap(), None);
     }
 
     #[test]

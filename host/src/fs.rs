@@ -257,6 +257,20 @@ impl HostFs {
         }
     }
 
+    /// Renames `from` over `to` (same directory, or at least the same file system), then syncs
+    /// `to`'s directory so the rename survives a crash. For a caller that writes a complete file
+    /// under a temporary name itself and has something to do before it takes its place.
+    pub fn rename(&self, from: &Path, to: &Path) -> Result<(), FsError> {
+        let real = self.path(to);
+        fs::rename(self.path(from), &real).map_err(|e| FsError::new("rename", to, e))?;
+        if let Some(dir) = real.parent()
+            && let Ok(d) = File::open(dir)
+        {
+            let _ = d.sync_all();
+        }
+        Ok(())
+    }
+
     /// Removes a directory tree. A directory that cannot be removed because it is a mount point
     /// (`EBUSY` on the directory itself) but whose contents are gone counts as removed
     /// ([`Removed::EmptiedMountPoint`]): in the agent's container its host directories are bind

@@ -1060,7 +1060,7 @@ async fn an_unreadable_state_reports_failed_and_retries() {
     let err = failed.error.clone().unwrap();
     assert!(
         err.starts_with(
-            "load daemon state: read daemon state checksum /etc/aks-flex-node/daemon-state.json.sha256"
+            "load daemon state: read record checksum /etc/aks-flex-node/daemon-state.json.sha256"
         ),
         "{err}"
     );

@@ -1,5 +1,5 @@
 //! The local record of an operation this agent claimed, one file per UID under
-//! [`RECORDS_DIR`] (JSON + `.sha256`, as [`JsonStore`] writes them). It is what keeps an
+//! [`RECORDS_DIR`] (one file with its checksum inside, as [`JsonStore`] writes it). It is what keeps an
 //! operation from running twice across daemon restarts; see [`crate::flows::operations`].
 
 use std::path::{Path, PathBuf};
@@ -69,7 +69,7 @@ impl RecordStore {
         self.fs.exists(&self.path(uid))
     }
 
-    /// Saves `record` (atomically, JSON then checksum, 0600).
+    /// Saves `record` (one file, atomically, 0600).
     pub fn save(&self, record: &Record) -> Result<(), StateError> {
         self.store(&record.uid).save(record)
     }

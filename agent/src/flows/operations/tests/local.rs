@@ -197,12 +197,16 @@ fn record_store_roundtrip_and_prune() {
     let json = std::fs::read_to_string(&file).unwrap();
     insta::assert_snapshot!(json, @r#"
     {
-      "version": 1,
-      "uid": "3f1c2a7e-0000-4000-8000-000000000001",
-      "name": "reboot-1",
-      "kind": "NodeReboot",
-      "stage": "executing",
-      "startedAt": "2027-01-15T08:00:00Z"
+      "format": "aks-flex-node.record/v1",
+      "sha256": "8ed705b2058e67eb53fa18903d6872928a8be94a9f4079350ea2c5e3ff3e14c8",
+      "payload": {
+        "version": 1,
+        "uid": "3f1c2a7e-0000-4000-8000-000000000001",
+        "name": "reboot-1",
+        "kind": "NodeReboot",
+        "stage": "executing",
+        "startedAt": "2027-01-15T08:00:00Z"
+      }
     }
     "#);
     let fs = HostFs::new(d.path());
