@@ -1,7 +1,7 @@
 //! Blue/green repave (`ApplyGoalState`); NodeReboot is [`crate::flows::reboot`].
 //!
 //! A repave moves the node from the active machine to the other side in phases, recorded in a
-//! journal (`/etc/aks-flex-node/repave-state.json` + `.sha256`) before each phase starts, so a
+//! journal (`/etc/aks-flex-node/repave-state.json`, one record file) before each phase starts, so a
 //! daemon that dies mid-repave resumes where it was:
 //!
 //! | phase | what runs | the old side |
@@ -17,6 +17,16 @@
 //! `cleaning` leaves the journal for the next start to finish. Which steps run and what a
 //! failure means are decided by pure functions ([`plan`], [`on_failure`]) tested table by table;
 //! [`apply_goal_state`] executes them through [`NodeOps`].
+//!
+//! A journal that cannot be read (a damaged file: see [`crate::state`]) never stops the node:
+//! [`recover_unreadable_journal`] decides which side to keep. The daemon state is the switch —
+//! before it names the target a repave rolls back to the side it names, after it a repave
+//! finishes on the side it names — so the side the state names is kept: the other side is
+//! stopped and removed, the kept side started (idempotent when it runs) and the journal
+//! deleted. Only when the state cannot say either does enablement decide (a start enables a
+//! machine first, a stop disables it first): exactly one enabled side is kept (the other is
+//! stopped, not removed); with none or both enabled nothing is touched and the repave fails,
+//! keeping the journal, for someone to look at.
 
 use serde::{Deserialize, Serialize};
 
@@ -130,6 +140,55 @@ pub fn on_failure(phase: Phase) -> Recovery {
     }
 }
 
+/// What to do about a journal that cannot be read (see the module documentation).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum JournalRecovery {
+    /// Stop `other` (and remove it when `remove_other`), start `keep`, delete the journal.
+    Keep {
+        /// The side the node runs.
+        keep: String,
+        /// The other side.
+        other: String,
+        /// Whether the other side is removed (only when the daemon state says it is not the
+        /// node's).
+        remove_other: bool,
+        /// Why (logged).
+        reason: &'static str,
+    },
+    /// Nothing says which side is the node's: touch nothing, keep the journal.
+    Undecidable(&'static str),
+}
+
+/// Decides what an unreadable journal leads to, from the active machine the daemon state
+/// names (`None` when there is no readable state, or it names no valid machine) and whether
+/// `kube1` and `kube2` are enabled (`None` when that could not be read).
+pub fn recover_unreadable_journal(
+    state_active: Option<&str>,
+    kube1_enabled: Option<bool>,
+    kube2_enabled: Option<bool>,
+) -> JournalRecovery {
+    use crate::state::{KUBE1, KUBE2};
+    let keep = |keep: &str, remove_other: bool, reason| JournalRecovery::Keep {
+        keep: keep.into(),
+        other: alternate(keep).into(),
+        remove_other,
+        reason,
+    };
+    match (state_active, kube1_enabled, kube2_enabled) {
+        (Some(m), _, _) if m == KUBE1 || m == KUBE2 => {
+            keep(m, true, "the daemon state names the active machine")
+        }
+        (_, Some(true), Some(true)) => {
+            JournalRecovery::Undecidable("no readable daemon state and both machines are enabled")
+        }
+        (_, Some(true), _) => keep(KUBE1, false, "no readable daemon state; kube1 is enabled"),
+        (_, _, Some(true)) => keep(KUBE2, false, "no readable daemon state; kube2 is enabled"),
+        _ => JournalRecovery::Undecidable(
+            "no readable daemon state and no machine is known to be enabled",
+        ),
+    }
+}
+
 /// The journal for a new repave from `state` to `goal`.
 pub fn begin(state: &DaemonState, goal: &GoalState) -> Result<Journal, StateError> {
     let source = state.active()?.to_string();
@@ -183,6 +242,25 @@ pub enum RepaveError {
         error: SeamError,
         /// The rollback failure.
         rollback: SeamError,
+    },
+    /// The journal could not be read and nothing says which side to keep; nothing was touched.
+    #[error("repave journal {path} is unreadable ({cause}) and {why}: leaving the node as it is")]
+    UnreadableJournal {
+        /// The journal file.
+        path: String,
+        /// Why it could not be read (in the message, not a `source()`).
+        cause: StateError,
+        /// Why no side could be chosen.
+        why: &'static str,
+    },
+    /// The journal could not be read and starting the side to keep failed; the journal stays
+    /// so the next attempt recovers again.
+    #[error("repave journal is unreadable; starting {keep} failed: {error:#}")]
+    JournalRecoveryFailed {
+        /// The side to keep.
+        keep: String,
+        /// The failure.
+        error: SeamError,
     },
     /// A step after the switch failed; the journal stays for the next attempt.
     #[error(
@@ -306,14 +384,76 @@ async fn rollback(ops: &dyn NodeOps, stores: &Stores, j: &Journal) -> Result<(),
     stores.journal.delete().map_err(SeamError::transient)
 }
 
-/// `ApplyGoalState`: resumes a journaled repave for the same goal, or starts a new one.
+/// The journal, or `None` when there is none or an unreadable one was dealt with
+/// ([`recover_unreadable_journal`]).
+async fn load_journal(ops: &dyn NodeOps, stores: &Stores) -> Result<Option<Journal>, RepaveError> {
+    let cause = match stores.journal.load() {
+        Ok(j) => return Ok(j),
+        Err(e) => e,
+    };
+    tracing::error!(error = %cause, path = JOURNAL_PATH, "repave journal is unreadable; recovering");
+    let state_active = match stores.state.load() {
+        Ok(s) => s.and_then(|s| s.active().ok().map(str::to_string)),
+        Err(e) => {
+            tracing::warn!(error = %e, "daemon state is unreadable too");
+            None
+        }
+    };
+    let mut enabled = [None, None];
+    if state_active.is_none() {
+        for (slot, m) in enabled
+            .iter_mut()
+            .zip([crate::state::KUBE1, crate::state::KUBE2])
+        {
+            *slot = match ops.is_enabled(m).await {
+                Ok(e) => Some(e),
+                Err(e) => {
+                    tracing::warn!(machine = m, error = %format!("{e:#}"), "could not read whether the machine is enabled");
+                    None
+                }
+            };
+        }
+    }
+    match recover_unreadable_journal(state_active.as_deref(), enabled[0], enabled[1]) {
+        JournalRecovery::Undecidable(why) => Err(RepaveError::UnreadableJournal {
+            path: JOURNAL_PATH.into(),
+            cause,
+            why,
+        }),
+        JournalRecovery::Keep {
+            keep,
+            other,
+            remove_other,
+            reason,
+        } => {
+            tracing::warn!(keep = %keep, other = %other, remove_other, reason, "unreadable repave journal: keeping one machine");
+            if let Err(e) = ops.stop(&other).await {
+                tracing::warn!(machine = %other, error = %format!("{e:#}"), "stopping the other machine failed");
+            }
+            if remove_other && let Err(e) = ops.cleanup(&other).await {
+                tracing::warn!(machine = %other, error = %format!("{e:#}"), "removing the other machine failed");
+            }
+            ops.start(&keep)
+                .await
+                .map_err(|error| RepaveError::JournalRecoveryFailed {
+                    keep: keep.clone(),
+                    error,
+                })?;
+            stores.journal.delete()?;
+            Ok(None)
+        }
+    }
+}
+
+/// `ApplyGoalState`: resumes a journaled repave for the same goal, or starts a new one (an
+/// unreadable journal is recovered from first).
 pub async fn apply_goal_state(
     ops: &dyn NodeOps,
     stores: &Stores,
     state: &DaemonState,
     goal: &GoalState,
 ) -> Result<DaemonState, RepaveError> {
-    let journal = match stores.journal.load()? {
+    let journal = match load_journal(ops, stores).await? {
         Some(j)
             if j.settings_version == goal.settings_version && j.source == state.active_machine =>
         {
@@ -335,11 +475,13 @@ pub async fn apply_goal_state(
 }
 
 /// Resumes a journaled repave at daemon start, if there is one; returns the resulting state.
+/// An unreadable journal is recovered from ([`recover_unreadable_journal`]); that returns
+/// `Ok(None)` (no repave was resumed).
 pub async fn resume_pending(
     ops: &dyn NodeOps,
     stores: &Stores,
 ) -> Result<Option<DaemonState>, RepaveError> {
-    let Some(j) = stores.journal.load()? else {
+    let Some(j) = load_journal(ops, stores).await? else {
         return Ok(None);
     };
     let state = stores.state.load()?.unwrap_or_default();

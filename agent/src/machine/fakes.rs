@@ -1,9 +1,12 @@
 //! The recording fake of [`NodeOps`] every flow's tests share (test code only): it records each
 //! call as `provision <machine> <version>`, `start <machine>`, `stop <machine>` or
-//! `cleanup <machine>`, fails the calls it is told to (transiently, or permanently as a
+//! `cleanup <machine>` and `is-enabled <machine>`, models enablement as the real machines do (a
+//! start enables, a stop or a cleanup disables; [`RecordingOps::with_enabled`] sets the start
+//! point), fails the calls it is told to (transiently, or permanently as a
 //! wrong input would), and can hand each call to an observer
 //! first (the daemon's tests use it for their event order and concurrency checks).
 
+use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
@@ -18,6 +21,7 @@ pub type Observer = Arc<dyn Fn(String) -> BoxFuture<'static, ()> + Send + Sync>;
 #[derive(Clone, Default)]
 pub struct RecordingOps {
     calls: Arc<Mutex<Vec<String>>>,
+    enabled: Arc<Mutex<BTreeSet<String>>>,
     fail: Vec<String>,
     permanent: bool,
     observer: Option<Observer>,
@@ -42,6 +46,22 @@ impl RecordingOps {
     pub fn permanently(mut self) -> Self {
         self.permanent = true;
         self
+    }
+
+    /// This fake, with `machines` enabled to begin with.
+    pub fn with_enabled(self, machines: &[&str]) -> Self {
+        self.enabled()
+            .extend(machines.iter().map(|m| m.to_string()));
+        self
+    }
+
+    fn enabled(&self) -> std::sync::MutexGuard<'_, BTreeSet<String>> {
+        self.enabled.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The machines enabled now.
+    pub fn enabled_machines(&self) -> Vec<String> {
+        self.enabled().iter().cloned().collect()
     }
 
     /// This fake, with `observer` called (and awaited) before each call is recorded.
@@ -82,12 +102,19 @@ impl NodeOps for RecordingOps {
             .await
     }
     async fn start(&self, machine: &str) -> Result<(), SeamError> {
+        self.enabled().insert(machine.into());
         self.record(format!("start {machine}")).await
     }
     async fn stop(&self, machine: &str) -> Result<(), SeamError> {
+        self.enabled().remove(machine);
         self.record(format!("stop {machine}")).await
     }
     async fn cleanup(&self, machine: &str) -> Result<(), SeamError> {
+        self.enabled().remove(machine);
         self.record(format!("cleanup {machine}")).await
+    }
+    async fn is_enabled(&self, machine: &str) -> Result<bool, SeamError> {
+        self.record(format!("is-enabled {machine}")).await?;
+        Ok(self.enabled().contains(machine))
     }
 }

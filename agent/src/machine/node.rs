@@ -229,6 +229,11 @@ impl NodeOps for NodeMachines {
             .await
             .map_err(SeamError::transient)
     }
+    async fn is_enabled(&self, machine: &str) -> Result<bool, SeamError> {
+        nspawn::is_enabled(&self.host, machine)
+            .await
+            .map_err(SeamError::transient)
+    }
 }
 
 impl NodeMachines {

@@ -122,6 +122,14 @@ pub enum MachineError {
     /// Listing registered machines failed.
     #[error("inspect registered machines: {0}")]
     Inspect(crate::runner::CmdError),
+    /// Reading the machine unit's unit-file state failed.
+    #[error("machine {machine}: read unit-file state: {cause}")]
+    UnitState {
+        /// Machine.
+        machine: String,
+        /// The command error (in the message, not a `source()`).
+        cause: crate::runner::CmdError,
+    },
     /// `machinectl disable` failed and the unit is still enabled.
     #[error("machine {machine}: disable: {message}")]
     Disable {
@@ -179,6 +187,27 @@ pub async fn registered_machines(host: &Host) -> Result<BTreeSet<String>, Machin
         .filter_map(|l| l.split_whitespace().next())
         .map(str::to_string)
         .collect())
+}
+
+/// Whether `machine`'s unit (`systemd-nspawn@<machine>.service`) is enabled: its unit-file state
+/// (`systemctl show --property=UnitFileState --value`) is `enabled` or `enabled-runtime`. A
+/// start enables the machine first and a stop disables it first, so the enabled side is the one
+/// the node is meant to run.
+pub async fn is_enabled(host: &Host, machine: &str) -> Result<bool, MachineError> {
+    let state = host
+        .runner
+        .run(&Cmd::new("systemctl").args([
+            "show",
+            &nspawn_unit(machine),
+            "--property=UnitFileState",
+            "--value",
+        ]))
+        .await
+        .map_err(|cause| MachineError::UnitState {
+            machine: machine.into(),
+            cause,
+        })?;
+    Ok(matches!(state.stdout.trim(), "enabled" | "enabled-runtime"))
 }
 
 async fn is_registered(host: &Host, machine: &str) -> Result<bool, MachineError> {
@@ -744,6 +773,40 @@ mod tests {
         stop_machine(&f.host, KUBE1, Timings::instant())
             .await
             .unwrap();
+    }
+
+    #[tokio::test]
+    async fn enablement_is_the_unit_file_state() {
+        // Faked: the runner (systemctl's answers).
+        for (answer, want) in [
+            ("enabled\n", true),
+            ("enabled-runtime\n", true),
+            ("disabled\n", false),
+            ("linked\n", false),
+            ("\n", false),
+        ] {
+            let f = FakeHost::new().unwrap();
+            f.runner.on("systemctl show", Output::ok(answer));
+            assert_eq!(
+                is_enabled(&f.host, KUBE2).await.unwrap(),
+                want,
+                "{answer:?}"
+            );
+            assert_eq!(
+                f.runner.calls(),
+                ["systemctl show systemd-nspawn@kube2.service --property=UnitFileState --value"]
+            );
+        }
+        let f = FakeHost::new().unwrap();
+        f.runner.on(
+            "systemctl show",
+            Output::failed(1, "Failed to connect to bus"),
+        );
+        let e = is_enabled(&f.host, KUBE1).await.unwrap_err().to_string();
+        assert!(
+            e.starts_with("machine kube1: read unit-file state: "),
+            "{e}"
+        );
     }
 
     #[tokio::test]

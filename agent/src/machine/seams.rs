@@ -103,6 +103,9 @@ pub trait NodeOps: Send + Sync {
     async fn stop(&self, machine: &str) -> Result<(), SeamError>;
     /// Removes `machine`.
     async fn cleanup(&self, machine: &str) -> Result<(), SeamError>;
+    /// Whether `machine` is enabled (starts with the host): a start enables it first, a stop
+    /// disables it first.
+    async fn is_enabled(&self, machine: &str) -> Result<bool, SeamError>;
 }
 
 /// Checks that reach the network: the rootfs image and the component downloads. The machine

@@ -287,3 +287,170 @@ async fn apply_resumes_a_journal_for_the_same_goal() {
         vec!["stop kube1", "start kube2", "cleanup kube1"]
     );
 }
+
+#[test]
+fn unreadable_journal_table() {
+    let keep = |keep: &str, remove_other: bool, reason| JournalRecovery::Keep {
+        keep: keep.into(),
+        other: alternate(keep).into(),
+        remove_other,
+        reason,
+    };
+    let by_state = "the daemon state names the active machine";
+    let none = JournalRecovery::Undecidable(
+        "no readable daemon state and no machine is known to be enabled",
+    );
+    let both =
+        JournalRecovery::Undecidable("no readable daemon state and both machines are enabled");
+    #[rustfmt::skip]
+    let rows: Vec<(&str, Option<&str>, Option<bool>, Option<bool>, JournalRecovery)> = vec![
+        // The state decides, whatever is enabled (mid-switch both may be off, or the target on).
+        ("state kube1, none enabled (switching/starting)", Some("kube1"), Some(false), Some(false), keep("kube1", true, by_state)),
+        ("state kube1, target enabled (starting/saving)", Some("kube1"), Some(false), Some(true), keep("kube1", true, by_state)),
+        ("state kube1, kube1 enabled (preparing)", Some("kube1"), Some(true), Some(false), keep("kube1", true, by_state)),
+        ("state kube2 (cleaning)", Some("kube2"), Some(true), Some(true), keep("kube2", true, by_state)),
+        ("state kube2, enablement unknown", Some("kube2"), None, None, keep("kube2", true, by_state)),
+        // No usable state: enablement decides.
+        ("no state, kube1 enabled", None, Some(true), Some(false), keep("kube1", false, "no readable daemon state; kube1 is enabled")),
+        ("no state, kube2 enabled", None, Some(false), Some(true), keep("kube2", false, "no readable daemon state; kube2 is enabled")),
+        ("invalid state, kube2 enabled", Some("kube3"), Some(false), Some(true), keep("kube2", false, "no readable daemon state; kube2 is enabled")),
+        ("no state, kube1 enabled, kube2 unknown", None, Some(true), None, keep("kube1", false, "no readable daemon state; kube1 is enabled")),
+        ("no state, both enabled", None, Some(true), Some(true), both),
+        ("no state, none enabled", None, Some(false), Some(false), none.clone()),
+        ("no state, unknown", None, None, None, none.clone()),
+        ("empty state name, none enabled", Some(""), Some(false), None, none),
+    ];
+    for (name, state, k1, k2, want) in rows {
+        assert_eq!(recover_unreadable_journal(state, k1, k2), want, "{name}");
+    }
+}
+
+/// The old agent's torn write, as a kill between its two writes left it: the journal's JSON
+/// (phase `starting`, written after kube1 was disabled and stopped) without its `.sha256`.
+fn write_torn_legacy_journal(d: &tempfile::TempDir, j: &Journal) {
+    let fs = HostFs::new(d.path());
+    let mut json = serde_json::to_vec_pretty(j).unwrap();
+    json.push(b'\n');
+    fs.write_atomic(std::path::Path::new(JOURNAL_PATH), &json, 0o600)
+        .unwrap();
+}
+
+#[tokio::test]
+async fn resume_with_an_unreadable_journal_starts_the_machine_the_state_names() {
+    // Real: the state and journal files (temporary root). Faked: the machines (recording ops;
+    // kube1 was disabled and stopped by the interrupted repave, kube2 never enabled).
+    let (d, stores, st, goal) = setup();
+    let mut j = begin(&st, &goal).unwrap();
+    j.phase = Phase::Starting;
+    write_torn_legacy_journal(&d, &j);
+    assert!(stores.journal.load().unwrap_err().is_unreadable());
+    let ops = RecordingOps::default();
+    assert_eq!(resume_pending(&ops, &stores).await.unwrap(), None);
+    assert_eq!(
+        ops.calls(),
+        vec!["stop kube2", "cleanup kube2", "start kube1"]
+    );
+    assert_eq!(ops.enabled_machines(), vec!["kube1"]);
+    // The bad journal is gone, the state unchanged: the next goal apply starts afresh.
+    assert!(!HostFs::new(d.path()).exists(stores.journal.path()));
+    assert_eq!(stores.journal.load().unwrap(), None);
+    assert_eq!(stores.state.load().unwrap(), Some(st.clone()));
+    let ops = RecordingOps::default().with_enabled(&["kube1"]);
+    let next = apply_goal_state(&ops, &stores, &st, &goal).await.unwrap();
+    assert_eq!(next.active_machine, "kube2");
+}
+
+#[tokio::test]
+async fn apply_with_a_corrupt_journal_recovers_then_repaves() {
+    // Real: state and journal files, the journal with a flipped byte. Faked: the machines.
+    let (d, stores, st, goal) = setup();
+    let mut j = begin(&st, &goal).unwrap();
+    j.phase = Phase::Saving;
+    stores.journal.save(&j).unwrap();
+    let real = HostFs::new(d.path()).path(std::path::Path::new(JOURNAL_PATH));
+    let bytes = std::fs::read_to_string(&real)
+        .unwrap()
+        .replace("saving", "savinh");
+    std::fs::write(&real, bytes).unwrap();
+    let ops = RecordingOps::default().with_enabled(&["kube2"]);
+    let next = apply_goal_state(&ops, &stores, &st, &goal).await.unwrap();
+    assert_eq!(
+        ops.calls(),
+        vec![
+            "stop kube2",
+            "cleanup kube2",
+            "start kube1",
+            "provision kube2 1.35.3",
+            "stop kube1",
+            "start kube2",
+            "cleanup kube1",
+        ]
+    );
+    assert_eq!(next.active_machine, "kube2");
+    assert_eq!(stores.journal.load().unwrap(), None);
+}
+
+#[tokio::test]
+async fn unreadable_journal_and_state_start_the_enabled_machine() {
+    // Real: both files damaged. Faked: the machines, kube2 enabled.
+    let (d, stores, st, goal) = setup();
+    let j = begin(&st, &goal).unwrap();
+    write_torn_legacy_journal(&d, &j);
+    let fs = HostFs::new(d.path());
+    fs.write_atomic(
+        std::path::Path::new(crate::state::STATE_PATH),
+        b"{\"form",
+        0o600,
+    )
+    .unwrap();
+    let ops = RecordingOps::default().with_enabled(&["kube2"]);
+    assert_eq!(resume_pending(&ops, &stores).await.unwrap(), None);
+    assert_eq!(
+        ops.calls(),
+        vec![
+            "is-enabled kube1",
+            "is-enabled kube2",
+            "stop kube1",
+            "start kube2"
+        ]
+    );
+    assert_eq!(stores.journal.load().unwrap(), None);
+}
+
+#[tokio::test]
+async fn unreadable_journal_with_nothing_to_decide_on_touches_nothing() {
+    // Real: both files damaged. Faked: the machines, none enabled.
+    let (d, stores, st, goal) = setup();
+    write_torn_legacy_journal(&d, &begin(&st, &goal).unwrap());
+    HostFs::new(d.path())
+        .remove_file(std::path::Path::new(crate::state::STATE_PATH))
+        .unwrap();
+    let ops = RecordingOps::default();
+    let e = resume_pending(&ops, &stores).await.unwrap_err();
+    assert!(matches!(e, RepaveError::UnreadableJournal { .. }), "{e}");
+    assert!(
+        e.to_string().starts_with(
+            "repave journal /etc/aks-flex-node/repave-state.json is unreadable (read record checksum"
+        ),
+        "{e}"
+    );
+    assert!(!e.is_permanent());
+    assert_eq!(ops.calls(), vec!["is-enabled kube1", "is-enabled kube2"]);
+    assert!(stores.journal.load().is_err(), "the journal stays");
+}
+
+#[tokio::test]
+async fn a_failed_recovery_start_keeps_the_journal_for_the_next_attempt() {
+    let (d, stores, st, goal) = setup();
+    write_torn_legacy_journal(&d, &begin(&st, &goal).unwrap());
+    let ops = RecordingOps::failing("start kube1");
+    let e = resume_pending(&ops, &stores).await.unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "repave journal is unreadable; starting kube1 failed: injected failure of start kube1"
+    );
+    assert!(stores.journal.load().is_err(), "the journal stays");
+    let ops = RecordingOps::default();
+    assert_eq!(resume_pending(&ops, &stores).await.unwrap(), None);
+    assert_eq!(stores.journal.load().unwrap(), None);
+}
