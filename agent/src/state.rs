@@ -1,6 +1,6 @@
 //! The agent's durable records: the daemon state (`/etc/aks-flex-node/daemon-state.json`), the
-//! repave journal, the operation records and the upgrade record, each one file (0600) written by
-//! [`JsonStore`].
+//! bootstrap mark ([`BOOTSTRAP_MARK_PATH`]), the repave journal, the operation records and the
+//! upgrade record, each one file (0600) written by [`JsonStore`].
 //!
 //! # Format
 //!
@@ -139,6 +139,54 @@ impl StateStore {
     /// The store at the default path.
     pub fn new(fs: HostFs) -> Self {
         Self::at(fs, STATE_PATH)
+    }
+}
+
+/// Where `start` marks the bootstrap complete, as its very last step.
+pub const BOOTSTRAP_MARK_PATH: &str = "/etc/aks-flex-node/bootstrap-complete.json";
+
+/// The "bootstrap complete" mark: written by `start` after the daemon state is saved and the
+/// agent's and recovery units are installed and started, so its presence means nothing of the
+/// bootstrap is left to do. A daemon state without it is a bootstrap that did not finish (or one
+/// of an agent that wrote no mark): `bootstrap-node` finishes it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BootstrapMark {
+    /// Format version (1).
+    pub version: u32,
+    /// The agent version that wrote it.
+    pub agent_version: String,
+}
+
+impl BootstrapMark {
+    /// The mark this agent writes.
+    pub fn now() -> Self {
+        Self {
+            version: 1,
+            agent_version: env!("CARGO_PKG_VERSION").into(),
+        }
+    }
+}
+
+/// The bootstrap mark's store.
+pub type BootstrapMarkStore = JsonStore<BootstrapMark>;
+
+impl BootstrapMarkStore {
+    /// The mark at [`BOOTSTRAP_MARK_PATH`].
+    pub fn new(fs: HostFs) -> Self {
+        Self::at(fs, BOOTSTRAP_MARK_PATH)
+    }
+
+    /// Whether the mark is there and readable (a damaged mark counts as none: the finishing
+    /// it leads to is idempotent).
+    pub fn is_marked(&self) -> bool {
+        match self.load() {
+            Ok(m) => m.is_some(),
+            Err(e) => {
+                tracing::warn!(error = %e, "bootstrap mark unreadable; taking the bootstrap as unfinished");
+                false
+            }
+        }
     }
 }
 

@@ -1,5 +1,12 @@
 //! `start` (alias `bootstrap`): set up the host, provision and start `kube1`, save the daemon
-//! state once kubelet is up, and install and start the agent's service — in upstream's order.
+//! state once kubelet is up, and install and start the agent's service — in upstream's order —
+//! and, last, mark the bootstrap complete ([`crate::state::BOOTSTRAP_MARK_PATH`]).
+//!
+//! A `start` cut short after it saved the daemon state (kubelet runs, the agent's unit may be
+//! missing) is finished by [`finish_bootstrap`], which `bootstrap-node` runs when it finds a
+//! daemon state without the mark ([`bootstrap_progress`]): the units are installed (idempotently:
+//! files rewritten only when they differ, the service enabled and started) and the mark written.
+//! The machine, already running, is not provisioned again.
 //!
 //! The node-machine work (rootfs, configuration, lifecycle) sits behind [`NodeStarter`] and the
 //! machine-goal registration behind [`MachineRegistry`], so this flow is tested with fakes and
@@ -11,7 +18,7 @@ use async_trait::async_trait;
 
 use crate::config::Config;
 use crate::context::Host;
-use crate::state::{DaemonState, KUBE1, StateStore};
+use crate::state::{BootstrapMark, BootstrapMarkStore, DaemonState, KUBE1, StateStore};
 use crate::systemd::{
     RECOVERY_UNIT_PATH, install_service, render_agent_unit_for, render_recovery_unit_for,
 };
@@ -142,6 +149,68 @@ pub fn seeded_state(goal: &GoalState) -> DaemonState {
     }
 }
 
+/// How far a node's bootstrap got.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BootstrapProgress {
+    /// No daemon state: bootstrap from the beginning.
+    NotStarted,
+    /// The daemon state is saved (the node's machine came up) but the bootstrap is not marked
+    /// complete: `start` was cut short before its last steps, or an agent that wrote no mark
+    /// bootstrapped the node. Finish it: [`finish_bootstrap`].
+    Unfinished,
+    /// Marked complete: nothing to do.
+    Complete,
+}
+
+/// Decides [`BootstrapProgress`] from whether the mark and the daemon state are there.
+pub fn bootstrap_progress(marked: bool, state_saved: bool) -> BootstrapProgress {
+    match (marked, state_saved) {
+        (true, _) => BootstrapProgress::Complete,
+        (false, true) => BootstrapProgress::Unfinished,
+        (false, false) => BootstrapProgress::NotStarted,
+    }
+}
+
+/// The node's [`BootstrapProgress`] on `host`.
+pub fn progress_on(host: &Host) -> BootstrapProgress {
+    bootstrap_progress(
+        BootstrapMarkStore::new(host.fs.clone()).is_marked(),
+        host.fs.exists(Path::new(crate::state::STATE_PATH)),
+    )
+}
+
+/// The last steps of `start`, after the daemon state is saved: install and start the agent's
+/// service (with the binary layout on a host and the recovery unit), then mark the bootstrap
+/// complete. Idempotent: it also finishes a `start` that was cut short.
+pub async fn finish_bootstrap(host: &Host) -> Result<(), crate::task::StepError> {
+    step("install-service", async {
+        // On a host: the blue/green binary layout the unit runs through, and the units.
+        let running = crate::machine::lifecycle::current_exe().ok();
+        crate::flows::upgrade::Upgrader::new(host.clone())
+            .converge_host(running.as_deref())
+            .await?;
+        // Both variants: the recovery unit the agent's unit names in OnFailure=.
+        host.fs.write_atomic(
+            Path::new(RECOVERY_UNIT_PATH),
+            render_recovery_unit_for(host.containerized()).as_bytes(),
+            0o644,
+        )?;
+        install_service(
+            &host.fs,
+            host.systemd.as_ref(),
+            &render_agent_unit_for(host.containerized()),
+        )
+        .await?;
+        Ok::<(), anyhow::Error>(())
+    })
+    .await?;
+    step("mark-bootstrap-complete", async {
+        BootstrapMarkStore::new(host.fs.clone()).save(&BootstrapMark::now())
+    })
+    .await?;
+    Ok(())
+}
+
 /// Runs the `start` flow.
 pub async fn run_start(
     host: &Host,
@@ -170,28 +239,7 @@ pub async fn run_start(
         step("start-node", node.start_node(host, config, KUBE1)).await?;
         step("save-daemon-state", async { store.save(&state) }).await?;
         flex_host::fault::point("start.before-agent-unit");
-        step("install-service", async {
-            // On a host: the blue/green binary layout the unit runs through, and the units.
-            let running = crate::machine::lifecycle::current_exe().ok();
-            crate::flows::upgrade::Upgrader::new(host.clone())
-                .converge_host(running.as_deref())
-                .await?;
-            // Both variants: the recovery unit the agent's unit names in OnFailure=.
-            host.fs.write_atomic(
-                Path::new(RECOVERY_UNIT_PATH),
-                render_recovery_unit_for(host.containerized()).as_bytes(),
-                0o644,
-            )?;
-            install_service(
-                &host.fs,
-                host.systemd.as_ref(),
-                &render_agent_unit_for(host.containerized()),
-            )
-            .await?;
-            Ok::<(), anyhow::Error>(())
-        })
-        .await?;
-        Ok::<(), crate::task::StepError>(())
+        finish_bootstrap(host).await
     };
     flow.await
         .map_err(|e| anyhow::anyhow!("bootstrap failed: {e}"))?;

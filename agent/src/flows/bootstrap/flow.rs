@@ -1,8 +1,15 @@
 //! The bootstrap flow: config, preflight, then `start` once.
 //!
-//! 1. If `/etc/aks-flex-node/daemon-state.json` exists the node is bootstrapped (`start` saves
-//!    it only once kubelet is up): say so and stop, changing nothing. Preflight would only
-//!    report the running node's own ports and services, and `start` must run once.
+//! 1. How far the node got ([`crate::flows::start::bootstrap_progress`]):
+//!    - marked complete (`/etc/aks-flex-node/bootstrap-complete.json`, written last by
+//!      `start`): say so and stop, changing nothing. Preflight would only report the running
+//!      node's own ports and services, and `start` must run once.
+//!    - a daemon state (`start` saves it only once kubelet is up) without the mark: a `start`
+//!      cut short after its machine came up, or a node an agent that wrote no mark
+//!      bootstrapped. Finish it ([`StartRunner::finish`]: the agent's units, idempotently, then
+//!      the mark), without writing the config, running preflight or provisioning again; on a
+//!      node whose units are all there this only writes the mark.
+//!    - neither: go on.
 //! 2. The config: `AKS_FLEX_NODE_CONFIG`'s file, validated and copied byte for byte, or the
 //!    config rendered from the inputs; either way written to `/etc/aks-flex-node/config.json`
 //!    (0600, atomically), the path the agent's unit and the machines' lifecycle helper read.
@@ -20,8 +27,8 @@ use async_trait::async_trait;
 use crate::config::{self, Config, DEFAULT_CONFIG_PATH};
 use crate::context::Host;
 use crate::flows::preflight::{self, RemoteProbe};
-use crate::flows::start::NodeStarter;
-use crate::state::STATE_PATH;
+use crate::flows::start::{BootstrapProgress, NodeStarter};
+use crate::state::{BOOTSTRAP_MARK_PATH, STATE_PATH};
 
 use super::inputs::{CONFIG, Inputs};
 use super::render::render;
@@ -36,6 +43,9 @@ pub trait StartRunner: Send + Sync {
     /// `/etc/aks-flex-node/config.json`); returns once the daemon state is saved and the
     /// agent's service is started. Must not print `start`'s success message: the flow does.
     async fn start(&self, host: &Host, config: &Config) -> anyhow::Result<()>;
+    /// Finishes a `start` cut short after it saved the daemon state
+    /// ([`crate::flows::start::finish_bootstrap`]).
+    async fn finish(&self, host: &Host) -> anyhow::Result<()>;
 }
 
 /// The real [`StartRunner`]: [`crate::flows::start::run_start`] in this process, registering
@@ -52,6 +62,11 @@ impl StartRunner for RunStart<'_> {
         let registry = crate::flows::start::registry_for(config).await;
         crate::flows::start::run_start(host, config, registry.as_ref(), self.node).await
     }
+    async fn finish(&self, host: &Host) -> anyhow::Result<()> {
+        crate::flows::start::finish_bootstrap(host)
+            .await
+            .map_err(|e| anyhow::anyhow!("finish bootstrap: {e}"))
+    }
 }
 
 /// How a bootstrap ended.
@@ -59,8 +74,11 @@ impl StartRunner for RunStart<'_> {
 pub enum Outcome {
     /// The config was written, preflight passed and `start` succeeded.
     Started,
-    /// The daemon state already existed: nothing was done.
+    /// The bootstrap was marked complete: nothing was done.
     AlreadyBootstrapped,
+    /// A daemon state without the complete mark: the agent's units were installed (where
+    /// missing) and the mark written.
+    Finished,
 }
 
 /// What `aks-flex-node bootstrap-node [--env-file F]` and `aks-flex-node-bootstrap` (with
@@ -110,14 +128,28 @@ pub async fn run(
     if euid != 0 {
         anyhow::bail!("aks-flex-node bootstrap must run as root (running as uid {euid})");
     }
-    if host.fs.exists(Path::new(STATE_PATH)) {
-        writeln!(
-            out,
-            "[bootstrap] this node is already bootstrapped ({STATE_PATH} exists): \
-             not writing the config, running preflight or start again \
-             (run `aks-flex-node reset` first to bootstrap it anew)"
-        )?;
-        return Ok(Outcome::AlreadyBootstrapped);
+    match crate::flows::start::progress_on(host) {
+        BootstrapProgress::Complete => {
+            writeln!(
+                out,
+                "[bootstrap] this node is already bootstrapped ({BOOTSTRAP_MARK_PATH} exists): \
+                 not writing the config, running preflight or start again \
+                 (run `aks-flex-node reset` first to bootstrap it anew)"
+            )?;
+            return Ok(Outcome::AlreadyBootstrapped);
+        }
+        BootstrapProgress::Unfinished => {
+            writeln!(
+                out,
+                "[bootstrap] {STATE_PATH} exists but the bootstrap is not marked complete: \
+                 finishing it (the agent's units, then {BOOTSTRAP_MARK_PATH}), \
+                 not writing the config, running preflight or start again"
+            )?;
+            starter.finish(host).await?;
+            write!(out, "{}", crate::flows::start::START_SUCCESS)?;
+            return Ok(Outcome::Finished);
+        }
+        BootstrapProgress::NotStarted => {}
     }
 
     let (config, bytes, source) = match &inputs.config {

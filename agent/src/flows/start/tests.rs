@@ -208,3 +208,99 @@ fn goal_from_config_checks() {
     c.node.max_pods = i64::from(i32::MAX) + 1;
     assert!(goal_from_config(&c).unwrap_err().contains("node.maxPods"));
 }
+
+#[test]
+fn bootstrap_progress_table() {
+    use BootstrapProgress::*;
+    for (marked, state, want) in [
+        (false, false, NotStarted),
+        (false, true, Unfinished),
+        (true, true, Complete),
+        // A mark without a state (a reset interrupted after it removed the state): the mark
+        // wins; reset removes the whole directory.
+        (true, false, Complete),
+    ] {
+        assert_eq!(bootstrap_progress(marked, state), want, "{marked} {state}");
+    }
+}
+
+/// A fake host with the binary bootstrap.sh installs (start moves it into the layout).
+fn host_with_agent() -> FakeHost {
+    let f = FakeHost::new().unwrap();
+    f.host
+        .fs
+        .write_atomic(Path::new("/usr/local/bin/aks-flex-node"), b"\x7fELF", 0o755)
+        .unwrap();
+    f
+}
+
+fn marked(f: &FakeHost) -> bool {
+    crate::state::BootstrapMarkStore::new(f.host.fs.clone()).is_marked()
+}
+
+#[tokio::test]
+async fn start_marks_the_bootstrap_complete_last() {
+    // Real: files in a temporary root. Faked: systemd (recording), the node starter.
+    let f = host_with_agent();
+    assert_eq!(progress_on(&f.host), BootstrapProgress::NotStarted);
+    let node = RecordingNode {
+        calls: Default::default(),
+        fail: false,
+    };
+    run_start(&f.host, &config(), &NoRegistry("x".into()), &node)
+        .await
+        .unwrap();
+    assert!(marked(&f));
+    assert_eq!(progress_on(&f.host), BootstrapProgress::Complete);
+    // A service that does not start leaves the state saved and no mark.
+    let f = host_with_agent();
+    f.systemd.fail_on("start aks-flex-node-agent.service");
+    let e = run_start(&f.host, &config(), &NoRegistry("x".into()), &node)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.starts_with("bootstrap failed: install-service: "), "{e}");
+    assert!(f.host.fs.exists(Path::new(crate::state::STATE_PATH)));
+    assert!(!marked(&f));
+    assert_eq!(progress_on(&f.host), BootstrapProgress::Unfinished);
+}
+
+#[tokio::test]
+async fn finish_bootstrap_completes_a_start_cut_short_before_the_agent_unit() {
+    // Real: files in a temporary root. Faked: systemd (recording). The disk as a `start`
+    // killed at `start.before-agent-unit` leaves it: the daemon state, no units, no mark.
+    let f = host_with_agent();
+    StateStore::new(f.host.fs.clone())
+        .save(&seeded_state(&goal_from_config(&config()).unwrap()))
+        .unwrap();
+    assert_eq!(progress_on(&f.host), BootstrapProgress::Unfinished);
+    finish_bootstrap(&f.host).await.unwrap();
+    for unit in [
+        crate::systemd::AGENT_UNIT_PATH,
+        crate::systemd::RECOVERY_UNIT_PATH,
+    ] {
+        assert!(f.host.fs.exists(Path::new(unit)), "{unit}");
+    }
+    let sd = f.systemd.calls();
+    assert_eq!(
+        &sd[sd.len() - 2..],
+        &[
+            "enable aks-flex-node-agent.service",
+            "start aks-flex-node-agent.service"
+        ]
+    );
+    assert!(marked(&f));
+    assert_eq!(progress_on(&f.host), BootstrapProgress::Complete);
+    // Idempotent: on a finished node (or one an older agent bootstrapped, units in place)
+    // it only re-enables and re-starts the running service and rewrites the mark.
+    let before = f.systemd.calls().len();
+    finish_bootstrap(&f.host).await.unwrap();
+    assert_eq!(
+        f.systemd.calls()[before..],
+        [
+            "daemon-reload",
+            "enable aks-flex-node-agent.service",
+            "start aks-flex-node-agent.service"
+        ]
+    );
+}

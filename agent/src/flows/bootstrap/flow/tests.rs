@@ -30,7 +30,8 @@ impl RemoteProbe for UpProbe {
     }
 }
 
-/// Records each call with what it saw, and saves the daemon state as `start` does.
+/// Records each call with what it saw, and saves the daemon state and the mark as `start` does
+/// (the mark alone for `finish`).
 #[derive(Default)]
 struct FakeStart {
     calls: Arc<Mutex<Vec<String>>>,
@@ -52,6 +53,14 @@ impl StartRunner for FakeStart {
         }
         host.fs
             .write_atomic(Path::new(STATE_PATH), b"{}\n", 0o600)?;
+        crate::state::BootstrapMarkStore::new(host.fs.clone())
+            .save(&crate::state::BootstrapMark::now())?;
+        Ok(())
+    }
+    async fn finish(&self, host: &Host) -> anyhow::Result<()> {
+        self.calls.lock().unwrap().push("finish".into());
+        crate::state::BootstrapMarkStore::new(host.fs.clone())
+            .save(&crate::state::BootstrapMark::now())?;
         Ok(())
     }
 }
@@ -153,8 +162,41 @@ async fn a_second_run_on_a_bootstrapped_node_changes_nothing() {
     assert!(f.runner.calls().is_empty(), "{:?}", f.runner.calls());
     assert_eq!(
         out,
-        "[bootstrap] this node is already bootstrapped (/etc/aks-flex-node/daemon-state.json exists): not writing the config, running preflight or start again (run `aks-flex-node reset` first to bootstrap it anew)\n"
+        "[bootstrap] this node is already bootstrapped (/etc/aks-flex-node/bootstrap-complete.json exists): not writing the config, running preflight or start again (run `aks-flex-node reset` first to bootstrap it anew)\n"
     );
+}
+
+#[tokio::test]
+async fn a_state_without_the_complete_mark_is_finished_not_started_again() {
+    // Real: the files (temporary root). Faked: start (records `finish`), the host's runner.
+    // The disk as a `start` killed at `start.before-agent-unit` left it (or an older agent
+    // that wrote no mark): the daemon state, no mark.
+    let f = healthy();
+    f.host
+        .fs
+        .write_atomic(Path::new(STATE_PATH), b"{}\n", 0o600)
+        .unwrap();
+    let start = FakeStart::default();
+    let (r, out) = go(&f, &full(), &start).await;
+    assert_eq!(r.unwrap(), Outcome::Finished, "{out}");
+    assert_eq!(start.calls(), vec!["finish"]);
+    assert!(!config_file(&f).exists(), "the config is not rewritten");
+    assert!(
+        f.runner.calls().is_empty(),
+        "no preflight: {:?}",
+        f.runner.calls()
+    );
+    assert!(
+        out.starts_with(
+            "[bootstrap] /etc/aks-flex-node/daemon-state.json exists but the bootstrap is not marked complete: finishing it"
+        ),
+        "{out}"
+    );
+    assert!(out.contains("started successfully"), "{out}");
+    // Finished means complete: the next run does nothing.
+    let (r, _) = go(&f, &full(), &start).await;
+    assert_eq!(r.unwrap(), Outcome::AlreadyBootstrapped);
+    assert_eq!(start.calls(), vec!["finish"]);
 }
 
 #[tokio::test]
