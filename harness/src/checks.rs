@@ -137,7 +137,7 @@ impl Ctx<'_> {
         let state: DaemonState = if text.is_empty() {
             DaemonState::default()
         } else {
-            guest_json::parse(guest_json::DAEMON_STATE, &text)?
+            guest_json::parse_record(guest_json::DAEMON_STATE, &text)?
         };
         if state.active_machine.is_empty() {
             anyhow::bail!("no activeMachine in {}", guest_json::DAEMON_STATE);
@@ -428,7 +428,9 @@ async fn bootstrap_env_is_data(c: &Ctx<'_>) -> anyhow::Result<Outcome> {
 }
 
 async fn start_ran_once(c: &Ctx<'_>) -> anyhow::Result<Outcome> {
-    c.sh("test -s /etc/aks-flex-node/daemon-state.json && test -s /etc/aks-flex-node/daemon-state.json.sha256")
+    // One file per record (its checksum inside, no `.sha256` sidecar), and the bootstrap
+    // marked complete last.
+    c.sh("test -s /etc/aks-flex-node/daemon-state.json && ! test -e /etc/aks-flex-node/daemon-state.json.sha256 && test -s /etc/aks-flex-node/bootstrap-complete.json")
         .await?;
     let count = || async {
         c.sh("journalctl -u aks-flex-node-bootstrap.service -o cat | grep -c 'AKS Flex Node agent service started successfully' || true")
@@ -582,7 +584,7 @@ mod tests {
         assert_eq!(check.name, "active machine runs in machine.slice");
         r.on(
             &guest(&ssh, "cat /etc/aks-flex-node/daemon-state.json"),
-            Output::ok(r#"{"activeMachine": "kube1", "appliedSettingsVersion": "harness-1"}"#),
+            Output::ok(r#"{"format": "aks-flex-node.record/v1", "sha256": "00", "payload": {"activeMachine": "kube1", "appliedSettingsVersion": "harness-1"}}"#),
         );
         r.on(
             &guest(&ssh, "machinectl show kube1 -p State"),

@@ -61,6 +61,22 @@ pub fn parse<T: serde::de::DeserializeOwned>(file: &str, text: &str) -> anyhow::
     serde_json::from_str(text).map_err(|e| anyhow::anyhow!("{file} is not what it should be ({e})"))
 }
 
+/// Parses `text`, the content of the guest's agent record `file` (the daemon state), as `T`:
+/// the payload of the agent's record envelope (`{"format": "aks-flex-node.record/v1",
+/// "sha256": ..., "payload": {...}}`), or the whole text for a record in the legacy format
+/// (plain JSON). The checksum is the agent's to verify; the checks only read.
+pub fn parse_record<T: serde::de::DeserializeOwned>(file: &str, text: &str) -> anyhow::Result<T> {
+    let mut v: serde_json::Value = parse(file, text)?;
+    let payload = match v.as_object_mut() {
+        Some(o) if o.contains_key("format") => o.remove("payload").ok_or_else(|| {
+            anyhow::anyhow!("{file} is not what it should be (a record without a payload)")
+        })?,
+        _ => v,
+    };
+    serde_json::from_value(payload)
+        .map_err(|e| anyhow::anyhow!("{file} is not what it should be ({e})"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -74,6 +90,16 @@ mod tests {
         .unwrap();
         assert_eq!(s.active_machine, "kube2");
         assert_eq!(s.applied_settings_version, "harness-2");
+        let empty: DaemonState = parse(DAEMON_STATE, "{}").unwrap();
+        assert_eq!(empty, DaemonState::default());
+        // The agent's record envelope (as it writes the state) and the legacy plain JSON.
+        let enveloped = "{\n  \"format\": \"aks-flex-node.record/v1\",\n  \"sha256\": \"00\",\n  \"payload\": {\n    \"activeMachine\": \"kube2\"\n  }\n}\n";
+        let s: DaemonState = parse_record(DAEMON_STATE, enveloped).unwrap();
+        assert_eq!(s.active_machine, "kube2");
+        let s: DaemonState = parse_record(DAEMON_STATE, r#"{"activeMachine": "kube1"}"#).unwrap();
+        assert_eq!(s.active_machine, "kube1");
+        let e = parse_record::<DaemonState>(DAEMON_STATE, r#"{"format": "x"}"#).unwrap_err();
+        assert!(e.to_string().contains("without a payload"), "{e}");
         let empty: DaemonState = parse(DAEMON_STATE, "{}").unwrap();
         assert_eq!(empty, DaemonState::default());
 

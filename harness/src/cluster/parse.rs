@@ -300,9 +300,7 @@ pub fn daemon_state(text: &str) -> anyhow::Result<Option<DaemonStateView>> {
     if text.trim().is_empty() {
         return Ok(None);
     }
-    serde_json::from_str(text)
-        .map(Some)
-        .map_err(|e| anyhow::anyhow!("daemon-state.json: not JSON ({e})"))
+    crate::guest_json::parse_record("daemon-state.json", text).map(Some)
 }
 
 #[cfg(test)]

@@ -142,8 +142,10 @@ fn wire_name<T: serde::Serialize>(v: &T) -> String {
 /// `stage`, `result {phase, reason, message}` once finished, `candidate`, `previous`), so a
 /// change of the record's format fails here. Without a result the phase is `InProgress`.
 pub fn parse_pending_json(text: &str) -> anyhow::Result<UpgradeRecord> {
-    let v: flex_api::upgrade::UpgradeRecord = serde_json::from_str(text)
-        .map_err(|e| anyhow::anyhow!("{PENDING_JSON} is not the upgrade record ({e}): {text:?}"))?;
+    // The agent's record envelope (its payload) or, from an older agent, the plain JSON.
+    let v: flex_api::upgrade::UpgradeRecord =
+        crate::guest_json::parse_record(PENDING_JSON, text)
+            .map_err(|e| anyhow::anyhow!("not the upgrade record: {e}: {text:?}"))?;
     let r = UpgradeRecord {
         stage: wire_name(&v.stage),
         phase: v
@@ -443,7 +445,7 @@ mod tests {
     #[test]
     fn probe_output() {
         let text = format!(
-            "active=active\ninvocation=abc123\npid=4242\ntask=RUNNING\n---info\n{{\"ID\":\"aks-flex-agent\",\"Image\":\"{GOOD}\"}}\n---status\nstage: switched\nphase: InProgress\nreason: \"\"\nmessage: restarting\ncandidate: {GOOD}\nprevious: {PREV}\n---pending\n{{\"version\":1,\"mode\":\"image\",\"stage\":\"staged\",\"candidate\":\"{GOOD}\",\"previous\":\"{PREV}\",\"startedAt\":\"t\"}}\n"
+            "active=active\ninvocation=abc123\npid=4242\ntask=RUNNING\n---info\n{{\"ID\":\"aks-flex-agent\",\"Image\":\"{GOOD}\"}}\n---status\nstage: switched\nphase: InProgress\nreason: \"\"\nmessage: restarting\ncandidate: {GOOD}\nprevious: {PREV}\n---pending\n{{\"format\":\"aks-flex-node.record/v1\",\"sha256\":\"00\",\"payload\":{{\"version\":1,\"mode\":\"image\",\"stage\":\"staged\",\"candidate\":\"{GOOD}\",\"previous\":\"{PREV}\",\"startedAt\":\"t\"}}}}\n"
         );
         let p = parse_probe(&text);
         assert!(p.running());
