@@ -288,6 +288,15 @@ async fn apply_resumes_a_journal_for_the_same_goal() {
     );
 }
 
+/// Name, the state's active machine, kube1 and kube2 enabled, the decision.
+type JournalRow = (
+    &'static str,
+    Option<&'static str>,
+    Option<bool>,
+    Option<bool>,
+    JournalRecovery,
+);
+
 #[test]
 fn unreadable_journal_table() {
     let keep = |keep: &str, remove_other: bool, reason| JournalRecovery::Keep {
@@ -303,7 +312,7 @@ fn unreadable_journal_table() {
     let both =
         JournalRecovery::Undecidable("no readable daemon state and both machines are enabled");
     #[rustfmt::skip]
-    let rows: Vec<(&str, Option<&str>, Option<bool>, Option<bool>, JournalRecovery)> = vec![
+    let rows: Vec<JournalRow> = vec![
         // The state decides, whatever is enabled (mid-switch both may be off, or the target on).
         ("state kube1, none enabled (switching/starting)", Some("kube1"), Some(false), Some(false), keep("kube1", true, by_state)),
         ("state kube1, target enabled (starting/saving)", Some("kube1"), Some(false), Some(true), keep("kube1", true, by_state)),
