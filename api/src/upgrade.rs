@@ -120,22 +120,23 @@ impl UpgradeRecord {
 pub enum StartAction {
     /// Nothing is in flight.
     Nothing,
-    /// This agent is the candidate and has started: it has proven itself. Make it last-good and
-    /// finish `Complete`.
-    Prove,
+    /// This agent is the candidate and has started; it has not proven itself yet. It becomes
+    /// last-good, and the upgrade `Complete`, after its first successful reconcile
+    /// ([`on_reconciled`]); until then recovery rolls it back if it fails.
+    AwaitProof,
     /// The upgrade stopped before its switch (a kill or reboot while staging): `previous` runs
     /// and stays; finish with this result.
     Finish(OperationResult),
 }
 
 /// Decides what a daemon that starts running `running` (an image reference or a slot; `None`
-/// when it cannot tell) does about `record`.
+/// when it cannot tell) does about `record` (`None`: missing or unreadable).
 ///
 /// | record | running | action |
 /// |---|---|---|
 /// | none, or `finished` | any | nothing |
 /// | `staged` | any | finish `Failed`/`Interrupted`: cut short before the switch, `previous` runs |
-/// | `switched` | the candidate | prove it: last-good := candidate, finish `Complete` |
+/// | `switched` | the candidate | await the proof: the first successful reconcile ([`on_reconciled`]) |
 /// | `switched` | `previous` | finish `Failed`/`DaemonFailed`: switched back before the candidate proved itself |
 /// | `switched` | something else, or unknown | finish `Failed`/`Interrupted`, naming what runs |
 pub fn on_start(record: Option<&UpgradeRecord>, running: Option<&str>) -> StartAction {
@@ -152,7 +153,7 @@ pub fn on_start(record: Option<&UpgradeRecord>, running: Option<&str>) -> StartA
             ),
         )),
         Stage::Switched => match running {
-            Some(x) if x == r.candidate => StartAction::Prove,
+            Some(x) if x == r.candidate => StartAction::AwaitProof,
             Some(x) if x == r.previous => StartAction::Finish(OperationResult::failed(
                 DAEMON_FAILED,
                 format!(
@@ -170,6 +171,155 @@ pub fn on_start(record: Option<&UpgradeRecord>, running: Option<&str>) -> StartA
                 ),
             )),
         },
+    }
+}
+
+/// What is selected on the host: `current` (what the agent's unit runs: the `current` link's
+/// slot, or `AKS_FLEX_NODE_IMAGE` in `agent-image.env`) and `last-good` (what recovery runs
+/// and rolls back to: the `last-good` link's slot, or `AKS_FLEX_NODE_LAST_GOOD_IMAGE`).
+/// `None`: it cannot be read.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Selection<'a> {
+    /// What the agent's unit runs.
+    pub current: Option<&'a str>,
+    /// The last agent that proved itself.
+    pub last_good: Option<&'a str>,
+}
+
+impl<'a> Selection<'a> {
+    /// `(current, last_good)` when both are known and differ: the selected agent has not
+    /// proven itself (yet).
+    pub fn unproven(&self) -> Option<(&'a str, &'a str)> {
+        match (self.current, self.last_good) {
+            (Some(c), Some(g)) if c != g => Some((c, g)),
+            _ => None,
+        }
+    }
+}
+
+/// The upgrade record as read from its file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Recorded<'a> {
+    /// There is none.
+    Missing,
+    /// There is one, but it cannot be read (torn by a crash midway through its save, or
+    /// corrupted).
+    Unreadable,
+    /// It was read.
+    Read(&'a UpgradeRecord),
+}
+
+impl<'a> Recorded<'a> {
+    /// The record, when it was read.
+    pub fn record(&self) -> Option<&'a UpgradeRecord> {
+        match self {
+            Recorded::Read(r) => Some(r),
+            Recorded::Missing | Recorded::Unreadable => None,
+        }
+    }
+}
+
+/// Why a new upgrade may not start: the selected agent has not proven itself, so the slot (or
+/// the image's place) the candidate would take holds the last good agent.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "the running agent has not proven itself yet: current={current}, last-good={last_good}; an upgrade now would replace the last good agent, so it waits until the running agent has reconciled once (or recovery rolled it back)"
+)]
+pub struct Unproven {
+    /// What is selected.
+    pub current: String,
+    /// The last good agent.
+    pub last_good: String,
+}
+
+/// Whether a new upgrade may start given `selection`: not while the selected agent is
+/// unproven (`current` ≠ `last-good`). On a host the candidate goes into the slot opposite
+/// `current`, which is then `last-good`'s; in the container the switch records the selected
+/// image as last-good, dropping the real one. Either way the last good agent would be lost.
+pub fn may_upgrade(selection: Selection<'_>) -> Result<(), Unproven> {
+    match selection.unproven() {
+        Some((current, last_good)) => Err(Unproven {
+            current: current.into(),
+            last_good: last_good.into(),
+        }),
+        None => Ok(()),
+    }
+}
+
+/// One durable write of a hand-over, made in list order, each atomic by itself (a link or
+/// file renamed into place, then its directory synced). A crash can fall between any two, or
+/// tear a [`Write::Record`] (the record is then unreadable). The decisions below are built so
+/// that every such prefix still ends with a runnable agent (the crash table in the tests).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Write {
+    /// Select this agent for the unit (the `current` link; `AKS_FLEX_NODE_IMAGE`).
+    Current(String),
+    /// Make this agent last-good (the `last-good` link; `AKS_FLEX_NODE_LAST_GOOD_IMAGE`).
+    LastGood(String),
+    /// Save the upgrade record.
+    Record(UpgradeRecord),
+}
+
+/// What a daemon does after its first successful reconcile.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Proof {
+    /// The writes, in order (empty: nothing to do).
+    pub writes: Vec<Write>,
+    /// The upgrade's result, when this proves its candidate.
+    pub result: Option<OperationResult>,
+}
+
+/// Decides what a daemon running `running` does after its first successful reconcile (it
+/// reached the cluster and did its work: it has proven itself).
+///
+/// | record | selection | action |
+/// |---|---|---|
+/// | `switched`, running the candidate (and `current` is not something else) | any | last-good := candidate (unless it already is), then finish the record `Complete` |
+/// | anything else (none, unreadable, staged, finished, or `switched` not running the candidate) | running = `current` ≠ `last-good` | last-good := current (no record: it was lost, or the agent was switched by hand) |
+/// | anything else | otherwise | nothing |
+///
+/// Idempotent: once made, the writes make it answer nothing.
+pub fn on_reconciled(
+    record: Option<&UpgradeRecord>,
+    selection: Selection<'_>,
+    running: Option<&str>,
+) -> Proof {
+    let Some(running) = running else {
+        return Proof::default();
+    };
+    if selection.current.is_some_and(|c| c != running) {
+        // Something else is selected (an upgrade this daemon just handed off, or a roll-back):
+        // this agent is on its way out, it proves nothing.
+        return Proof::default();
+    }
+    let mut writes = Vec::new();
+    if selection.last_good != Some(running) {
+        writes.push(Write::LastGood(running.into()));
+    }
+    match record {
+        Some(r) if r.unproven() && r.candidate == running => {
+            let result = OperationResult::complete(format!(
+                "AgentUpgrade completed: the agent runs {}{}",
+                r.candidate,
+                r.candidate_version
+                    .as_deref()
+                    .map(|v| format!(" (version {v})"))
+                    .unwrap_or_default()
+            ));
+            let mut done = r.clone();
+            done.finish(result.clone());
+            writes.push(Write::Record(done));
+            Proof {
+                writes,
+                result: Some(result),
+            }
+        }
+        _ if selection.current.is_some() => Proof {
+            writes,
+            result: None,
+        },
+        // `current` cannot be read: do not guess.
+        _ => Proof::default(),
     }
 }
 
@@ -218,34 +368,55 @@ pub fn describe(u: &AgentUnit<'_>) -> String {
 pub enum RecoveryAction {
     /// Nothing: the agent runs or is restarting by itself, and no candidate failed.
     Nothing,
-    /// The agent's unit failed with no unproven candidate (e.g. it crashed past its start
-    /// limit): reset its failed state (which resets the start limit) and restart it after
-    /// [`super::RECOVERY_RESTART_DELAY`].
+    /// The agent's unit failed with no unproven agent selected (e.g. it crashed past its
+    /// start limit): reset its failed state (which resets the start limit) and restart it
+    /// after [`super::RECOVERY_RESTART_DELAY`].
     Restart,
     /// The unproven candidate never started: the start limit refused it. Reset the failed
     /// state and restart on the candidate (once; a second time rolls back).
     RetryCandidate,
-    /// The unproven candidate failed: switch back to `previous` (last-good), finish
-    /// `Failed`/`DaemonFailed` with this message, remove the candidate when the record says so,
-    /// reset the failed state and restart.
+    /// The unproven candidate failed: make [`rollback_writes`] (switch back to `previous`,
+    /// which is last-good; finish `Failed`/`DaemonFailed` with this message), remove the
+    /// candidate when the record says so, reset the failed state and restart.
     RollBack {
         /// The operation's message.
         message: String,
     },
+    /// The agent's unit failed while an unproven agent is selected (`current` ≠ `last-good`)
+    /// and no readable record says which upgrade it came from (a crash tore the record's save,
+    /// or it is gone, or it is over): switch `current` back to `last_good`, record that when
+    /// there was no readable record (a new finished record, `Failed`/`DaemonFailed` with this
+    /// message), reset the failed state and restart.
+    RollBackToLastGood {
+        /// The unproven agent that failed.
+        from: String,
+        /// The last good agent.
+        to: String,
+        /// What is logged and recorded.
+        message: String,
+        /// Whether to write a record (there was no readable one).
+        record: bool,
+    },
 }
 
-/// Decides what recovery does given the upgrade record and the agent unit's state.
+/// Decides what recovery does given the upgrade record, what is selected, and the agent
+/// unit's state.
 ///
-/// | record | unit | action |
-/// |---|---|---|
-/// | `switched` | running, or activating (not auto-restart) | nothing (the candidate is starting) |
-/// | `switched` | `start-limit-hit` with no automatic restart, first time | retry the candidate |
-/// | `switched` | any other failure, or the retry already used | roll back |
-/// | `switched` | inactive without failure (stopped on purpose) | nothing |
-/// | none, `staged`, `finished` | failed (or auto-restart) | restart (resets the start limit) when `failed`; nothing while auto-restarting |
-/// | none, `staged`, `finished` | running or stopped | nothing |
-pub fn recovery(record: Option<&UpgradeRecord>, unit: &AgentUnit<'_>) -> RecoveryAction {
-    match record {
+/// | record | selection | unit | action |
+/// |---|---|---|---|
+/// | `switched` | any | running, or activating (not auto-restart) | nothing (the candidate is starting) |
+/// | `switched` | any | `start-limit-hit` with no automatic restart, first time | retry the candidate |
+/// | `switched` | any | any other failure, or the retry already used | roll back to `previous` |
+/// | `switched` | any | inactive without failure (stopped on purpose) | nothing |
+/// | missing, unreadable, `staged`, `finished` | `current` ≠ `last-good` | failed (or auto-restart) | roll back to last-good (writing a record when there was no readable one) |
+/// | missing, unreadable, `staged`, `finished` | `current` = `last-good`, or unknown | failed | restart (resets the start limit) |
+/// | missing, unreadable, `staged`, `finished` | any | running, stopped, or auto-restart without an unproven agent | nothing |
+pub fn recovery(
+    record: Recorded<'_>,
+    selection: Selection<'_>,
+    unit: &AgentUnit<'_>,
+) -> RecoveryAction {
+    match record.record() {
         Some(r) if r.unproven() => {
             if recovering_by_itself(unit) {
                 RecoveryAction::Nothing
@@ -264,14 +435,78 @@ pub fn recovery(record: Option<&UpgradeRecord>, unit: &AgentUnit<'_>) -> Recover
                 RecoveryAction::Nothing
             }
         }
-        _ => {
-            if unit.active_state == "failed" {
-                RecoveryAction::Restart
-            } else {
-                RecoveryAction::Nothing
+        _ => match selection.unproven() {
+            Some((from, to)) if failed(unit) && !recovering_by_itself(unit) => {
+                let why = match record {
+                    Recorded::Missing => "no upgrade record",
+                    Recorded::Unreadable => "the upgrade record is unreadable",
+                    Recorded::Read(r) if r.stage == Stage::Staged => {
+                        "the upgrade record is still staging"
+                    }
+                    Recorded::Read(_) => "the upgrade record is finished",
+                };
+                RecoveryAction::RollBackToLastGood {
+                    from: from.into(),
+                    to: to.into(),
+                    message: format!(
+                        "the agent {from} had not proven itself and failed ({}); {why}; rolled back to the last good agent {to}",
+                        describe(unit)
+                    ),
+                    record: record.record().is_none(),
+                }
             }
-        }
+            _ if unit.active_state == "failed" => RecoveryAction::Restart,
+            _ => RecoveryAction::Nothing,
+        },
     }
+}
+
+/// The writes of [`RecoveryAction::RollBack`]: `current` back to `previous` first, then the
+/// record finished `Failed`/`DaemonFailed` with `message` (a crash between them leaves the
+/// record `switched` with `previous` selected, which the next start finishes the same way).
+pub fn rollback_writes(record: &UpgradeRecord, message: &str) -> Vec<Write> {
+    let mut done = record.clone();
+    done.finish(OperationResult::failed(DAEMON_FAILED, message));
+    vec![Write::Current(record.previous.clone()), Write::Record(done)]
+}
+
+/// The writes of [`RecoveryAction::RetryCandidate`]: the record with the retry counted.
+pub fn retry_writes(record: &UpgradeRecord) -> Vec<Write> {
+    let mut r = record.clone();
+    r.recovery_restarts = r.recovery_restarts.saturating_add(1);
+    vec![Write::Record(r)]
+}
+
+/// The writes of [`RecoveryAction::RollBackToLastGood`]: `current` back to `to` first, then
+/// (when `record`) a finished record saying so: mode `mode`, `previous` = `to`, `candidate` =
+/// `from`, started and finished `at`.
+pub fn rollback_to_last_good_writes(action: &RecoveryAction, mode: Mode, at: &str) -> Vec<Write> {
+    let RecoveryAction::RollBackToLastGood {
+        from,
+        to,
+        message,
+        record,
+    } = action
+    else {
+        return Vec::new();
+    };
+    let mut writes = vec![Write::Current(to.clone())];
+    if *record {
+        writes.push(Write::Record(UpgradeRecord {
+            version: 1,
+            operation: None,
+            mode,
+            previous: to.clone(),
+            candidate: from.clone(),
+            candidate_version: None,
+            stage: Stage::Finished,
+            started_at: at.into(),
+            recovery_restarts: 0,
+            remove_candidate_on_rollback: false,
+            result: Some(OperationResult::failed(DAEMON_FAILED, message.clone())),
+        }));
+    }
+    writes
 }
 
 /// The answer to "how did the operation this record belongs to end?", for a daemon that finds
@@ -359,7 +594,7 @@ mod tests {
                 "switched, candidate runs",
                 Some(record(Stage::Switched)),
                 Some(new),
-                "prove",
+                "await proof",
             ),
             (
                 "switched, previous runs again",
@@ -383,7 +618,7 @@ mod tests {
         for (name, rec, running, want) in cases {
             let got = match on_start(rec.as_ref(), running) {
                 StartAction::Nothing => "nothing".to_string(),
-                StartAction::Prove => "prove".to_string(),
+                StartAction::AwaitProof => "await proof".to_string(),
                 StartAction::Finish(r) => {
                     assert_eq!(r.phase, OperationPhase::Failed, "{name}");
                     assert!(!r.message.is_empty(), "{name}");
@@ -468,7 +703,21 @@ mod tests {
             ),
         ];
         for (name, rec, u, want) in cases {
-            let got = match recovery(rec.as_ref(), &u) {
+            let recorded = rec.as_ref().map_or(Recorded::Missing, Recorded::Read);
+            // The layout agrees with the record: an unproven candidate is selected only while
+            // the record is `switched`.
+            let sel = if rec.as_ref().is_some_and(|r| r.unproven()) {
+                Selection {
+                    current: Some("reg.example/agent@sha256:new"),
+                    last_good: Some("reg.example/agent@sha256:old"),
+                }
+            } else {
+                Selection {
+                    current: Some("reg.example/agent@sha256:old"),
+                    last_good: Some("reg.example/agent@sha256:old"),
+                }
+            };
+            let got = match recovery(recorded, sel, &u) {
                 RecoveryAction::Nothing => "nothing",
                 RecoveryAction::Restart => "restart",
                 RecoveryAction::RetryCandidate => "retry",
@@ -477,9 +726,553 @@ mod tests {
                     assert!(message.contains(u.result), "{name}: {message}");
                     "roll back"
                 }
+                RecoveryAction::RollBackToLastGood { .. } => "roll back to last-good",
             };
             assert_eq!(got, want, "{name}");
         }
+    }
+
+    const BLUE: &str = "blue";
+    const GREEN: &str = "green";
+
+    fn sel<'a>(current: &'a str, last_good: &'a str) -> Selection<'a> {
+        Selection {
+            current: Some(current),
+            last_good: Some(last_good),
+        }
+    }
+
+    fn binary(stage: Stage) -> UpgradeRecord {
+        let mut r = record(stage);
+        r.mode = Mode::Binary;
+        r.previous = BLUE.into();
+        r.candidate = GREEN.into();
+        r.remove_candidate_on_rollback = false;
+        r
+    }
+
+    #[test]
+    fn recovery_without_an_unproven_record_table() {
+        let mut finished = binary(Stage::Finished);
+        finished.result = Some(OperationResult::complete("done"));
+        let staged = binary(Stage::Staged);
+        let failed = unit("failed", "failed", "exit-code", 2);
+        let auto = unit("activating", "auto-restart", "exit-code", 1);
+        let running = unit("active", "running", "success", 0);
+        let records: Vec<(&str, Recorded)> = vec![
+            ("missing", Recorded::Missing),
+            ("unreadable", Recorded::Unreadable),
+            ("staged", Recorded::Read(&staged)),
+            ("finished", Recorded::Read(&finished)),
+        ];
+        for (rname, rec) in records {
+            let writes_record = rname == "missing" || rname == "unreadable";
+            type Case<'a> = (&'a str, Selection<'a>, AgentUnit<'a>, &'a str);
+            let cases: Vec<Case> = vec![
+                (
+                    "unproven, failed",
+                    sel(GREEN, BLUE),
+                    failed,
+                    "roll back to last-good",
+                ),
+                (
+                    "unproven, auto-restart",
+                    sel(GREEN, BLUE),
+                    auto,
+                    "roll back to last-good",
+                ),
+                ("unproven, running", sel(GREEN, BLUE), running, "nothing"),
+                ("proven, failed", sel(BLUE, BLUE), failed, "restart"),
+                ("proven, auto-restart", sel(BLUE, BLUE), auto, "nothing"),
+                ("proven, running", sel(BLUE, BLUE), running, "nothing"),
+                (
+                    "last-good unknown, failed",
+                    Selection {
+                        current: Some(GREEN),
+                        last_good: None,
+                    },
+                    failed,
+                    "restart",
+                ),
+                (
+                    "nothing known, failed",
+                    Selection::default(),
+                    failed,
+                    "restart",
+                ),
+            ];
+            for (name, s, u, want) in cases {
+                let got = match recovery(rec, s, &u) {
+                    RecoveryAction::Nothing => "nothing",
+                    RecoveryAction::Restart => "restart",
+                    RecoveryAction::RetryCandidate => "retry",
+                    RecoveryAction::RollBack { .. } => "roll back",
+                    RecoveryAction::RollBackToLastGood {
+                        from,
+                        to,
+                        message,
+                        record,
+                    } => {
+                        assert_eq!(
+                            (from.as_str(), to.as_str()),
+                            (GREEN, BLUE),
+                            "{rname}/{name}"
+                        );
+                        assert!(
+                            message.contains("had not proven itself")
+                                && message.contains("rolled back to the last good agent blue"),
+                            "{rname}/{name}: {message}"
+                        );
+                        assert_eq!(record, writes_record, "{rname}/{name}");
+                        "roll back to last-good"
+                    }
+                };
+                assert_eq!(got, want, "{rname}/{name}");
+            }
+        }
+    }
+
+    #[test]
+    fn rollback_to_last_good_switches_first_and_records_only_without_a_readable_record() {
+        let a = recovery(
+            Recorded::Unreadable,
+            sel(GREEN, BLUE),
+            &unit("failed", "failed", "exit-code", 0),
+        );
+        let w = rollback_to_last_good_writes(&a, Mode::Binary, "2026-12-02T10:00:00Z");
+        assert_eq!(w[0], Write::Current(BLUE.into()));
+        let Write::Record(r) = &w[1] else {
+            panic!("{w:?}")
+        };
+        assert_eq!(
+            (r.stage, r.previous.as_str(), r.candidate.as_str()),
+            (Stage::Finished, BLUE, GREEN)
+        );
+        let res = r.result.as_ref().unwrap();
+        assert_eq!(res.reason, DAEMON_FAILED);
+        assert!(
+            res.message.contains("the upgrade record is unreadable"),
+            "{}",
+            res.message
+        );
+        let mut finished = binary(Stage::Finished);
+        finished.result = Some(OperationResult::complete("done"));
+        let a = recovery(
+            Recorded::Read(&finished),
+            sel(GREEN, BLUE),
+            &unit("failed", "failed", "exit-code", 0),
+        );
+        assert_eq!(
+            rollback_to_last_good_writes(&a, Mode::Binary, "x"),
+            vec![Write::Current(BLUE.into())],
+            "a readable record (another operation's result) is left alone"
+        );
+    }
+
+    #[test]
+    fn on_reconciled_table() {
+        let switched = binary(Stage::Switched);
+        let mut finished = binary(Stage::Finished);
+        finished.result = Some(OperationResult::complete("done"));
+        type Case<'a> = (
+            &'a str,
+            Option<&'a UpgradeRecord>,
+            Selection<'a>,
+            Option<&'a str>,
+            &'a str,
+        );
+        let cases: Vec<Case> = vec![
+            (
+                "candidate reconciled",
+                Some(&switched),
+                sel(GREEN, BLUE),
+                Some(GREEN),
+                "last-good=green, record Complete",
+            ),
+            (
+                "candidate reconciled, last-good already made (crash before the record)",
+                Some(&switched),
+                sel(GREEN, GREEN),
+                Some(GREEN),
+                "record Complete",
+            ),
+            (
+                "candidate reconciled, current unreadable",
+                Some(&switched),
+                Selection {
+                    current: None,
+                    last_good: Some(BLUE),
+                },
+                Some(GREEN),
+                "last-good=green, record Complete",
+            ),
+            (
+                "previous reconciled right after handing off",
+                Some(&switched),
+                sel(GREEN, BLUE),
+                Some(BLUE),
+                "nothing",
+            ),
+            (
+                "no record, unproven current reconciled",
+                None,
+                sel(GREEN, BLUE),
+                Some(GREEN),
+                "last-good=green",
+            ),
+            (
+                "finished record, unproven current reconciled",
+                Some(&finished),
+                sel(GREEN, BLUE),
+                Some(GREEN),
+                "last-good=green",
+            ),
+            (
+                "proven",
+                Some(&finished),
+                sel(GREEN, GREEN),
+                Some(GREEN),
+                "nothing",
+            ),
+            (
+                "no record, proven",
+                None,
+                sel(BLUE, BLUE),
+                Some(BLUE),
+                "nothing",
+            ),
+            (
+                "running unknown",
+                Some(&switched),
+                sel(GREEN, BLUE),
+                None,
+                "nothing",
+            ),
+            (
+                "no record, current unknown",
+                None,
+                Selection {
+                    current: None,
+                    last_good: Some(BLUE),
+                },
+                Some(GREEN),
+                "nothing",
+            ),
+        ];
+        for (name, rec, s, running, want) in cases {
+            let p = on_reconciled(rec, s, running);
+            let got: Vec<String> = p
+                .writes
+                .iter()
+                .map(|w| match w {
+                    Write::Current(x) => format!("current={x}"),
+                    Write::LastGood(x) => format!("last-good={x}"),
+                    Write::Record(r) => {
+                        format!("record {}", r.result.as_ref().unwrap().phase)
+                    }
+                })
+                .collect();
+            let got = if got.is_empty() {
+                "nothing".to_string()
+            } else {
+                got.join(", ")
+            };
+            assert_eq!(got, want, "{name}");
+            assert_eq!(p.result.is_some(), want.contains("Complete"), "{name}");
+        }
+    }
+
+    #[test]
+    fn a_new_upgrade_is_refused_while_the_selected_agent_is_unproven() {
+        let e = may_upgrade(sel(GREEN, BLUE)).unwrap_err();
+        assert_eq!((e.current.as_str(), e.last_good.as_str()), (GREEN, BLUE));
+        let m = e.to_string();
+        assert!(
+            m.starts_with(
+                "the running agent has not proven itself yet: current=green, last-good=blue"
+            ),
+            "{m}"
+        );
+        assert!(may_upgrade(sel(BLUE, BLUE)).is_ok());
+        assert!(may_upgrade(Selection::default()).is_ok(), "nothing to lose");
+    }
+
+    // --- crash after step k -----------------------------------------------------------------
+
+    /// The record as a crash leaves it.
+    #[derive(Clone, Debug)]
+    enum Rec {
+        Missing,
+        Torn,
+        Read(Box<UpgradeRecord>),
+    }
+
+    /// A model of the host's durable state: what is selected, what is last-good, the record,
+    /// and which agent fails to start (before its first reconcile). Writes are applied as the
+    /// agent applies them: each one atomic, in order.
+    #[derive(Clone, Debug)]
+    struct World {
+        current: String,
+        last_good: String,
+        record: Rec,
+        broken: Option<&'static str>,
+    }
+
+    impl World {
+        fn recorded(&self) -> Recorded<'_> {
+            match &self.record {
+                Rec::Missing => Recorded::Missing,
+                Rec::Torn => Recorded::Unreadable,
+                Rec::Read(r) => Recorded::Read(r),
+            }
+        }
+
+        fn selection(&self) -> Selection<'_> {
+            sel(&self.current, &self.last_good)
+        }
+
+        fn apply(&mut self, w: &Write) {
+            match w {
+                Write::Current(x) => self.current = x.clone(),
+                Write::LastGood(x) => self.last_good = x.clone(),
+                Write::Record(r) => self.record = Rec::Read(Box::new(r.clone())),
+            }
+        }
+
+        /// What recovery writes after the unit failed (`result`, automatic restarts).
+        fn recover(&self, result: &'static str, restarts: u32) -> Result<Vec<Write>, String> {
+            let u = unit("failed", "failed", result, restarts);
+            let a = recovery(self.recorded(), self.selection(), &u);
+            Ok(match &a {
+                RecoveryAction::RollBack { message } => {
+                    rollback_writes(self.recorded().record().ok_or("no record")?, message)
+                }
+                RecoveryAction::RetryCandidate => {
+                    retry_writes(self.recorded().record().ok_or("no record")?)
+                }
+                RecoveryAction::RollBackToLastGood { .. } => {
+                    rollback_to_last_good_writes(&a, Mode::Binary, "t")
+                }
+                RecoveryAction::Restart => Vec::new(),
+                RecoveryAction::Nothing => return Err("recovery does nothing".into()),
+            })
+        }
+
+        /// The daemon that starts on `current` and reconciles once: its writes.
+        fn start_and_reconcile(&mut self) {
+            let running = self.current.clone();
+            if let StartAction::Finish(res) = on_start(self.recorded().record(), Some(&running))
+                && let Some(mut r) = self.recorded().record().cloned()
+            {
+                r.finish(res);
+                self.apply(&Write::Record(r));
+            }
+            let p = on_reconciled(self.recorded().record(), self.selection(), Some(&running));
+            for w in &p.writes {
+                self.apply(w);
+            }
+        }
+
+        /// After a crash (and a reboot): the unit starts `current`; a broken agent fails and
+        /// recovery runs in full; a working one starts and reconciles. Returns the end state,
+        /// or why it never settles.
+        fn settle(mut self) -> Result<World, String> {
+            for _ in 0..6 {
+                if self.broken == Some(self.current.as_str()) {
+                    for w in self.recover("exit-code", 2)? {
+                        self.apply(&w);
+                    }
+                } else {
+                    self.start_and_reconcile();
+                    return Ok(self);
+                }
+            }
+            Err(format!(
+                "still restarting the broken agent {}",
+                self.current
+            ))
+        }
+    }
+
+    /// Applies writes until its budget of completed writes is spent; then the next write
+    /// does not happen, or (`torn`) a record write is left torn.
+    struct Run {
+        w: World,
+        left: usize,
+        torn: bool,
+        crashed: bool,
+    }
+
+    impl Run {
+        fn write(&mut self, writes: Vec<Write>) -> bool {
+            for x in writes {
+                if self.left == 0 {
+                    if self.torn && matches!(x, Write::Record(_)) {
+                        self.w.record = Rec::Torn;
+                    }
+                    self.crashed = true;
+                    return false;
+                }
+                self.w.apply(&x);
+                self.left -= 1;
+            }
+            true
+        }
+    }
+
+    #[derive(Clone, Copy, Debug)]
+    enum Candidate {
+        /// Starts and reconciles.
+        Works,
+        /// Fails at start.
+        Broken,
+        /// Starts, then fails before its first reconcile (cannot reach the cluster, crashes).
+        DiesBeforeReconciling,
+        /// The start limit refuses it once; then it works.
+        RefusedOnceThenWorks,
+        /// The start limit refuses it once; then it fails.
+        RefusedOnceThenBroken,
+    }
+
+    /// An upgrade from blue to green, as the agent writes it: the upgrade's own writes
+    /// (`staged`, `switched`, the switch), then the hand-over for `c`.
+    fn script(run: &mut Run, c: Candidate) -> Result<(), String> {
+        let mut rec = binary(Stage::Staged);
+        if !run.write(vec![Write::Record(rec.clone())]) {
+            return Ok(());
+        }
+        rec.stage = Stage::Switched;
+        if !run.write(vec![
+            Write::Record(rec.clone()),
+            Write::Current(GREEN.into()),
+        ]) {
+            return Ok(());
+        }
+        let proof = |w: &mut World| {
+            assert_eq!(
+                on_start(w.recorded().record(), Some(GREEN)),
+                StartAction::AwaitProof
+            );
+            on_reconciled(w.recorded().record(), w.selection(), Some(GREEN)).writes
+        };
+        match c {
+            Candidate::Works => {
+                let ws = proof(&mut run.w);
+                run.write(ws);
+            }
+            Candidate::Broken => {
+                let ws = run.w.recover("exit-code", 0)?;
+                run.write(ws);
+            }
+            Candidate::DiesBeforeReconciling => {
+                assert_eq!(
+                    on_start(run.w.recorded().record(), Some(GREEN)),
+                    StartAction::AwaitProof,
+                    "nothing is written at start"
+                );
+                let ws = run.w.recover("exit-code", 3)?;
+                run.write(ws);
+            }
+            Candidate::RefusedOnceThenWorks | Candidate::RefusedOnceThenBroken => {
+                let ws = run.w.recover("start-limit-hit", 0)?;
+                if !run.write(ws) {
+                    return Ok(());
+                }
+                if matches!(c, Candidate::RefusedOnceThenWorks) {
+                    let ws = proof(&mut run.w);
+                    run.write(ws);
+                } else {
+                    let ws = run.w.recover("exit-code", 0)?;
+                    run.write(ws);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Every crash point of an upgrade's writes (after each of them, and midway through each
+    /// record save) × every kind of candidate × with and without an older record: after the
+    /// crash and a reboot, the host settles on a working agent that is last-good, with no
+    /// upgrade left hanging. A pure model: the writes and decisions are the agent's; the
+    /// host's files, units and restarts are modelled by [`World`].
+    #[test]
+    fn crash_after_step_k_always_ends_with_a_runnable_proven_agent() {
+        let mut old = binary(Stage::Finished);
+        old.candidate = BLUE.into();
+        old.previous = GREEN.into();
+        old.result = Some(OperationResult::complete("an older upgrade"));
+        let mut checked = 0;
+        for c in [
+            Candidate::Works,
+            Candidate::Broken,
+            Candidate::DiesBeforeReconciling,
+            Candidate::RefusedOnceThenWorks,
+            Candidate::RefusedOnceThenBroken,
+        ] {
+            let broken = match c {
+                Candidate::Works | Candidate::RefusedOnceThenWorks => None,
+                _ => Some(GREEN),
+            };
+            for initial in [Rec::Missing, Rec::Read(Box::new(old.clone()))] {
+                let start = World {
+                    current: BLUE.into(),
+                    last_good: BLUE.into(),
+                    record: initial,
+                    broken,
+                };
+                // The number of writes of the uninterrupted run.
+                let mut full = Run {
+                    w: start.clone(),
+                    left: usize::MAX,
+                    torn: false,
+                    crashed: false,
+                };
+                script(&mut full, c).unwrap();
+                let total = usize::MAX - full.left;
+                for k in 0..=total {
+                    for torn in [false, true] {
+                        let mut run = Run {
+                            w: start.clone(),
+                            left: k,
+                            torn,
+                            crashed: false,
+                        };
+                        script(&mut run, c).unwrap();
+                        let name = format!("{c:?}, crash after write {k}/{total}, torn={torn}");
+                        let end = run.w.clone().settle().unwrap_or_else(|e| {
+                            panic!("{name}: {e}; after the crash: {:?}", run.w)
+                        });
+                        assert_ne!(
+                            end.broken,
+                            Some(end.current.as_str()),
+                            "{name}: runs a broken agent"
+                        );
+                        assert_eq!(
+                            end.current, end.last_good,
+                            "{name}: the running agent is last-good"
+                        );
+                        assert!(
+                            !matches!(&end.record, Rec::Read(r) if r.stage != Stage::Finished),
+                            "{name}: an upgrade is left hanging: {:?}",
+                            end.record
+                        );
+                        if let Rec::Read(r) = &end.record
+                            && r.result.as_ref().is_some_and(|x| {
+                                x.phase == crate::machina::OperationPhase::Complete
+                            })
+                            && r.candidate == GREEN
+                        {
+                            assert_eq!(
+                                end.current, GREEN,
+                                "{name}: Complete, but green does not run"
+                            );
+                        }
+                        checked += 1;
+                    }
+                }
+            }
+        }
+        assert!(checked > 50, "{checked}");
     }
 
     #[test]

@@ -6,6 +6,12 @@
 //! SELinux label of the file it replaces, when there is one), and is renamed over the target.
 //! Missing parent directories are created with mode 0750; existing ones are left alone.
 //!
+//! Durability: a rename, a new link or a removal is atomic at once but only survives a power
+//! cut once its directory is synced. Every replacing write ([`HostFs::install`],
+//! [`HostFs::write_atomic`]), link swap ([`HostFs::symlink`]) and removal of a file
+//! ([`HostFs::remove_file`]) syncs the parent directory afterwards ([`sync_dir`]), in
+//! [`ConfinedFs`] too; a failure to sync is an error (the change happened, but may not last).
+//!
 //! [`HostFs`] follows symlinks like any path-based call: right for the host's own files, wrong
 //! inside a tree someone else built. A machine's root file system comes from an image, and an
 //! image may hold `etc/systemd/system -> /etc/systemd/system`; writes into such a tree go
@@ -172,12 +178,35 @@ impl HostFs {
     }
 
     /// Streams `reader` into `p` atomically with `mode`, refusing more than
-    /// [`MAX_INSTALL_BYTES`].
+    /// [`MAX_INSTALL_BYTES`]; then syncs `p`'s directory.
     pub fn install(
         &self,
         p: &Path,
         reader: &mut dyn std::io::Read,
         mode: u32,
+    ) -> Result<(), FsError> {
+        self.install_with(p, reader, mode, &mut || {})
+    }
+
+    /// [`Self::write_atomic`], calling `before_rename` once the new content is complete and
+    /// synced in its temporary file, right before it replaces `p` (where a crash leaves `p`
+    /// as it was; a fault point goes there).
+    pub fn write_atomic_with(
+        &self,
+        p: &Path,
+        contents: &[u8],
+        mode: u32,
+        before_rename: &mut dyn FnMut(),
+    ) -> Result<(), FsError> {
+        self.install_with(p, &mut &contents[..], mode, before_rename)
+    }
+
+    fn install_with(
+        &self,
+        p: &Path,
+        reader: &mut dyn std::io::Read,
+        mode: u32,
+        before_rename: &mut dyn FnMut(),
     ) -> Result<(), FsError> {
         let real = self.path(p);
         let (dir, name) = match (real.parent(), real.file_name()) {
@@ -211,17 +240,14 @@ impl HostFs {
         };
         let result = (|| -> std::io::Result<()> {
             fill(&mut file, reader, mode, label.as_deref())?;
-            fs::rename(&tmp_path, &real)?;
-            if let Ok(d) = File::open(&dir) {
-                let _ = d.sync_all();
-            }
-            Ok(())
+            before_rename();
+            fs::rename(&tmp_path, &real)
         })();
         if let Err(e) = result {
             let _ = fs::remove_file(&tmp_path);
             return Err(FsError::new("write", p, e));
         }
-        Ok(())
+        sync_dir(&dir).map_err(|e| FsError::new("sync the directory of", p, e))
     }
 
     /// Makes `p` a symlink to `target`, replacing whatever file or link is there (atomically:
@@ -245,13 +271,26 @@ impl HostFs {
             let _ = fs::remove_file(&tmp);
             FsError::new("symlink", p, e)
         })?;
+        self.sync_parent(p, &real)?;
         Ok(true)
     }
 
-    /// Removes a file (or symlink); returns whether something was there.
+    fn sync_parent(&self, p: &Path, real: &Path) -> Result<(), FsError> {
+        match real.parent() {
+            Some(dir) => sync_dir(dir).map_err(|e| FsError::new("sync the directory of", p, e)),
+            None => Ok(()),
+        }
+    }
+
+    /// Removes a file (or symlink) and syncs its directory; returns whether something was
+    /// there.
     pub fn remove_file(&self, p: &Path) -> Result<bool, FsError> {
-        match fs::remove_file(self.path(p)) {
-            Ok(()) => Ok(true),
+        let real = self.path(p);
+        match fs::remove_file(&real) {
+            Ok(()) => {
+                self.sync_parent(p, &real)?;
+                Ok(true)
+            }
             Err(e) if e.kind() == ErrorKind::NotFound => Ok(false),
             Err(e) => Err(FsError::new("remove", p, e)),
         }
@@ -324,6 +363,44 @@ impl HostFs {
         fs::symlink_metadata(self.path(p))
             .ok()
             .map(|m| m.permissions().mode() & 0o7777)
+    }
+}
+
+/// Syncs the directory `dir`, making the renames, links and removals in it durable (a power
+/// cut cannot revert them afterwards). A file system that cannot sync a directory (`EINVAL`,
+/// `ENOTSUP`: it has nothing to make durable) counts as synced.
+pub fn sync_dir(dir: &Path) -> std::io::Result<()> {
+    let d = File::open(dir)?;
+    sync_dir_fd(d.as_fd())?;
+    #[cfg(test)]
+    synced::record(dir);
+    Ok(())
+}
+
+fn sync_dir_fd(fd: std::os::fd::BorrowedFd<'_>) -> std::io::Result<()> {
+    match rustix::fs::fsync(fd) {
+        Ok(()) | Err(Errno::INVAL) | Err(Errno::NOTSUP) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The directories this thread synced (tests only: how the guarantee is checked).
+#[cfg(test)]
+pub(crate) mod synced {
+    use std::cell::RefCell;
+    use std::path::{Path, PathBuf};
+
+    thread_local! {
+        static SYNCED: RefCell<Vec<PathBuf>> = const { RefCell::new(Vec::new()) };
+    }
+
+    pub fn record(dir: &Path) {
+        SYNCED.with(|s| s.borrow_mut().push(dir.to_path_buf()));
+    }
+
+    /// The directories synced since the last call.
+    pub fn take() -> Vec<PathBuf> {
+        SYNCED.with(|s| std::mem::take(&mut *s.borrow_mut()))
     }
 }
 
@@ -650,8 +727,7 @@ impl ConfinedFs {
             let _ = rustix::fs::unlinkat(dfd, tmp.as_str(), AtFlags::empty());
             return Err(self.err("write", p, e));
         }
-        let _ = rustix::fs::fsync(dfd);
-        Ok(())
+        sync_dir_fd(dfd).map_err(|e| self.err("sync the directory of", p, e))
     }
 
     /// Makes `p` a symlink to `target` (stored as given: an absolute target is read by the
@@ -678,16 +754,21 @@ impl ConfinedFs {
             let _ = rustix::fs::unlinkat(dfd, tmp.as_str(), AtFlags::empty());
             self.err("symlink", p, e)
         })?;
+        sync_dir_fd(dfd).map_err(|e| self.err("sync the directory of", p, e))?;
         Ok(true)
     }
 
-    /// Removes a file or symlink (never what it points to); returns whether something was there.
+    /// Removes a file or symlink (never what it points to) and syncs its directory; returns
+    /// whether something was there.
     pub fn remove_file(&self, p: &Path) -> Result<bool, FsError> {
         let Some((dir, name)) = self.parent("remove", p, None)? else {
             return Ok(false);
         };
         match rustix::fs::unlinkat(dir.fd.as_fd(), name, AtFlags::empty()) {
-            Ok(()) => Ok(true),
+            Ok(()) => {
+                sync_dir_fd(dir.fd.as_fd()).map_err(|e| self.err("sync the directory of", p, e))?;
+                Ok(true)
+            }
             Err(Errno::NOENT) => Ok(false),
             Err(e) => Err(self.err("remove", p, e)),
         }
@@ -797,6 +878,69 @@ mod tests {
         assert!(err.to_string().contains("exceeds"), "{err}");
         assert_eq!(fs.read(p).unwrap().unwrap(), b"old");
         assert_eq!(std::fs::read_dir(fs.root()).unwrap().count(), 1);
+    }
+
+    /// Real files in a temporary directory. What is recorded: which directories [`sync_dir`]
+    /// synced (a power cut cannot be simulated here; the guarantee is that the sync follows
+    /// each change, and that it works on the test's file system).
+    #[test]
+    fn writes_link_swaps_and_removals_sync_their_directory() {
+        let (_d, fs) = tmp();
+        let dir = fs.path(Path::new("/usr/local/lib/aks-flex-node"));
+        let p = Path::new("/usr/local/lib/aks-flex-node/current");
+        fs.write_atomic(Path::new("/usr/local/lib/aks-flex-node/blue"), b"x", 0o644)
+            .unwrap();
+        assert_eq!(synced::take(), vec![dir.clone()], "write_atomic");
+        assert!(fs.symlink(p, Path::new("blue")).unwrap());
+        assert_eq!(synced::take(), vec![dir.clone()], "symlink");
+        assert!(!fs.symlink(p, Path::new("blue")).unwrap());
+        assert_eq!(
+            synced::take(),
+            Vec::<PathBuf>::new(),
+            "nothing changed, nothing to sync"
+        );
+        assert!(fs.remove_file(p).unwrap());
+        assert_eq!(synced::take(), vec![dir.clone()], "remove_file");
+        assert!(!fs.remove_file(p).unwrap());
+        assert_eq!(synced::take(), Vec::<PathBuf>::new());
+    }
+
+    #[test]
+    fn sync_dir_works_on_a_directory_and_names_a_missing_one() {
+        let (d, _fs) = tmp();
+        sync_dir(d.path()).unwrap();
+        let e = sync_dir(&d.path().join("missing")).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::NotFound);
+        synced::take();
+    }
+
+    /// Real files: the hook runs when the new content is complete in its temporary file and
+    /// the old one is still in place.
+    #[test]
+    fn write_atomic_with_calls_its_hook_right_before_the_rename() {
+        let (_d, fs) = tmp();
+        let p = Path::new("/etc/pair.pem");
+        fs.write_atomic(p, b"old", 0o600).unwrap();
+        let mut seen = Vec::new();
+        fs.write_atomic_with(p, b"new", 0o600, &mut || {
+            let dir = fs.path(Path::new("/etc"));
+            let mut names: Vec<String> = std::fs::read_dir(&dir)
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect();
+            names.sort();
+            let tmp = names
+                .iter()
+                .find(|n| n.starts_with(".pair.pem.tmp-"))
+                .unwrap();
+            seen.push((
+                fs.read(p).unwrap().unwrap(),
+                std::fs::read(dir.join(tmp)).unwrap(),
+            ));
+        })
+        .unwrap();
+        assert_eq!(seen, vec![(b"old".to_vec(), b"new".to_vec())]);
+        assert_eq!(fs.read(p).unwrap().unwrap(), b"new");
     }
 
     #[test]

@@ -9,8 +9,9 @@
 //!   asks for a client certificate of its own through a `CertificateSigningRequest` (CN
 //!   `system:node:<node>`, O `system:nodes` and `aks-flex-node-daemons`, signer
 //!   `kubernetes.io/kube-apiserver-client`), keeps it in `/etc/aks-flex-node/daemon-credentials`
-//!   (0700; `key.pem` 0600, `cert.pem`), reuses it across restarts and rotates it in the
-//!   background once 80 % of its lifetime has passed.
+//!   (0700; key and certificate together in `client-current.pem`, 0600, replaced atomically;
+//!   a legacy `key.pem`/`cert.pem` pair is still read), reuses it across restarts and rotates
+//!   it in the background once 80 % of its lifetime has passed.
 //! - [`daemon_clients`]: the two together, as the daemon uses them; [`KubeClients`] hands out
 //!   the current client (a rotation replaces it).
 //!
@@ -50,9 +51,14 @@ pub use store::{Issued, Validity, needs_rotation, rotation_deadline};
 
 /// Where the daemon's client credentials live (mode 0700).
 pub const CREDENTIAL_DIR: &str = "/etc/aks-flex-node/daemon-credentials";
-/// The daemon's private key (0600).
+/// The daemon's private key and client certificate in one file (0600; the key's PEM, then
+/// the certificate's, as kubelet's `kubelet-client-current.pem`): replaced in one atomic
+/// rename, so a crash leaves the old pair or the new one, never half of each.
+pub const PAIR_FILE: &str = "/etc/aks-flex-node/daemon-credentials/client-current.pem";
+/// The private key of the legacy two-file pair (0600): read when [`PAIR_FILE`] is not there
+/// or not usable, never written; removed once a pair is stored in [`PAIR_FILE`].
 pub const KEY_FILE: &str = "/etc/aks-flex-node/daemon-credentials/key.pem";
-/// The daemon's client certificate.
+/// The client certificate of the legacy two-file pair (see [`KEY_FILE`]).
 pub const CERT_FILE: &str = "/etc/aks-flex-node/daemon-credentials/cert.pem";
 /// The key of a request not yet answered (0600): a daemon restarted while waiting asks again
 /// with the same key, under the same CSR name.

@@ -1,13 +1,19 @@
 //! The daemon's credential files and what they hold: the key and certificate in
 //! [`CREDENTIAL_DIR`](super::CREDENTIAL_DIR), checked on load (the certificate parses, belongs
 //! to the key and to this node, and has not expired), and the rotation decision (pure).
+//!
+//! The pair lives in one file, [`PAIR_FILE`] (the key's PEM, then the certificate's), written
+//! to a temporary file and renamed over the old one: a crash at any instant leaves the old pair
+//! or the new one, both loadable. The legacy pair ([`KEY_FILE`], [`CERT_FILE`], written one
+//! after the other by earlier versions) is still loaded when it is consistent, and removed once
+//! a new pair is stored.
 
 use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rcgen::KeyPair;
 
-use super::{CERT_FILE, CREDENTIAL_DIR, KEY_FILE, KubeClientError, PENDING_KEY_FILE};
+use super::{CERT_FILE, CREDENTIAL_DIR, KEY_FILE, KubeClientError, PAIR_FILE, PENDING_KEY_FILE};
 use crate::config::Secret;
 use crate::fs::HostFs;
 
@@ -117,6 +123,48 @@ pub(crate) fn parse_key(pem: &Secret) -> Result<KeyPair, String> {
     KeyPair::from_pem(pem.expose()).map_err(|e| format!("not a usable private key: {e}"))
 }
 
+/// The pair file's text: the key's PEM, then the certificate's.
+pub(crate) fn join_pair(key_pem: &Secret, cert_pem: &str) -> Secret {
+    let key = key_pem.expose();
+    let sep = if key.ends_with('\n') { "" } else { "\n" };
+    Secret::new(format!("{key}{sep}{cert_pem}"))
+}
+
+/// Splits a pair file into the key's PEM block and the certificate's (the first of each).
+pub(crate) fn split_pair(text: &str) -> Result<(Secret, String), String> {
+    let mut key = None;
+    let mut cert = None;
+    let mut block: Option<(String, String)> = None;
+    for line in text.lines() {
+        let t = line.trim();
+        if let Some(label) = t
+            .strip_prefix("-----BEGIN ")
+            .and_then(|l| l.strip_suffix("-----"))
+        {
+            block = Some((label.to_string(), format!("{t}\n")));
+            continue;
+        }
+        if let Some((label, body)) = block.as_mut() {
+            body.push_str(t);
+            body.push('\n');
+            if t.starts_with("-----END ") {
+                let (label, body) = (label.clone(), std::mem::take(body));
+                block = None;
+                if label.ends_with("PRIVATE KEY") {
+                    key.get_or_insert(body);
+                } else if label == "CERTIFICATE" {
+                    cert.get_or_insert(body);
+                }
+            }
+        }
+    }
+    match (key, cert) {
+        (Some(k), Some(c)) => Ok((Secret::new(k), c)),
+        (None, _) => Err("no private key in it".into()),
+        (_, None) => Err("no certificate in it".into()),
+    }
+}
+
 /// The credential files under a [`HostFs`].
 #[derive(Clone, Debug)]
 pub(crate) struct CredentialStore {
@@ -147,9 +195,36 @@ impl CredentialStore {
         Ok(())
     }
 
-    /// The stored key and certificate, when both are there, belong together, name `node` and
-    /// have not expired at `now`; otherwise `None` (why is logged, without the key).
+    /// The stored key and certificate, when they belong together, name `node` and have not
+    /// expired at `now`: the pair file's, else the legacy pair's; otherwise `None` (why is
+    /// logged, without the key).
     pub fn load(&self, node: &str, now: SystemTime) -> Option<Issued> {
+        match self.fs.read_to_string(Path::new(PAIR_FILE)) {
+            Ok(Some(text)) => {
+                let text = Secret::new(text);
+                let usable = split_pair(text.expose()).and_then(|(key, cert)| {
+                    let validity = parse_key(&key).and_then(|k| check(&k, &cert, node, now))?;
+                    Ok(Issued {
+                        key_pem: key,
+                        cert_pem: cert,
+                        validity,
+                    })
+                });
+                match usable {
+                    Ok(issued) => return Some(issued),
+                    Err(reason) => {
+                        tracing::warn!(file = PAIR_FILE, reason = %reason, "stored daemon client certificate is not usable");
+                    }
+                }
+            }
+            Ok(None) => {}
+            Err(e) => tracing::warn!(error = %e, "cannot read the stored daemon credentials"),
+        }
+        self.load_legacy(node, now)
+    }
+
+    /// The legacy two-file pair, when it is there and consistent.
+    fn load_legacy(&self, node: &str, now: SystemTime) -> Option<Issued> {
         let key = self.fs.read_to_string(Path::new(KEY_FILE));
         let cert = self.fs.read_to_string(Path::new(CERT_FILE));
         let (key, cert) = match (key, cert) {
@@ -177,7 +252,9 @@ impl CredentialStore {
         }
     }
 
-    /// The key of an unanswered request, if one is stored and parses.
+    /// The key of an unanswered request, if one is stored and parses. A pending key that is
+    /// already the stored pair's (a crash after the pair was stored, before the pending key was
+    /// dropped) is a finished request: it is dropped, so the next request uses a new key.
     pub fn pending_key(&self) -> Option<(Secret, KeyPair)> {
         let pem = Secret::new(
             self.fs
@@ -185,6 +262,20 @@ impl CredentialStore {
                 .ok()
                 .flatten()?,
         );
+        let stored = self
+            .fs
+            .read_to_string(Path::new(PAIR_FILE))
+            .ok()
+            .flatten()
+            .and_then(|t| split_pair(&t).ok());
+        if stored.is_some_and(|(k, _)| k.expose().trim() == pem.expose().trim()) {
+            tracing::info!(
+                file = PENDING_KEY_FILE,
+                "the pending daemon key is the stored pair's; dropping it"
+            );
+            let _ = self.remove_pending();
+            return None;
+        }
         match parse_key(&pem) {
             Ok(k) => Some((pem, k)),
             Err(reason) => {
@@ -207,20 +298,24 @@ impl CredentialStore {
         Ok(())
     }
 
-    /// Stores an issued pair: the key (0600), then the certificate (0644), then drops the
-    /// pending key. A crash in between leaves a pair that does not match, which [`load`]
-    /// rejects; the pending key then asks again under the same CSR name.
+    /// Stores an issued pair: key and certificate together in [`PAIR_FILE`] (0600), written
+    /// to a temporary file and renamed over the old pair (fault point `cert.save-midway`: the
+    /// new pair complete in its temporary file, the old one still in place); then removes the
+    /// legacy pair and the pending key. A crash before the rename leaves the old pair, after it
+    /// the new one; a pending key left behind is dropped by [`pending_key`].
     ///
-    /// [`load`]: Self::load
+    /// [`pending_key`]: Self::pending_key
     pub fn save(&self, issued: &Issued) -> Result<(), KubeClientError> {
-        self.fs.write_atomic(
-            Path::new(KEY_FILE),
-            issued.key_pem.expose().as_bytes(),
+        let pair = join_pair(&issued.key_pem, &issued.cert_pem);
+        self.fs.write_atomic_with(
+            Path::new(PAIR_FILE),
+            pair.expose().as_bytes(),
             0o600,
+            &mut || flex_host::fault::point("cert.save-midway"),
         )?;
-        flex_host::fault::point("cert.save-midway");
-        self.fs
-            .write_atomic(Path::new(CERT_FILE), issued.cert_pem.as_bytes(), 0o644)?;
+        for legacy in [CERT_FILE, KEY_FILE] {
+            self.fs.remove_file(Path::new(legacy))?;
+        }
         self.fs.remove_file(Path::new(PENDING_KEY_FILE))?;
         Ok(())
     }

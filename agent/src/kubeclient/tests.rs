@@ -15,7 +15,7 @@ use x509_parser::prelude::FromDer as _;
 use super::mock::{
     FLEX_API_PATH, LogCapture, Reply, Seen, flex_api_resources, seen as all_seen, serve,
 };
-use super::store::{CredentialStore, check};
+use super::store::{CredentialStore, check, join_pair, split_pair};
 use super::*;
 use crate::config::ServicePrincipal;
 
@@ -485,16 +485,14 @@ async fn csr_flow_issues_stores_and_never_sends_or_logs_the_key() {
         fs.mode(Path::new("/etc/aks-flex-node")),
         Some(crate::fs::DIR_MODE)
     );
-    assert_eq!(fs.mode(Path::new(KEY_FILE)), Some(0o600));
-    assert_eq!(fs.mode(Path::new(CERT_FILE)), Some(0o644));
+    assert_eq!(fs.mode(Path::new(PAIR_FILE)), Some(0o600));
+    assert!(!fs.exists(Path::new(KEY_FILE)) && !fs.exists(Path::new(CERT_FILE)));
     assert!(!fs.exists(Path::new(PENDING_KEY_FILE)));
-    let key_pem = fs.read_to_string(Path::new(KEY_FILE)).unwrap().unwrap();
+    let (key_pem, cert_pem) = stored_pair(&fs);
+    let key_pem = key_pem.expose().to_string();
     assert_eq!(key_pem, issued.key_pem.expose());
     assert!(key_pem.contains("PRIVATE KEY"));
-    assert_eq!(
-        fs.read_to_string(Path::new(CERT_FILE)).unwrap().unwrap(),
-        issued.cert_pem
-    );
+    assert_eq!(cert_pem, issued.cert_pem);
 
     // Requests: the Flex API discovery, one create, then reads until issued.
     assert_eq!(
@@ -562,9 +560,15 @@ async fn a_valid_stored_certificate_is_reused_without_any_request() {
     let fresh = other.obtain(&client2).await.unwrap();
     assert_ne!(fresh.cert_pem, first.cert_pem);
     assert_eq!(seen(&log2)[0].method, "POST");
+    let (_, cert) = stored_pair(&fs);
     fs.write_atomic(
-        Path::new(KEY_FILE),
-        KeyPair::generate().unwrap().serialize_pem().as_bytes(),
+        Path::new(PAIR_FILE),
+        join_pair(
+            &Secret::new(KeyPair::generate().unwrap().serialize_pem()),
+            &cert,
+        )
+        .expose()
+        .as_bytes(),
         0o600,
     )
     .unwrap();
@@ -602,7 +606,7 @@ async fn restart_while_waiting_resumes_the_same_request() {
         "{e}"
     );
     assert!(fs.exists(Path::new(PENDING_KEY_FILE)));
-    assert!(!fs.exists(Path::new(KEY_FILE)));
+    assert!(!fs.exists(Path::new(PAIR_FILE)));
     let first_name =
         serde_json::from_slice::<Value>(&seen(&log)[0].body).unwrap()["metadata"]["name"]
             .as_str()
@@ -624,10 +628,7 @@ async fn restart_while_waiting_resumes_the_same_request() {
     assert_eq!(first_name, second_name);
     assert_eq!(after[1].method, "GET");
     assert!(!fs.exists(Path::new(PENDING_KEY_FILE)));
-    assert_eq!(
-        fs.read_to_string(Path::new(CERT_FILE)).unwrap().unwrap(),
-        issued.cert_pem
-    );
+    assert_eq!(stored_pair(&fs).1, issued.cert_pem);
 }
 
 #[tokio::test]
@@ -666,7 +667,7 @@ async fn api_server_down_is_retried_then_named_in_the_error() {
     );
     let posts = seen(&log).iter().filter(|r| r.method == "POST").count();
     assert!(posts >= 3, "retried with backoff: {posts} attempts");
-    assert!(!fs.exists(Path::new(KEY_FILE)));
+    assert!(!fs.exists(Path::new(PAIR_FILE)));
 
     // 403 is not retried.
     let mut api = FakeCsrApi::new(Arc::new(test_ca()));
@@ -678,6 +679,11 @@ async fn api_server_down_is_retried_then_named_in_the_error() {
         "{e}"
     );
     assert_eq!(seen(&log).len(), 1);
+}
+
+/// The stored pair file's key and certificate.
+fn stored_pair(fs: &HostFs) -> (Secret, String) {
+    split_pair(&fs.read_to_string(Path::new(PAIR_FILE)).unwrap().unwrap()).unwrap()
 }
 
 /// Stores a certificate for the pending key with the given validity, as an earlier run would.
@@ -711,7 +717,7 @@ async fn certificate_near_expiry_is_rotated_in_the_background() {
         now - Duration::from_secs(90),
         now + Duration::from_secs(10),
     );
-    let old_cert = fs.read_to_string(Path::new(CERT_FILE)).unwrap().unwrap();
+    let old_cert = stored_pair(&fs).1;
 
     // The daemon's own identity may create CSRs.
     let mut own_api = FakeCsrApi::new(ca.clone());
@@ -733,7 +739,7 @@ async fn certificate_near_expiry_is_rotated_in_the_background() {
     tokio::time::timeout(Duration::from_secs(10), clients.changed())
         .await
         .expect("rotated");
-    let new_cert = fs.read_to_string(Path::new(CERT_FILE)).unwrap().unwrap();
+    let new_cert = stored_pair(&fs).1;
     assert_ne!(new_cert, old_cert);
     let v = super::store::cert_facts(&new_cert).unwrap().validity;
     assert!(!needs_rotation(&v, SystemTime::now()));
@@ -896,5 +902,198 @@ async fn a_cluster_without_the_flex_controller_is_named_at_once() {
     assert_eq!(
         (all[0].method.as_str(), all[0].path()),
         ("GET", FLEX_API_PATH)
+    );
+}
+
+// --- the pair file and crashes ------------------------------------------------------------------
+
+/// A key and a certificate for it (valid a day either side of now), PEM.
+fn pair(ca: &TestCa) -> (Secret, String) {
+    let key = KeyPair::generate().unwrap();
+    let now = SystemTime::now();
+    let day = Duration::from_secs(86_400);
+    let cert = ca.sign(&csr_pem(&key, NODE).unwrap(), now - day, now + day);
+    (Secret::new(key.serialize_pem()), cert)
+}
+
+fn issued(key: &Secret, cert: &str) -> Issued {
+    Issued {
+        key_pem: key.clone(),
+        cert_pem: cert.to_string(),
+        validity: super::store::cert_facts(cert).unwrap().validity,
+    }
+}
+
+fn write_legacy(fs: &HostFs, key: &Secret, cert: &str) {
+    fs.write_atomic(Path::new(KEY_FILE), key.expose().as_bytes(), 0o600)
+        .unwrap();
+    fs.write_atomic(Path::new(CERT_FILE), cert.as_bytes(), 0o644)
+        .unwrap();
+}
+
+#[test]
+fn the_pair_file_roundtrips_key_and_certificate() {
+    let ca = test_ca();
+    let (key, cert) = pair(&ca);
+    let text = join_pair(&key, &cert);
+    let (k, c) = split_pair(text.expose()).unwrap();
+    assert_eq!((k.expose(), c.as_str()), (key.expose(), cert.as_str()));
+    // A key without its final newline still gives two blocks.
+    let trimmed = Secret::new(key.expose().trim_end());
+    let (k, c) = split_pair(join_pair(&trimmed, &cert).expose()).unwrap();
+    assert_eq!(
+        (k.expose().trim_end(), c.as_str()),
+        (trimmed.expose(), cert.as_str())
+    );
+    assert_eq!(
+        split_pair(&cert).unwrap_err(),
+        "no private key in it",
+        "a certificate alone"
+    );
+    assert_eq!(
+        split_pair(key.expose()).unwrap_err(),
+        "no certificate in it"
+    );
+
+    let root = tempfile::tempdir().unwrap();
+    let fs = HostFs::new(root.path());
+    let store = CredentialStore::new(fs.clone());
+    store.prepare().unwrap();
+    store.save(&issued(&key, &cert)).unwrap();
+    let loaded = store.load(NODE, SystemTime::now()).unwrap();
+    assert_eq!(
+        (loaded.key_pem.expose(), loaded.cert_pem.as_str()),
+        (key.expose(), cert.as_str())
+    );
+    assert_eq!(fs.mode(Path::new(PAIR_FILE)), Some(0o600));
+}
+
+/// Real files. An install from before the pair file has a consistent `key.pem`/`cert.pem`:
+/// it loads; the next save writes the pair file and removes the legacy files.
+#[test]
+fn a_consistent_legacy_pair_loads_and_the_next_save_replaces_it() {
+    let ca = test_ca();
+    let root = tempfile::tempdir().unwrap();
+    let fs = HostFs::new(root.path());
+    let store = CredentialStore::new(fs.clone());
+    store.prepare().unwrap();
+    let (k1, c1) = pair(&ca);
+    write_legacy(&fs, &k1, &c1);
+    assert_eq!(store.load(NODE, SystemTime::now()).unwrap().cert_pem, c1);
+    let (k2, c2) = pair(&ca);
+    store.save(&issued(&k2, &c2)).unwrap();
+    assert!(!fs.exists(Path::new(KEY_FILE)) && !fs.exists(Path::new(CERT_FILE)));
+    assert_eq!(store.load(NODE, SystemTime::now()).unwrap().cert_pem, c2);
+}
+
+/// Real files; the crash is simulated by leaving what `cert.save-midway` leaves (the new pair
+/// complete in its temporary file, not renamed; the pending key still there). The old pair,
+/// in the pair file or in the legacy files, still loads. (With the old two-file save the same
+/// instant left the new key beside the old certificate, which did not load.)
+#[test]
+fn a_kill_midway_through_a_rotation_leaves_the_old_pair_loadable() {
+    let ca = test_ca();
+    for old_in_legacy_files in [false, true] {
+        let root = tempfile::tempdir().unwrap();
+        let fs = HostFs::new(root.path());
+        let store = CredentialStore::new(fs.clone());
+        store.prepare().unwrap();
+        let (k1, c1) = pair(&ca);
+        if old_in_legacy_files {
+            write_legacy(&fs, &k1, &c1);
+        } else {
+            store.save(&issued(&k1, &c1)).unwrap();
+        }
+        let (k2, c2) = pair(&ca);
+        store.save_pending_key(&k2).unwrap();
+        // Killed after the temporary file was written, before the rename.
+        let tmp = fs
+            .path(Path::new(CREDENTIAL_DIR))
+            .join(".client-current.pem.tmp-4242-0");
+        std::fs::write(&tmp, join_pair(&k2, &c2).expose()).unwrap();
+
+        let loaded = store.load(NODE, SystemTime::now()).unwrap();
+        assert_eq!(loaded.cert_pem, c1, "legacy={old_in_legacy_files}");
+        assert_eq!(loaded.key_pem.expose(), k1.expose());
+        // The interrupted request resumes with its key.
+        assert_eq!(store.pending_key().unwrap().0.expose(), k2.expose());
+    }
+}
+
+/// Real files. A crash after the pair was stored but before the pending key was dropped: the
+/// pending key is the stored pair's, so it is dropped rather than reused for the next rotation
+/// (which would only fetch the same certificate again).
+#[test]
+fn a_pending_key_that_is_already_the_stored_pairs_is_dropped() {
+    let ca = test_ca();
+    let root = tempfile::tempdir().unwrap();
+    let fs = HostFs::new(root.path());
+    let store = CredentialStore::new(fs.clone());
+    store.prepare().unwrap();
+    let (k, c) = pair(&ca);
+    store.save(&issued(&k, &c)).unwrap();
+    store.save_pending_key(&k).unwrap();
+    assert!(store.pending_key().is_none());
+    assert!(!fs.exists(Path::new(PENDING_KEY_FILE)));
+    let (other, _) = pair(&ca);
+    store.save_pending_key(&other).unwrap();
+    assert_eq!(store.pending_key().unwrap().0.expose(), other.expose());
+}
+
+/// Real: the files, the credential flow. Faked: the CSR API. A legacy pair torn by the old
+/// two-file save (the new key beside the old certificate, the new key still pending) does not
+/// load, and the request resumes with the pending key, as before. But when a valid pair file
+/// exists beside it, that is used and nothing is asked of the (bootstrap) client.
+#[tokio::test]
+async fn a_mismatched_legacy_pair_resumes_the_pending_key_unless_a_valid_pair_exists() {
+    let ca = Arc::new(test_ca());
+    let (_, c_old) = pair(&ca);
+    let (k_new, _) = pair(&ca);
+    let torn = |fs: &HostFs| {
+        write_legacy(fs, &k_new, &c_old);
+        fs.write_atomic(
+            Path::new(PENDING_KEY_FILE),
+            k_new.expose().as_bytes(),
+            0o600,
+        )
+        .unwrap();
+    };
+
+    let root = tempfile::tempdir().unwrap();
+    let fs = HostFs::new(root.path());
+    CredentialStore::new(fs.clone()).prepare().unwrap();
+    torn(&fs);
+    assert!(
+        CredentialStore::new(fs.clone())
+            .load(NODE, SystemTime::now())
+            .is_none()
+    );
+    let mut api = FakeCsrApi::new(ca.clone());
+    let (client, log, _t) = serve(move |s| api.route(s));
+    let creds = DaemonCredentials::new(fs.clone(), NODE, base_config()).with_timings(fast());
+    let got = creds.obtain(&client).await.unwrap();
+    let post = &seen(&log)[0];
+    let name = serde_json::from_slice::<Value>(&post.body).unwrap()["metadata"]["name"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let pending = KeyPair::from_pem(k_new.expose()).unwrap();
+    assert_eq!(name, csr_name(&pending, NODE), "the pending key's request");
+    assert_eq!(got.key_pem.expose(), k_new.expose());
+
+    let root = tempfile::tempdir().unwrap();
+    let fs = HostFs::new(root.path());
+    let store = CredentialStore::new(fs.clone());
+    store.prepare().unwrap();
+    let (k_pair, c_pair) = pair(&ca);
+    store.save(&issued(&k_pair, &c_pair)).unwrap();
+    torn(&fs);
+    let (bootstrap, boot_log, _t2) = serve(|_| Reply::status(500, "InternalError", "unused"));
+    let creds = DaemonCredentials::new(fs.clone(), NODE, base_config()).with_timings(fast());
+    let got = creds.obtain(&bootstrap).await.unwrap();
+    assert_eq!(got.cert_pem, c_pair);
+    assert!(
+        all_seen(&boot_log).is_empty(),
+        "the bootstrap client is not used"
     );
 }

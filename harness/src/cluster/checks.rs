@@ -45,7 +45,7 @@ const AGENT_TIMEOUT: Duration = Duration::from_secs(300);
 /// The daemon's state on the host.
 pub use crate::guest_json::DAEMON_STATE;
 /// The daemon's client certificate, once the CSR approver approved it.
-pub const DAEMON_CERT: &str = "/etc/aks-flex-node/daemon-credentials/cert.pem";
+pub const DAEMON_CERT: &str = "/etc/aks-flex-node/daemon-credentials/client-current.pem";
 /// The label the re-bootstrap after AgentReset adds to the bootstrap inputs (a fresh config).
 pub const REJOIN_LABEL: &str = "harness/rejoined-after-agentreset=true";
 

@@ -24,6 +24,11 @@
 //! its cause and retried with exponential backoff; nothing is done to the host until the reads
 //! it depends on succeeded. On SIGTERM/SIGINT the loop finishes the current item, stops the
 //! watches and returns.
+//!
+//! The first item that succeeds proves the running agent ([`Proven`]): it reached the cluster
+//! and did its work, so it becomes last-good and an upgrade that switched to it finishes
+//! `Complete` (its MachineOperation is queued again to report it). Until then recovery rolls it
+//! back should it fail.
 
 pub mod operations;
 pub mod queue;
@@ -82,6 +87,35 @@ pub trait Operations: Send + Sync {
     async fn reconcile(&self, name: &str) -> Result<OperationOutcome, SeamError>;
 }
 
+/// What the daemon does once it has proven itself, after its first successful reconcile.
+pub trait Proven: Send + Sync {
+    /// Called after each item that succeeded until it returns `Ok` (then never again): make
+    /// the running agent last-good and finish the upgrade that switched to it
+    /// ([`crate::flows::upgrade::Upgrader::prove`]). Returns the MachineOperation to
+    /// reconcile again now (the AgentUpgrade it completed), if any.
+    fn reconciled(&self) -> anyhow::Result<Option<String>>;
+}
+
+/// [`Proven`] for the real host: the upgrader and the agent this process is.
+pub struct ProveUpgrade {
+    /// The upgrader.
+    pub upgrader: crate::flows::upgrade::Upgrader,
+    /// What runs (a slot or an image; [`crate::flows::upgrade::Upgrader::running`]).
+    pub running: Option<String>,
+}
+
+impl Proven for ProveUpgrade {
+    fn reconciled(&self) -> anyhow::Result<Option<String>> {
+        Ok(self
+            .upgrader
+            .prove(self.running.as_deref())?
+            .and_then(|(result, op)| {
+                tracing::info!(phase = %result.phase, reason = %result.reason, message = %result.message, "AgentUpgrade finished");
+                op
+            }))
+    }
+}
+
 /// What happened to one queue item (for tests and diagnostics).
 #[derive(Clone, Debug)]
 pub struct Report {
@@ -107,6 +141,7 @@ pub struct Daemon {
     backoff: Backoff,
     rng: Box<dyn FnMut() -> f64 + Send>,
     reports: Option<mpsc::UnboundedSender<Report>>,
+    proven: Option<Arc<dyn Proven>>,
 }
 
 impl Daemon {
@@ -138,12 +173,19 @@ impl Daemon {
             backoff: DAEMON_BACKOFF,
             rng: Box::new(secure_unit),
             reports: None,
+            proven: None,
         }
     }
 
     /// Plugs in the MachineOperation reconciler.
     pub fn with_operations(mut self, operations: Arc<dyn Operations>) -> Self {
         self.ctx.operations = Some(operations);
+        self
+    }
+
+    /// What to do after the first successful reconcile ([`Proven`]).
+    pub fn with_proven(mut self, proven: Arc<dyn Proven>) -> Self {
+        self.proven = Some(proven);
         self
     }
 
@@ -179,6 +221,7 @@ impl Daemon {
             backoff,
             mut rng,
             reports,
+            mut proven,
         } = self;
         tracing::info!(
             node = %ctx.node_name,
@@ -263,6 +306,22 @@ impl Daemon {
                 Ok((decision, flow)) => {
                     report.decision = decision;
                     queue.forget(&item);
+                    // The first success proves the running agent (once; retried after the next
+                    // success should it fail). Not after a reset: the agent is on its way out.
+                    if !matches!(flow, Flow::Stop(_))
+                        && let Some(p) = proven.take()
+                    {
+                        match p.reconciled() {
+                            Ok(Some(name)) if ctx.operations.is_some() => {
+                                queue.add_after(Item::Operation { name }, Duration::ZERO)
+                            }
+                            Ok(_) => {}
+                            Err(e) => {
+                                tracing::error!(error = %format!("{e:#}"), "could not make the running agent last-good; retrying after the next successful reconcile");
+                                proven = Some(p);
+                            }
+                        }
+                    }
                     match flow {
                         Flow::Done => {
                             come_round(&mut queue);
@@ -324,6 +383,10 @@ pub async fn run(config: &Config, shutdown: CancellationToken) -> anyhow::Result
     let host = Host::real().await?;
     let upgrader = crate::flows::upgrade::Upgrader::for_host(host.clone()).await;
     upgrade_at_start(&upgrader).await;
+    let proven = Arc::new(ProveUpgrade {
+        upgrader: upgrader.clone(),
+        running: upgrader.running(),
+    });
     run_with(
         host,
         config,
@@ -331,6 +394,7 @@ pub async fn run(config: &Config, shutdown: CancellationToken) -> anyhow::Result
             let ops = ClusterOperations::for_host(kube.clone(), config, host, node, upgrader)?;
             Ok(Some(Arc::new(ops) as Arc<dyn Operations>))
         },
+        Some(proven),
         shutdown,
     )
     .await
@@ -338,8 +402,9 @@ pub async fn run(config: &Config, shutdown: CancellationToken) -> anyhow::Result
 
 /// First thing at every start, before the cluster is reached: on a host, converge the
 /// blue/green binary layout and the agent's and recovery units (installs that predate them get
-/// them; skipped in the container); then prove the candidate this daemon is, or finish an
-/// upgrade a restart cut short ([`crate::flows::upgrade`]). Failures are logged: the daemon runs on.
+/// them; skipped in the container); then finish an upgrade a restart cut short
+/// ([`crate::flows::upgrade`]). A candidate is proven later, after the daemon's first successful
+/// reconcile ([`Proven`]). Failures are logged: the daemon runs on.
 pub async fn upgrade_at_start(upgrader: &crate::flows::upgrade::Upgrader) {
     let exe = crate::machine::lifecycle::current_exe().ok();
     if let Err(e) = upgrader.converge_host(exe.as_deref()).await {
@@ -397,8 +462,9 @@ where
 /// ([`crate::machine::node::NodeMachines`]), and, when the API discovery guard enables it
 /// ([`operations::enabled`]: `agent.machineOperationMode` and whether the API server serves
 /// MachineOperations), the MachineOperation reconciler `operations` builds from the Kubernetes
-/// clients, the host and the machine layer (`None`: none). Building the clients and discovery
-/// are retried with backoff while the cluster cannot be reached.
+/// clients, the host and the machine layer (`None`: none), and what proves the running agent
+/// after the first successful reconcile (`proven`). Building the clients and discovery are
+/// retried with backoff while the cluster cannot be reached.
 pub async fn run_with(
     host: Host,
     config: &Config,
@@ -407,6 +473,7 @@ pub async fn run_with(
         &Host,
         Arc<dyn NodeOps>,
     ) -> anyhow::Result<Option<Arc<dyn Operations>>>,
+    proven: Option<Arc<dyn Proven>>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     tracing::info!(node = %config.agent.node_name, "daemon starting");
@@ -457,6 +524,9 @@ pub async fn run_with(
     let mut daemon = Daemon::new(host, config, kube, machines, ops);
     if let Some(o) = operations {
         daemon = daemon.with_operations(o);
+    }
+    if let Some(p) = proven {
+        daemon = daemon.with_proven(p);
     }
     daemon.run(shutdown).await
 }

@@ -281,6 +281,25 @@ struct Setup {
     failing_ops: Vec<&'static str>,
     /// Whether those failures are [`SeamError::Permanent`].
     ops_fail_permanently: bool,
+    /// What proves the running agent after the first successful reconcile, built on the fake
+    /// host.
+    proven: Option<MakeProof>,
+}
+
+/// Builds the proof on the fake host; it logs itself into the sequence.
+type MakeProof = Box<dyn FnOnce(&FakeHost, Seq) -> Arc<dyn Proven>>;
+
+/// A [`Proven`] that pushes `proof` into the sequence before it delegates.
+struct Logged {
+    seq: Seq,
+    inner: Arc<dyn Proven>,
+}
+
+impl Proven for Logged {
+    fn reconciled(&self) -> anyhow::Result<Option<String>> {
+        push(&self.seq, "proof");
+        self.inner.reconciled()
+    }
 }
 
 impl Default for Setup {
@@ -302,6 +321,7 @@ impl Default for Setup {
             hold_ops_watch: false,
             failing_ops: Vec::new(),
             ops_fail_permanently: false,
+            proven: None,
         }
     }
 }
@@ -409,6 +429,9 @@ fn start(setup: Setup) -> Harness {
     .with_reports(tx);
     if let Some(o) = setup.operations {
         daemon = daemon.with_operations(o);
+    }
+    if let Some(p) = setup.proven {
+        daemon = daemon.with_proven(p(&fake, seq.clone()));
     }
     if let Some(handlers) = setup.handlers {
         daemon = daemon.with_operations(Arc::new(cluster_operations(
@@ -1248,4 +1271,204 @@ async fn reconcile_maps_a_ttl_to_a_requeue_and_names_api_errors() {
         "get MachineOperation ttl-1: API server answered 500 InternalError: etcdserver: request timed out"
     );
     assert!(!e.is_permanent(), "a 500 is retried with backoff");
+}
+
+/// A [`Proven`] that counts its calls and fails the first `fail` of them.
+#[derive(Default)]
+struct CountingProof {
+    calls: AtomicUsize,
+    fail: usize,
+}
+
+impl Proven for CountingProof {
+    fn reconciled(&self) -> anyhow::Result<Option<String>> {
+        let n = self.calls.fetch_add(1, Ordering::SeqCst);
+        if n < self.fail {
+            anyhow::bail!("injected: cannot write last-good");
+        }
+        Ok(None)
+    }
+}
+
+fn counting(fail: usize) -> (Arc<CountingProof>, MakeProof) {
+    let p = Arc::new(CountingProof {
+        calls: AtomicUsize::new(0),
+        fail,
+    });
+    let q = p.clone();
+    (
+        p,
+        Box::new(move |_, seq| Arc::new(Logged { seq, inner: q }) as Arc<dyn Proven>),
+    )
+}
+
+/// The sequence up to the first proof: the Node reads and status patches before it.
+fn before_proof(h: &Harness) -> Vec<String> {
+    let seq = h.seq.lock().unwrap().clone();
+    let i = seq
+        .iter()
+        .position(|s| s == "proof")
+        .expect("a proof in the sequence");
+    assert_eq!(
+        seq.iter().filter(|s| *s == "proof").count(),
+        1,
+        "one proof: {seq:#?}"
+    );
+    seq[..i]
+        .iter()
+        .filter(|s| s.starts_with("patch") || s.contains(&format!("/nodes/{NODE}")))
+        .cloned()
+        .collect()
+}
+
+/// Real: the daemon loop and queue. Faked: the API server (its first two Node reads answer
+/// 500), the machine client and layer, and the proof (a counter). The running agent is proven
+/// after the first item that succeeded, not before (the failed seeds) and only once.
+#[tokio::test]
+async fn the_agent_is_proven_once_after_its_first_successful_reconcile() {
+    let (proof, proven) = counting(0);
+    let mut h = start(Setup {
+        get_failures: 2,
+        proven: Some(proven),
+        ..Default::default()
+    });
+    h.until(is(Action::ReportSucceeded)).await;
+    assert_eq!(
+        proof.calls.load(Ordering::SeqCst),
+        1,
+        "after the first success"
+    );
+    // Not after the failed seeds (their Node reads answered 500): after the first success.
+    assert_eq!(
+        before_proof(&h),
+        vec![
+            "api GET /api/v1/nodes/flex-node-1",
+            "api GET /api/v1/nodes/flex-node-1",
+            "api GET /api/v1/nodes/flex-node-1",
+            "patch Succeeded etag-1",
+        ]
+    );
+    // The Node watch's first listing is another successful reconcile: no second proof.
+    h.until(|r| {
+        r.item
+            == Item::Repave {
+                source: RepaveSource::NodeChange,
+            }
+            && r.error.is_none()
+    })
+    .await;
+    assert_eq!(proof.calls.load(Ordering::SeqCst), 1, "only once");
+    h.stop().await;
+}
+
+/// As above, with a proof that fails once (last-good cannot be written): it is tried again
+/// after the next successful reconcile, then never again.
+#[tokio::test]
+async fn a_proof_that_fails_is_retried_after_the_next_success() {
+    let (proof, proven) = counting(1);
+    let mut h = start(Setup {
+        proven: Some(proven),
+        interval: Duration::from_millis(100),
+        ..Default::default()
+    });
+    let successes = AtomicUsize::new(0);
+    h.until(|r| {
+        if r.error.is_none() && r.decision.is_some() {
+            successes.fetch_add(1, Ordering::SeqCst);
+        }
+        successes.load(Ordering::SeqCst) >= 3
+    })
+    .await;
+    assert_eq!(proof.calls.load(Ordering::SeqCst), 2);
+    h.stop().await;
+}
+
+/// Real: the daemon loop, the [`crate::flows::upgrade::Upgrader`] and its files (the blue/green
+/// links and the upgrade record on a temporary root). Faked: the API server (the first Node
+/// read answers 500), the machine client and layer. A candidate that has started (green) is
+/// not last-good until the daemon's first successful reconcile; then it is, the upgrade is
+/// `Complete`, and its MachineOperation is queued to report it.
+#[tokio::test]
+async fn the_upgraded_agent_becomes_last_good_after_its_first_successful_reconcile() {
+    use crate::flows::upgrade::layout::{Layout, Slot};
+    use crate::flows::upgrade::{OperationRef, RECORD_PATH, Stage, UpgradeRecord, Upgrader};
+    let proven: MakeProof = Box::new(|f: &FakeHost, seq: Seq| {
+        let fs = f.host.fs.clone();
+        for slot in ["blue", "green"] {
+            fs.write_atomic(
+                &Path::new(crate::flows::upgrade::layout::LIB_DIR)
+                    .join(slot)
+                    .join("aks-flex-node"),
+                slot.as_bytes(),
+                0o755,
+            )
+            .unwrap();
+        }
+        let layout = Layout::new(fs.clone());
+        layout.switch(Slot::Green).unwrap();
+        layout.mark_good(Slot::Blue).unwrap();
+        JsonStore::<UpgradeRecord>::at(fs.clone(), RECORD_PATH)
+            .save(&UpgradeRecord {
+                version: 1,
+                operation: Some(OperationRef {
+                    uid: "uid-up".into(),
+                    name: "upgrade-1".into(),
+                }),
+                mode: crate::flows::upgrade::Mode::Binary,
+                previous: "blue".into(),
+                candidate: "green".into(),
+                candidate_version: Some("v2".into()),
+                stage: Stage::Switched,
+                started_at: "2026-12-02T10:00:00Z".into(),
+                recovery_restarts: 0,
+                remove_candidate_on_rollback: false,
+                result: None,
+            })
+            .unwrap();
+        let upgrader = Upgrader::new(f.host.clone());
+        assert_eq!(
+            upgrader.on_daemon_start(Some("green")),
+            None,
+            "not at start"
+        );
+        assert_eq!(layout.last_good().unwrap(), Some(Slot::Blue));
+        Arc::new(Logged {
+            seq,
+            inner: Arc::new(ProveUpgrade {
+                upgrader,
+                running: Some("green".into()),
+            }),
+        })
+    });
+    let mut h = start(Setup {
+        get_failures: 1,
+        proven: Some(proven),
+        handlers: Some(RecordingHandlers::new()),
+        ..Default::default()
+    });
+    let layout = Layout::new(h.fake.host.fs.clone());
+    let upgrader = Upgrader::new(h.fake.host.clone());
+    h.until(is(Action::ReportSucceeded)).await;
+    // Proven after the first success, not after the failed seed.
+    assert_eq!(
+        before_proof(&h),
+        vec![
+            "api GET /api/v1/nodes/flex-node-1",
+            "api GET /api/v1/nodes/flex-node-1",
+            "patch Succeeded etag-1",
+        ]
+    );
+    assert_eq!(layout.last_good().unwrap(), Some(Slot::Green));
+    let rec = upgrader.record().unwrap();
+    assert_eq!(rec.stage, Stage::Finished);
+    let result = rec.result.unwrap();
+    assert_eq!(result.phase, crate::machina::OperationPhase::Complete);
+    assert!(
+        result.message.contains("green (version v2)"),
+        "{}",
+        result.message
+    );
+    // The operation is queued to report it.
+    h.until(|r| r.item == op_item("upgrade-1")).await;
+    h.stop().await;
 }

@@ -11,10 +11,13 @@ use std::time::Duration;
 use k8s_openapi::jiff::Timestamp;
 
 use super::layout::{LIB_DIR, Layout, Slot};
-use super::plan::{self, Mode, OperationRef, RecoveryAction, Resumed, Stage, UpgradeRecord};
+use super::plan::{
+    self, Mode, OperationRef, Recorded, RecoveryAction, Resumed, Selection, Stage, UpgradeRecord,
+    Write,
+};
 use super::{
-    CHECK_TIMEOUT, DAEMON_FAILED, IMAGE_AGENT_BINARY, RECORD_PATH, RECOVERY_RESTART_DELAY,
-    RESTART_ACCURACY, RESTART_DELAY,
+    CHECK_TIMEOUT, IMAGE_AGENT_BINARY, RECORD_PATH, RECOVERY_RESTART_DELAY, RESTART_ACCURACY,
+    RESTART_DELAY,
 };
 use crate::context::Host;
 use crate::flows::operations::{EXECUTION_FAILED, OperationResult, UpgradeRequest};
@@ -50,6 +53,10 @@ pub enum UpgradeError {
         /// Its stage.
         stage: Stage,
     },
+    /// The selected agent has not proven itself (`current` ≠ `last-good`): the candidate would
+    /// replace the last good agent.
+    #[error(transparent)]
+    Unproven(#[from] plan::Unproven),
     /// A step failed.
     #[error("{step}: {message}")]
     Step {
@@ -159,13 +166,87 @@ impl Upgrader {
 
     /// The upgrade record, if any (a record that cannot be read is logged and counts as none).
     pub fn record(&self) -> Option<UpgradeRecord> {
-        match self.store().load() {
-            Ok(r) => r,
-            Err(e) => {
-                tracing::warn!(error = %e, path = RECORD_PATH, "upgrade record unreadable; ignoring it");
-                None
+        self.loaded().ok().flatten()
+    }
+
+    /// The upgrade record as read: `Err` when there is one that cannot be read (logged).
+    fn loaded(&self) -> Result<Option<UpgradeRecord>, ()> {
+        self.store().load().map_err(|e| {
+            tracing::warn!(error = %e, path = RECORD_PATH, "upgrade record unreadable");
+        })
+    }
+
+    /// What is selected now: `current` and `last-good` (slots on a host, images in the
+    /// container); `None` where it cannot be read (logged).
+    pub fn selection(&self) -> (Option<String>, Option<String>) {
+        match self.mode() {
+            Mode::Binary => {
+                let layout = self.layout();
+                let read = |what: &str, r: Result<Option<Slot>, super::layout::LayoutError>| match r
+                {
+                    Ok(s) => s.map(|s| s.name().to_string()),
+                    Err(e) => {
+                        tracing::warn!(link = what, error = %e, "cannot read the binary layout");
+                        None
+                    }
+                };
+                (
+                    read("current", layout.current()),
+                    read("last-good", layout.last_good()),
+                )
+            }
+            Mode::Image => {
+                let (install, selected) = self.selected_images();
+                let mut env = self.read_env_file(AGENT_IMAGE_ENV);
+                let last_good = if env.contains_key(RUNNING_IMAGE_ENV) {
+                    env.remove(LAST_GOOD_IMAGE_KEY).filter(|v| !v.is_empty())
+                } else {
+                    // No upgrade ever selected an image: the install's runs and is the good one.
+                    install
+                };
+                (selected, last_good)
             }
         }
+    }
+
+    /// Makes `writes` in order (each atomic by itself; see [`plan::Write`]).
+    fn apply(&self, mode: Mode, writes: &[Write]) -> Result<(), UpgradeError> {
+        for w in writes {
+            match (w, mode) {
+                (Write::Record(r), _) => self.save(r)?,
+                (Write::Current(x) | Write::LastGood(x), Mode::Binary) => {
+                    let slot = Slot::parse(x)
+                        .ok_or_else(|| step("select the agent")(format!("{x:?} is not a slot")))?;
+                    let layout = self.layout();
+                    let done = if matches!(w, Write::Current(_)) {
+                        layout.switch(slot)
+                    } else {
+                        layout.mark_good(slot)
+                    };
+                    done.map_err(|e| step("select the agent")(e.to_string()))?;
+                }
+                (Write::Current(x), Mode::Image) => {
+                    let (_, last_good) = self.selection();
+                    self.write_image_env(x, last_good.as_deref().unwrap_or(x))?;
+                }
+                (Write::LastGood(x), Mode::Image) => {
+                    let (current, _) = self.selection();
+                    self.write_image_env(current.as_deref().unwrap_or(x), x)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Refuses a new upgrade while the selected agent has not proven itself: the candidate
+    /// would take the last good agent's place ([`plan::may_upgrade`]).
+    fn check_proven(&self) -> Result<(), UpgradeError> {
+        let (current, last_good) = self.selection();
+        plan::may_upgrade(Selection {
+            current: current.as_deref(),
+            last_good: last_good.as_deref(),
+        })?;
+        Ok(())
     }
 
     fn save(&self, r: &UpgradeRecord) -> Result<(), UpgradeError> {
@@ -246,6 +327,8 @@ impl Upgrader {
             .current()
             .map_err(|e| step("read the binary layout")(e.to_string()))?
             .ok_or_else(|| step("read the binary layout")("no current slot".into()))?;
+        // The candidate goes into the other slot: never while that one is last-good.
+        self.check_proven()?;
         let candidate = current.other();
         let mut rec = self.new_record(op, current.name(), candidate.name());
         self.save(&rec)?;
@@ -413,6 +496,8 @@ impl Upgrader {
                 "the agent already runs {image}"
             )));
         }
+        // The switch records the selected image as last-good: never while it is unproven.
+        self.check_proven()?;
         let mut rec = self.new_record(op, &selected, image);
         self.save(&rec)?;
         let staged = async {
@@ -557,40 +642,56 @@ impl Upgrader {
         Ok(())
     }
 
-    /// At daemon start (before anything else): proves the candidate this daemon is, or
-    /// finishes an upgrade the restart cut short. Returns the record's result when it finished
-    /// one.
+    /// At daemon start (before anything else): finishes an upgrade the restart cut short.
+    /// Returns the record's result when it finished one. A candidate that started is not
+    /// proven yet: it is after its first successful reconcile ([`Self::prove`]).
     pub fn on_daemon_start(&self, running: Option<&str>) -> Option<OperationResult> {
         let mut rec = self.record()?;
         match plan::on_start(Some(&rec), running) {
             plan::StartAction::Nothing => None,
-            plan::StartAction::Prove => {
-                let selected = match rec.mode {
-                    Mode::Binary => Slot::parse(&rec.candidate)
-                        .ok_or_else(|| format!("{} is not a slot", rec.candidate))
-                        .and_then(|s| self.layout().mark_good(s).map_err(|e| e.to_string())),
-                    Mode::Image => self
-                        .write_image_env(&rec.candidate, &rec.candidate)
-                        .map_err(|e| e.to_string()),
-                };
-                if let Err(e) = selected {
-                    // The candidate runs; recording it as last-good failed, so recovery would
-                    // still roll back to the previous agent, which is safe. Report it.
-                    tracing::error!(error = %e, "could not make the upgraded agent last-good");
-                }
-                let result = OperationResult::complete(format!(
-                    "AgentUpgrade completed: the agent runs {}{}",
-                    rec.candidate,
-                    version_note(&rec.candidate_version)
-                ));
-                tracing::info!(candidate = %rec.candidate, "the upgraded agent started: AgentUpgrade complete");
-                self.finish(&mut rec, result.clone());
-                Some(result)
+            plan::StartAction::AwaitProof => {
+                tracing::info!(candidate = %rec.candidate, "the upgraded agent started; it becomes last-good after its first successful reconcile");
+                None
             }
             plan::StartAction::Finish(result) => {
                 tracing::warn!(reason = %result.reason, message = %result.message, "AgentUpgrade finished at start");
                 self.finish(&mut rec, result.clone());
                 Some(result)
+            }
+        }
+    }
+
+    /// After the daemon's first successful reconcile: the running agent (`running`) has
+    /// proven itself. Makes it last-good and finishes the upgrade that switched to it `Complete`
+    /// ([`plan::on_reconciled`]); idempotent. Returns the upgrade's result and its
+    /// MachineOperation's name when it finished one.
+    pub fn prove(
+        &self,
+        running: Option<&str>,
+    ) -> Result<Option<(OperationResult, Option<String>)>, UpgradeError> {
+        let rec = self.loaded().ok().flatten();
+        let (current, last_good) = self.selection();
+        let proof = plan::on_reconciled(
+            rec.as_ref(),
+            Selection {
+                current: current.as_deref(),
+                last_good: last_good.as_deref(),
+            },
+            running,
+        );
+        if proof.writes.is_empty() {
+            return Ok(None);
+        }
+        self.apply(rec.as_ref().map_or(self.mode(), |r| r.mode), &proof.writes)?;
+        match proof.result {
+            Some(result) => {
+                tracing::info!(running = ?running, "the upgraded agent reconciled: it is last-good, AgentUpgrade complete");
+                let op = rec.and_then(|r| r.operation).map(|o| o.name);
+                Ok(Some((result, op)))
+            }
+            None => {
+                tracing::info!(running = ?running, previous_last_good = ?last_good, "the running agent reconciled: it is last-good");
+                Ok(None)
             }
         }
     }
@@ -602,10 +703,20 @@ impl Upgrader {
 
     /// The recovery unit's work (`aks-flex-node recover`): see [`plan::recovery`].
     pub async fn recover(&self) -> anyhow::Result<RecoveryAction> {
-        let mut rec = self.record();
+        let loaded = self.loaded();
+        let recorded = match &loaded {
+            Ok(Some(r)) => Recorded::Read(r),
+            Ok(None) => Recorded::Missing,
+            Err(()) => Recorded::Unreadable,
+        };
+        let (current, last_good) = self.selection();
         let unit = self.host.systemd.unit_state(AGENT_UNIT).await?;
         let action = plan::recovery(
-            rec.as_ref(),
+            recorded,
+            Selection {
+                current: current.as_deref(),
+                last_good: last_good.as_deref(),
+            },
             &plan::AgentUnit {
                 active_state: &unit.active_state,
                 sub_state: &unit.sub_state,
@@ -614,37 +725,32 @@ impl Upgrader {
                 exec_main_status: unit.exec_main_status,
             },
         );
-        tracing::info!(?action, unit = ?unit, "recovery");
-        match (&action, rec.as_mut()) {
+        tracing::info!(?action, unit = ?unit, current = ?current, last_good = ?last_good, "recovery");
+        let rec = loaded.ok().flatten();
+        match (&action, rec) {
             (RecoveryAction::Nothing, _) => {}
             (RecoveryAction::Restart, _) => {
                 self.reset_agent_unit().await?;
                 self.schedule_restart(RECOVERY_RESTART_DELAY).await?;
             }
             (RecoveryAction::RetryCandidate, Some(r)) => {
-                r.recovery_restarts += 1;
-                self.save(r)?;
+                self.apply(r.mode, &plan::retry_writes(&r))?;
                 self.reset_agent_unit().await?;
                 self.schedule_restart(RESTART_DELAY).await?;
             }
             (RecoveryAction::RollBack { message }, Some(r)) => {
-                match r.mode {
-                    Mode::Binary => {
-                        let slot = Slot::parse(&r.previous).ok_or_else(|| {
-                            anyhow::anyhow!(
-                                "the upgrade record's previous {:?} is not a slot",
-                                r.previous
-                            )
-                        })?;
-                        self.layout().switch(slot)?;
-                    }
-                    Mode::Image => self.write_image_env(&r.previous, &r.previous)?,
-                }
                 let mut message = message.clone();
                 if let Some(tail) = self.journal_tail().await {
                     message.push_str(&format!("; its last log lines: {tail}"));
                 }
-                self.finish(r, OperationResult::failed(DAEMON_FAILED, message));
+                // Switch back first, then record it: a crash between leaves `previous` selected
+                // and the record `switched`, which the next start finishes the same way.
+                let writes = plan::rollback_writes(&r, &message);
+                let (switch, record) = writes.split_at(1);
+                self.apply(r.mode, switch)?;
+                if let Err(e) = self.apply(r.mode, record) {
+                    tracing::error!(error = %e, "could not record the end of the upgrade");
+                }
                 if r.mode == Mode::Image && r.remove_candidate_on_rollback {
                     match self.images() {
                         Ok(images) => match images.remove(&r.candidate).await {
@@ -657,6 +763,23 @@ impl Upgrader {
                         },
                         Err(e) => tracing::warn!(error = %e, "could not remove the broken image"),
                     }
+                }
+                self.reset_agent_unit().await?;
+                self.schedule_restart(RESTART_DELAY).await?;
+            }
+            (
+                RecoveryAction::RollBackToLastGood {
+                    from, to, message, ..
+                },
+                _,
+            ) => {
+                tracing::warn!(from = %from, to = %to, "{message}");
+                let at = crate::flows::operations::decide::format_time(&self.now());
+                let writes = plan::rollback_to_last_good_writes(&action, self.mode(), &at);
+                let (switch, record) = writes.split_at(1);
+                self.apply(self.mode(), switch)?;
+                if let Err(e) = self.apply(self.mode(), record) {
+                    tracing::error!(error = %e, "could not record the roll-back");
                 }
                 self.reset_agent_unit().await?;
                 self.schedule_restart(RESTART_DELAY).await?;

@@ -23,16 +23,20 @@
 //!    26–58 s late). The operation stays `InProgress`.
 //! 3. The restarted daemon, first thing at start ([`Upgrader::on_daemon_start`]), sees the
 //!    record at `switched` and that it is the candidate (its slot, or the image its unit passed
-//!    it in `AKS_FLEX_NODE_IMAGE`): it has proven itself. It becomes last-good and the record is
-//!    finished `Complete`; the MachineOperation reconciler reports it (the operation's own record
-//!    is at `executing`, and [`plan::resume`] answers for it).
+//!    it in `AKS_FLEX_NODE_IMAGE`). It has not proven itself yet: after the daemon's first
+//!    successful reconcile ([`Upgrader::prove`], called through the daemon's `Proven` hook) it
+//!    becomes last-good and the record is finished `Complete`; the MachineOperation reconciler
+//!    reports it (the operation's own record is at `executing`, and [`plan::resume`] answers
+//!    for it). A new upgrade is refused while `current` ≠ `last-good` ([`plan::may_upgrade`]).
 //! 4. If the candidate fails to start, the agent unit's `OnFailure=` starts
 //!    `aks-flex-node-recovery.service`, which runs `aks-flex-node recover` from the last good
 //!    agent (the `last-good` slot, or a container of the last good image) and
 //!    [`Upgrader::recover`] acts on [`plan::recovery`]: switch back, finish `Failed` with reason
 //!    `DaemonFailed` and the unit's failure, remove a broken image this upgrade pulled, reset the
 //!    unit's failed state (which also resets its start limit) and restart it with the same
-//!    timer. The previous image stays until the candidate has proven itself.
+//!    timer. The previous image stays until the candidate has proven itself. With no readable
+//!    record (a crash tore its save), `current` ≠ `last-good` still means an unproven agent: a
+//!    failed one is rolled back to last-good and a record says so.
 //!
 //! # Start limit
 //!
@@ -50,7 +54,9 @@
 //! A kill or reboot while `staged` leaves `previous` selected: the next start finishes the
 //! record `Failed`/`Interrupted`. After the switch the selected candidate starts (after a reboot
 //! too) and proves itself or is rolled back by recovery. No path leaves no runnable agent: the
-//! switch is one atomic rename (link or env file), and recovery runs the last good agent.
+//! switch is one atomic rename (link or env file, its directory synced), each later write is
+//! made in an order every crash prefix of which recovers (the crash table in
+//! `flex_api::upgrade`), and recovery runs the last good agent.
 
 pub mod flow;
 pub mod layout;

@@ -7,6 +7,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use super::*;
+use crate::flows::upgrade::DAEMON_FAILED;
 use crate::flows::upgrade::layout::{BIN_LINK, CURRENT_EXEC, LAST_GOOD_EXEC};
 use crate::machina::OperationPhase;
 use crate::machine::containerd::FakeImages;
@@ -146,8 +147,17 @@ async fn binary_upgrade_switches_schedules_a_punctual_restart_and_the_new_agent_
     assert_eq!(rec.previous, "blue");
     assert_eq!(u.resume("uid-1"), Resumed::Pending);
 
-    // The restarted daemon runs from the green slot.
-    let r = u.on_daemon_start(Some("green")).unwrap();
+    // The restarted daemon runs from the green slot: not proven at start.
+    assert_eq!(u.on_daemon_start(Some("green")), None);
+    assert_eq!(
+        read(&f, LAST_GOOD_EXEC),
+        b"\x7fELF-agent-v1",
+        "not last-good before its first reconcile"
+    );
+    assert_eq!(u.resume("uid-1"), Resumed::Pending);
+    // Its first successful reconcile proves it.
+    let (r, op) = u.prove(Some("green")).unwrap().unwrap();
+    assert_eq!(op.as_deref(), Some("upgrade-1"));
     assert_eq!(r.phase, OperationPhase::Complete);
     assert!(r.message.contains("green (version v2)"), "{}", r.message);
     assert_eq!(
@@ -156,7 +166,8 @@ async fn binary_upgrade_switches_schedules_a_punctual_restart_and_the_new_agent_
         "the candidate is last-good"
     );
     assert_eq!(u.resume("uid-1"), Resumed::Finished(r));
-    assert_eq!(u.on_daemon_start(Some("green")), None, "only once");
+    assert_eq!(u.prove(Some("green")).unwrap(), None, "only once");
+    assert_eq!(u.on_daemon_start(Some("green")), None);
 }
 
 #[tokio::test]
@@ -396,7 +407,9 @@ async fn image_upgrade_pulls_checks_selects_and_the_new_container_proves_itself(
         "{env}"
     );
     assert_eq!(timers(&f).len(), 1);
-    let r = u.on_daemon_start(Some(CAND)).unwrap();
+    assert_eq!(u.on_daemon_start(Some(CAND)), None, "not proven at start");
+    assert!(image_env(&f).contains(&format!("AKS_FLEX_NODE_LAST_GOOD_IMAGE={INSTALL}\n")));
+    let (r, _) = u.prove(Some(CAND)).unwrap().unwrap();
     assert_eq!(r.phase, OperationPhase::Complete);
     assert!(image_env(&f).contains(&format!("AKS_FLEX_NODE_LAST_GOOD_IMAGE={CAND}\n")));
     insta::assert_snapshot!(render_record(&u.record().unwrap()));
@@ -516,4 +529,182 @@ fn the_restart_timer_is_rendered_with_100ms_accuracy() {
     rt.block_on(m.start_transient_timer(&restart_timer(RESTART_DELAY, 7)))
         .unwrap();
     insta::assert_snapshot!(r.transcript(), @"systemd-run --unit=aks-flex-node-restart-7 \"--description=Restart the AKS Flex Node agent\" --on-active=1s --timer-property=AccuracySec=100ms -- /usr/bin/systemctl restart aks-flex-node-agent.service");
+}
+
+// --- unproven agents ---------------------------------------------------------------------------
+
+/// A host whose layout has `current` = green (v2, unproven) and `last-good` = blue (v1).
+fn unproven_host() -> FakeHost {
+    let f = host_fake();
+    let l = Layout::new(f.host.fs.clone());
+    l.converge(None).unwrap();
+    l.install(Slot::Green, &mut &ELF_V2[..]).unwrap();
+    l.switch(Slot::Green).unwrap();
+    f
+}
+
+/// Real: the layout and record files on a temporary root. A new upgrade while `current` ≠
+/// `last-good` is refused with a typed error naming both, before anything is downloaded or
+/// installed: the last good binary in blue is not overwritten.
+#[tokio::test]
+async fn a_new_binary_upgrade_is_refused_while_the_running_agent_is_unproven() {
+    let f = unproven_host();
+    let e = Upgrader::new(f.host.clone())
+        .start(
+            &UpgradeRequest::Download {
+                url: "http://127.0.0.1:1/never-fetched".into(),
+                sha256: sha(b"x"),
+            },
+            op(),
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(e, UpgradeError::Unproven(_)), "{e:?}");
+    assert!(
+        e.to_string().starts_with(
+            "the running agent has not proven itself yet: current=green, last-good=blue"
+        ),
+        "{e}"
+    );
+    assert_eq!(
+        read(&f, LAST_GOOD_EXEC),
+        b"\x7fELF-agent-v1",
+        "blue untouched"
+    );
+    assert_eq!(read(&f, CURRENT_EXEC), ELF_V2);
+    assert!(f.runner.calls().is_empty(), "{:?}", f.runner.calls());
+    assert_eq!(
+        Upgrader::new(f.host.clone()).record(),
+        None,
+        "nothing recorded"
+    );
+}
+
+/// Real: the env file on a temporary root. Faked: the image store. In the container an
+/// upgrade while the selected image is not last-good is refused before any pull: the switch
+/// would record the unproven image as last-good and drop the real one.
+#[tokio::test]
+async fn a_new_image_upgrade_is_refused_while_the_selected_image_is_unproven() {
+    let (f, images) = container_fake();
+    f.host
+        .fs
+        .write_atomic(
+            Path::new(AGENT_IMAGE_ENV),
+            format!("AKS_FLEX_NODE_IMAGE={CAND}\nAKS_FLEX_NODE_LAST_GOOD_IMAGE={INSTALL}\n")
+                .as_bytes(),
+            0o644,
+        )
+        .unwrap();
+    let u = Upgrader::new(f.host.clone()).with_images(Arc::new(images.clone()));
+    let e = u
+        .start(
+            &UpgradeRequest::Image("10.0.2.2:5000/aks-flex-node:v3".into()),
+            None,
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(e, UpgradeError::Unproven(_)), "{e:?}");
+    assert!(
+        e.to_string().contains(&format!("last-good={INSTALL}")),
+        "{e}"
+    );
+    assert!(images.calls().is_empty(), "{:?}", images.calls());
+    assert!(image_env(&f).contains(&format!("AKS_FLEX_NODE_LAST_GOOD_IMAGE={INSTALL}\n")));
+}
+
+/// Real: the layout and record files. Faked: systemd (the unit failed), journalctl. A crash
+/// tore the record's save while an unproven green was selected: recovery rolls back to the
+/// last good blue (the old behaviour restarted green for ever), and records that.
+#[tokio::test]
+async fn recovery_with_an_unreadable_record_rolls_an_unproven_agent_back_to_last_good() {
+    let f = unproven_host();
+    f.host
+        .fs
+        .write_atomic(Path::new(RECORD_PATH), b"{\"version\":1,\"mo", 0o600)
+        .unwrap();
+    f.systemd
+        .set_unit_state(AGENT_UNIT, failed_unit("exit-code", 3));
+    let u = Upgrader::new(f.host.clone()).with_clock(clock());
+    let action = u.recover().await.unwrap();
+    assert!(
+        matches!(&action, RecoveryAction::RollBackToLastGood { from, to, record: true, .. } if from == "green" && to == "blue"),
+        "{action:?}"
+    );
+    assert_eq!(read(&f, CURRENT_EXEC), b"\x7fELF-agent-v1");
+    let rec = u.record().unwrap();
+    assert_eq!(
+        (rec.stage, rec.candidate.as_str()),
+        (Stage::Finished, "green")
+    );
+    let r = rec.result.unwrap();
+    assert_eq!(r.reason, DAEMON_FAILED);
+    assert!(
+        r.message.contains("the upgrade record is unreadable"),
+        "{}",
+        r.message
+    );
+    let calls = f.systemd.calls();
+    assert!(calls.contains(&"reset-failed aks-flex-node-agent.service".to_string()));
+    assert!(
+        timers(&f)[0].contains("on-active=1000ms"),
+        "{:?}",
+        timers(&f)
+    );
+    // Blue starts again and reconciles: nothing more to prove, nothing to finish.
+    assert_eq!(u.on_daemon_start(Some("blue")), None);
+    assert_eq!(u.prove(Some("blue")).unwrap(), None);
+}
+
+/// As above in the container with no record at all: the env file's unproven image is
+/// replaced by its last good one (no image is removed: nothing says this agent pulled it).
+#[tokio::test]
+async fn recovery_without_a_record_rolls_an_unproven_image_back_to_last_good() {
+    let (f, images) = container_fake();
+    f.host
+        .fs
+        .write_atomic(
+            Path::new(AGENT_IMAGE_ENV),
+            format!("AKS_FLEX_NODE_IMAGE={CAND}\nAKS_FLEX_NODE_LAST_GOOD_IMAGE={INSTALL}\n")
+                .as_bytes(),
+            0o644,
+        )
+        .unwrap();
+    f.systemd
+        .set_unit_state(AGENT_UNIT, failed_unit("exit-code", 3));
+    let u = Upgrader::new(f.host.clone()).with_images(Arc::new(images.clone()));
+    assert!(matches!(
+        u.recover().await.unwrap(),
+        RecoveryAction::RollBackToLastGood { record: true, .. }
+    ));
+    let env = image_env(&f);
+    assert!(
+        env.contains(&format!("\nAKS_FLEX_NODE_IMAGE={INSTALL}\n")),
+        "{env}"
+    );
+    assert!(
+        env.contains(&format!("\nAKS_FLEX_NODE_LAST_GOOD_IMAGE={INSTALL}\n")),
+        "{env}"
+    );
+    assert!(images.calls().is_empty(), "{:?}", images.calls());
+}
+
+/// Real: the layout. With no record, an unproven agent that reconciles becomes last-good (a
+/// record lost to a crash does not leave it unproven for ever); one that is not `current` does
+/// not.
+#[test]
+fn an_unproven_agent_without_a_record_becomes_last_good_when_it_reconciles() {
+    let f = unproven_host();
+    let u = Upgrader::new(f.host.clone());
+    assert_eq!(u.prove(Some("blue")).unwrap(), None);
+    assert_eq!(
+        read(&f, LAST_GOOD_EXEC),
+        b"\x7fELF-agent-v1",
+        "blue is not current"
+    );
+    assert_eq!(
+        u.prove(Some("green")).unwrap(),
+        None,
+        "no upgrade to finish"
+    );
+    assert_eq!(read(&f, LAST_GOOD_EXEC), ELF_V2);
 }
