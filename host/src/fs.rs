@@ -302,12 +302,7 @@ impl HostFs {
     pub fn rename(&self, from: &Path, to: &Path) -> Result<(), FsError> {
         let real = self.path(to);
         fs::rename(self.path(from), &real).map_err(|e| FsError::new("rename", to, e))?;
-        if let Some(dir) = real.parent()
-            && let Ok(d) = File::open(dir)
-        {
-            let _ = d.sync_all();
-        }
-        Ok(())
+        self.sync_parent(to, &real)
     }
 
     /// Removes a directory tree. A directory that cannot be removed because it is a mount point
