@@ -126,6 +126,58 @@ impl AgentImageOptions {
     }
 }
 
+/// A size budget for an image: the compressed layer and the unpacked layer (tar) in bytes
+/// (decimal megabytes: 1 MB = 1 000 000 bytes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SizeBudget {
+    /// Most bytes the compressed layer may take.
+    pub compressed: u64,
+    /// Most bytes the unpacked layer may take.
+    pub unpacked: u64,
+}
+
+/// The agent image's budget: 8 MB compressed, 20 MB unpacked (the Go agent's image is 180 MB).
+pub const AGENT_BUDGET: SizeBudget = SizeBudget {
+    compressed: 8_000_000,
+    unpacked: 20_000_000,
+};
+
+impl SizeBudget {
+    /// What is over the budget, one phrase per size (empty when within it).
+    pub fn overruns(&self, compressed: u64, unpacked: u64) -> Vec<String> {
+        let mut over = Vec::new();
+        for (what, size, limit) in [
+            ("compressed", compressed, self.compressed),
+            ("unpacked", unpacked, self.unpacked),
+        ] {
+            if size > limit {
+                over.push(format!(
+                    "{what} {size} bytes is over the budget of {limit} bytes by {}",
+                    size - limit
+                ));
+            }
+        }
+        over
+    }
+
+    /// One line for a report: `within 8 MB / 20 MB (91 % / 97 %)` or `OVER: …`.
+    pub fn verdict(&self, compressed: u64, unpacked: u64) -> String {
+        let pct = |size: u64, limit: u64| size.saturating_mul(100) / limit.max(1);
+        let over = self.overruns(compressed, unpacked);
+        if over.is_empty() {
+            format!(
+                "within {} MB / {} MB ({} % / {} %)",
+                self.compressed / 1_000_000,
+                self.unpacked / 1_000_000,
+                pct(compressed, self.compressed),
+                pct(unpacked, self.unpacked)
+            )
+        } else {
+            format!("OVER: {}", over.join("; "))
+        }
+    }
+}
+
 /// What [`build_agent_image`] produced.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ImageInfo {
@@ -335,6 +387,26 @@ pub async fn build_agent_image(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_budget_names_each_size_over_it() {
+        let b = AGENT_BUDGET;
+        assert_eq!(b.overruns(8_000_000, 20_000_000), Vec::<String>::new());
+        assert_eq!(
+            b.overruns(8_686_737, 19_569_152),
+            vec!["compressed 8686737 bytes is over the budget of 8000000 bytes by 686737"]
+        );
+        assert_eq!(b.overruns(1, 30_200_000).len(), 1);
+        assert_eq!(b.overruns(11_000_000, 30_200_000).len(), 2);
+        assert_eq!(
+            b.verdict(6_000_000, 15_000_000),
+            "within 8 MB / 20 MB (75 % / 75 %)"
+        );
+        assert!(
+            b.verdict(8_000_001, 1)
+                .starts_with("OVER: compressed 8000001 bytes")
+        );
+    }
     use crate::layer::Entry;
     use flex_oci::{Arch, LayerFile, LayoutTarget, OciLayout, UnpackOptions, unpack};
 

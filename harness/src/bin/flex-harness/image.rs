@@ -65,6 +65,10 @@ fn print_info(info: &ImageInfo) {
         info.compressed_size,
         info.uncompressed_size
     );
+    println!(
+        "budget    {}",
+        flex_image::agent::AGENT_BUDGET.verdict(info.compressed_size, info.uncompressed_size)
+    );
     println!("layout    {}", info.layout_dir.display());
     println!(
         "archive   {} ({})",
