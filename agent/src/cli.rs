@@ -488,11 +488,13 @@ fn bootstrap_dry_run(env_file: Option<&Path>, output_dir: Option<&Path>) -> anyh
     };
     crate::logging::init(level, None);
     let config_file = match &inputs.config {
-        Some(p) => Some(
-            std::fs::read(p).with_context(|| {
-                format!("{}: read {}", crate::flows::bootstrap::inputs::CONFIG, p.display())
-            })?,
-        ),
+        Some(p) => Some(std::fs::read(p).with_context(|| {
+            format!(
+                "{}: read {}",
+                crate::flows::bootstrap::inputs::CONFIG,
+                p.display()
+            )
+        })?),
         None => None,
     };
     let fs = crate::fs::HostFs::host();

@@ -765,12 +765,24 @@ fn bootstrap_dry_run_writes_under_the_output_dir_only() {
 fn bootstrap_dry_run_rejects_bad_env_files_naming_the_field() {
     let before = bootstrap_host_paths();
     for (extra, expect) in [
-        ("AKS_FLEX_NODE_NODE_IP=10.0.0.300\n", "AKS_FLEX_NODE_NODE_IP"),
+        (
+            "AKS_FLEX_NODE_NODE_IP=10.0.0.300\n",
+            "AKS_FLEX_NODE_NODE_IP",
+        ),
         ("AKS_FLEX_NODE_LABELS=bad label=x\n", "AKS_FLEX_NODE_LABELS"),
-        ("AKS_FLEX_NODE_KUBERNETES_VERSION=\n", "AKS_FLEX_NODE_KUBERNETES_VERSION"),
+        (
+            "AKS_FLEX_NODE_KUBERNETES_VERSION=\n",
+            "AKS_FLEX_NODE_KUBERNETES_VERSION",
+        ),
         ("PATH=/tmp\n", "line 8"),
-        ("AKS_FLEX_NODE_NOT_AN_INPUT=1\n", "AKS_FLEX_NODE_NOT_AN_INPUT"),
-        ("AKS_FLEX_NODE_TAINTS=\"unterminated\n", "line 8: unterminated double quote"),
+        (
+            "AKS_FLEX_NODE_NOT_AN_INPUT=1\n",
+            "AKS_FLEX_NODE_NOT_AN_INPUT",
+        ),
+        (
+            "AKS_FLEX_NODE_TAINTS=\"unterminated\n",
+            "line 8: unterminated double quote",
+        ),
     ] {
         let d = tempfile::tempdir().unwrap();
         let env = bootstrap_env(d.path(), extra);
@@ -784,7 +796,10 @@ fn bootstrap_dry_run_rejects_bad_env_files_naming_the_field() {
             .get_output()
             .clone();
         let err = String::from_utf8(out.stderr).unwrap();
-        assert!(err.starts_with("Command execution failed: "), "{extra}: {err}");
+        assert!(
+            err.starts_with("Command execution failed: "),
+            "{extra}: {err}"
+        );
         assert!(err.contains(expect), "{extra}: {err}");
         assert!(!err.contains(DRY_RUN_TOKEN), "{extra}: {err}");
         assert!(out.stdout.is_empty(), "{extra}: printed a plan");

@@ -45,10 +45,9 @@ fuzz_target!(|data: &[u8]| {
     };
     match render(&inputs, &|| Ok("fuzz-host".to_string())) {
         Ok(rendered) => {
-            let loaded = aks_flex_node::config::parse(rendered.bytes(), &|| {
-                Ok("fuzz-host".to_string())
-            })
-            .expect("a rendered config loads");
+            let loaded =
+                aks_flex_node::config::parse(rendered.bytes(), &|| Ok("fuzz-host".to_string()))
+                    .expect("a rendered config loads");
             assert_eq!(loaded.unknown_keys, Vec::<String>::new());
         }
         Err(RenderError::Config(m)) => panic!("rendered an invalid config: {m}"),

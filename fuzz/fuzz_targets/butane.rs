@@ -18,7 +18,11 @@ fuzz_target!(|data: &[u8]| {
         let json = to_ignition_json(&config, version);
         let _: serde_json::Value =
             serde_json::from_str(&json).unwrap_or_else(|e| panic!("not JSON: {e}\n{json}"));
-        assert_eq!(to_ignition_json(&config, version), json, "not deterministic");
+        assert_eq!(
+            to_ignition_json(&config, version),
+            json,
+            "not deterministic"
+        );
         let merged = merge(&config, &Config::new()).expect("merging an empty config");
         assert_eq!(to_ignition_json(&merged, version), json, "merge changed it");
     }

@@ -14,12 +14,20 @@ fuzz_target!(|data: &[u8]| {
     };
     if let Ok(r) = ImageRef::parse(s) {
         let shown = r.to_string();
-        assert_eq!(ImageRef::parse(&shown).as_ref(), Ok(&r), "{s:?} -> {shown:?}");
+        assert_eq!(
+            ImageRef::parse(&shown).as_ref(),
+            Ok(&r),
+            "{s:?} -> {shown:?}"
+        );
         let _ = (r.api_host(), r.reference());
     }
     if let Ok(src) = ImageSource::parse(s) {
         let shown = src.to_string();
-        assert_eq!(ImageSource::parse(&shown).as_ref(), Ok(&src), "{s:?} -> {shown:?}");
+        assert_eq!(
+            ImageSource::parse(&shown).as_ref(),
+            Ok(&src),
+            "{s:?} -> {shown:?}"
+        );
     }
     if let Ok(d) = Digest::parse(s) {
         assert_eq!(Digest::parse(&d.to_string()).as_ref(), Ok(&d));

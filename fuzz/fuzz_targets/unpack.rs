@@ -113,7 +113,13 @@ fn join(pieces: &[Piece], p: &Paths) -> Vec<u8> {
 
 /// One header with `name` (and `link`) written raw, GNU long-name records first when they do
 /// not fit, so `..` and absolute names reach the unpacker as they are.
-fn append(b: &mut tar::Builder<Vec<u8>>, kind: tar::EntryType, name: &[u8], link: &[u8], e: &Entry) {
+fn append(
+    b: &mut tar::Builder<Vec<u8>>,
+    kind: tar::EntryType,
+    name: &[u8],
+    link: &[u8],
+    e: &Entry,
+) {
     let long = |b: &mut tar::Builder<Vec<u8>>, t: tar::EntryType, v: &[u8]| {
         let mut h = tar::Header::new_gnu();
         h.as_old_mut().name[..13].copy_from_slice(b"././@LongLink");
@@ -223,7 +229,16 @@ fuzz_target!(|data: &[u8]| {
     let Some((mode, rest)) = data.split_first() else {
         return;
     };
-    let parent = tempfile::tempdir().expect("tempdir");
+    // On tmpfs when there is one: thousands of trees a second are made and removed.
+    let shm = Path::new("/dev/shm");
+    let parent = if shm.is_dir() {
+        tempfile::Builder::new()
+            .prefix("fuzz-unpack")
+            .tempdir_in(shm)
+    } else {
+        tempfile::tempdir()
+    }
+    .expect("tempdir");
     let root = parent.path().join("root");
     std::fs::create_dir(&root).expect("root");
     std::fs::create_dir(parent.path().join(SENTINEL_DIR)).expect("sentinel dir");
@@ -254,16 +269,28 @@ fuzz_target!(|data: &[u8]| {
         .into_iter()
         .map(String::from)
         .collect();
-    assert_eq!(names(parent.path()), expected, "something landed beside the root");
+    assert_eq!(
+        names(parent.path()),
+        expected,
+        "something landed beside the root"
+    );
     assert!(
         names(&parent.path().join(SENTINEL_DIR)).is_empty(),
         "something landed in the sentinel directory"
     );
     let after = std::fs::symlink_metadata(&sentinel_file).expect("stat");
     assert!(after.is_file(), "the sentinel file was replaced");
-    assert_eq!(std::fs::read(&sentinel_file).expect("read"), SENTINEL_CONTENT, "written through");
+    assert_eq!(
+        std::fs::read(&sentinel_file).expect("read"),
+        SENTINEL_CONTENT,
+        "written through"
+    );
     assert_eq!(after.mode(), before.mode(), "sentinel file mode changed");
-    assert_eq!((after.uid(), after.gid()), (before.uid(), before.gid()), "sentinel chowned");
+    assert_eq!(
+        (after.uid(), after.gid()),
+        (before.uid(), before.gid()),
+        "sentinel chowned"
+    );
     assert_eq!(after.nlink(), 1, "the sentinel file was hard-linked");
     let root_after = std::fs::symlink_metadata(&root).expect("stat root");
     assert!(root_after.is_dir(), "the root was replaced");

@@ -403,7 +403,8 @@ impl RegistryClient {
         let body = flex_host::http::read_capped(resp, flex_host::http::DOCUMENT_LIMIT)
             .await
             .map_err(|e| auth(format!("token endpoint {shown}: {e}")))?;
-        parse_token_response(&body).map_err(|reason| auth(format!("token endpoint {shown}{reason}")))
+        parse_token_response(&body)
+            .map_err(|reason| auth(format!("token endpoint {shown}{reason}")))
     }
 
     /// One request with the token flow; classifies failures. 2xx/3xx and non-transient 4xx

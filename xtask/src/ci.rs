@@ -69,6 +69,15 @@ pub async fn run(install: bool, fuzz: bool, e2e: bool) -> anyhow::Result<()> {
 async fn unit() -> anyhow::Result<()> {
     eprintln!("xtask ci: cargo fmt --check");
     run_inherited(&cargo(&["fmt", "--all", "--", "--check"])).await?;
+    // fuzz/ is its own workspace, outside `--all`.
+    run_inherited(&cargo(&[
+        "fmt",
+        "--manifest-path",
+        "fuzz/Cargo.toml",
+        "--",
+        "--check",
+    ]))
+    .await?;
     eprintln!("xtask ci: cargo clippy");
     run_inherited(&cargo(&[
         "clippy",

@@ -87,11 +87,9 @@ pub fn parse_args(args: &[String]) -> anyhow::Result<Args> {
                 let v = it
                     .next()
                     .ok_or_else(|| anyhow::anyhow!("fuzz: --seconds needs a value"))?;
-                out.seconds = v
-                    .parse()
-                    .ok()
-                    .filter(|s| *s > 0)
-                    .ok_or_else(|| anyhow::anyhow!("fuzz: --seconds {v:?}: not a positive number"))?;
+                out.seconds = v.parse().ok().filter(|s| *s > 0).ok_or_else(|| {
+                    anyhow::anyhow!("fuzz: --seconds {v:?}: not a positive number")
+                })?;
             }
             t if !t.starts_with('-') => {
                 if !TARGETS.iter().any(|(n, _)| *n == t) {
@@ -99,7 +97,9 @@ pub fn parse_args(args: &[String]) -> anyhow::Result<Args> {
                 }
                 out.targets.push(t.to_string());
             }
-            other => anyhow::bail!("fuzz: unexpected argument {other:?} (see cargo xtask fuzz --help)"),
+            other => {
+                anyhow::bail!("fuzz: unexpected argument {other:?} (see cargo xtask fuzz --help)")
+            }
         }
     }
     Ok(out)
@@ -164,8 +164,18 @@ pub async fn build(r: &dyn Runner) -> anyhow::Result<PathBuf> {
     );
     run_inherited(
         &Cmd::new("cargo")
-            .args(["build", "--release", "--locked", "--bins", "--manifest-path"])
-            .arg(crate::project_root().join("fuzz/Cargo.toml").to_string_lossy())
+            .args([
+                "build",
+                "--release",
+                "--locked",
+                "--bins",
+                "--manifest-path",
+            ])
+            .arg(
+                crate::project_root()
+                    .join("fuzz/Cargo.toml")
+                    .to_string_lossy(),
+            )
             .args(["--target", &triple])
             .env("CARGO_TARGET_DIR", dir.to_string_lossy())
             .env("RUSTFLAGS", RUSTFLAGS)

@@ -29,11 +29,15 @@ fn plan_lists_the_config_units_and_first_machines_files() {
     assert!(paths.contains(&AGENT_UNIT_PATH.to_string()), "{paths:?}");
     assert!(paths.contains(&RECOVERY_UNIT_PATH.to_string()), "{paths:?}");
     assert!(
-        paths.iter().any(|p| p.starts_with("/var/lib/machines/kube1/")),
+        paths
+            .iter()
+            .any(|p| p.starts_with("/var/lib/machines/kube1/")),
         "{paths:?}"
     );
     assert!(
-        paths.iter().any(|p| p == "/etc/systemd/nspawn/kube1.nspawn"),
+        paths
+            .iter()
+            .any(|p| p == "/etc/systemd/nspawn/kube1.nspawn"),
         "{paths:?}"
     );
     // The config written is the one rendering gives, byte for byte.
@@ -92,7 +96,10 @@ fn write_under_puts_files_below_the_directory_only() {
     let plan = plan(&minimal(), None, &facts(), false, b"").unwrap();
     let written = write_under(&plan, d.path()).unwrap();
     assert_eq!(written.len(), plan.files.len());
-    assert!(written.iter().all(|p| p.starts_with(d.path())), "{written:?}");
+    assert!(
+        written.iter().all(|p| p.starts_with(d.path())),
+        "{written:?}"
+    );
     let cfg = d.path().join(DEFAULT_CONFIG_PATH.trim_start_matches('/'));
     assert_eq!(std::fs::read(&cfg).unwrap(), plan.files[0].content);
     use std::os::unix::fs::PermissionsExt;
