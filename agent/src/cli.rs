@@ -86,6 +86,14 @@ pub enum Command {
         /// A bootstrap.env file of AKS_FLEX_NODE_* lines (read as data, never evaluated)
         #[arg(long, value_name = "FILE")]
         env_file: Option<PathBuf>,
+        /// Render and validate what the bootstrap would write (secrets redacted) and change
+        /// nothing on the host: no config written, no preflight, no start
+        #[arg(long)]
+        dry_run: bool,
+        /// With --dry-run: write the files under DIR (at their host paths below it, secrets
+        /// included) instead of printing them
+        #[arg(long, value_name = "DIR", requires = "dry_run")]
+        output_dir: Option<PathBuf>,
     },
     /// MachineOperations run on this node, without a cluster
     #[command(subcommand)]
@@ -417,7 +425,12 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             tracing::info!(?action, "recovery done");
             Ok(())
         }
-        Command::BootstrapNode { env_file } => {
+        Command::BootstrapNode {
+            env_file,
+            dry_run: true,
+            output_dir,
+        } => bootstrap_dry_run(env_file.as_deref(), output_dir.as_deref()),
+        Command::BootstrapNode { env_file, .. } => {
             let host = Host::real().await?;
             let cfg_for_probe = config::Config::default();
             let machines = crate::machine::node::NodeMachines::new(host.clone(), cfg_for_probe)?;
@@ -460,6 +473,67 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// `bootstrap-node --dry-run`: reads the inputs, renders and validates what the bootstrap would
+/// write, and prints it (or writes it under `output_dir`). Only reads the host: the env file,
+/// `AKS_FLEX_NODE_CONFIG`'s file, the hostname, `/etc/resolv.conf`, which optional devices
+/// exist and whether the node is bootstrapped.
+fn bootstrap_dry_run(env_file: Option<&Path>, output_dir: Option<&Path>) -> anyhow::Result<()> {
+    use crate::flows::bootstrap::{Inputs, dry_run};
+    let inputs = Inputs::load(env_file, std::env::vars_os())?;
+    let level = match inputs.log_level.trim() {
+        "" => "info",
+        l => l,
+    };
+    crate::logging::init(level, None);
+    let config_file = match &inputs.config {
+        Some(p) => Some(std::fs::read(p).with_context(|| {
+            format!(
+                "{}: read {}",
+                crate::flows::bootstrap::inputs::CONFIG,
+                p.display()
+            )
+        })?),
+        None => None,
+    };
+    let fs = crate::fs::HostFs::host();
+    let info = RealHostInfo;
+    let facts = crate::machine::lifecycle::host_facts_from(&info, &fs)?;
+    let resolv = fs
+        .read(Path::new("/etc/resolv.conf"))
+        .ok()
+        .flatten()
+        .unwrap_or_default();
+    let plan = dry_run::plan(
+        &inputs,
+        config_file.as_deref(),
+        &facts,
+        info.containerized(),
+        &resolv,
+    )?;
+    if fs.exists(Path::new(crate::state::STATE_PATH)) {
+        println!(
+            "[dry-run] note: this node is already bootstrapped ({} exists): the bootstrap would change nothing",
+            crate::state::STATE_PATH
+        );
+    }
+    match output_dir {
+        None => print!("{}", dry_run::show(&plan)),
+        Some(dir) => {
+            let written = dry_run::write_under(&plan, dir)?;
+            println!(
+                "[dry-run] the config from {}: valid; wrote {} files under {} (nothing on this host was changed; preflight and start did not run)",
+                plan.source,
+                written.len(),
+                dir.display()
+            );
+            for p in written {
+                println!("{}", p.display());
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Builds the machine layer for the config `start` is given (the bootstrap renders the config

@@ -653,3 +653,156 @@ fn config_file_size_is_capped() {
         "{err}"
     );
 }
+
+const DRY_RUN_TOKEN: &str = "abcdef.0123456789abcdef";
+
+/// A complete `bootstrap.env` for `bootstrap-node --dry-run`, plus `extra` lines.
+fn bootstrap_env(dir: &Path, extra: &str) -> PathBuf {
+    let p = dir.join("bootstrap.env");
+    std::fs::write(
+        &p,
+        format!(
+            "# test inputs\n\
+             AKS_FLEX_NODE_CLUSTER_RESOURCE_ID=/subscriptions/12345678-1234-1234-1234-123456789012/resourceGroups/rg/providers/Microsoft.ContainerService/managedClusters/aks1\n\
+             AKS_FLEX_NODE_KUBERNETES_VERSION=1.35.0\n\
+             AKS_FLEX_NODE_API_SERVER=aks1-dns-abc.hcp.westus2.azmk8s.io\n\
+             AKS_FLEX_NODE_CA_CERT_DATA=LS0tLS1CRUdJTiBDRVJUSUZJQ0FURS0tLS0tCk1JSUJ0ZXN0Ci0tLS0tRU5EIENFUlRJRklDQVRFLS0tLS0K\n\
+             AKS_FLEX_NODE_BOOTSTRAP_TOKEN='{DRY_RUN_TOKEN}'\n\
+             AKS_FLEX_NODE_NODE_NAME=edge-7\n{extra}"
+        ),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644)).unwrap();
+    p
+}
+
+/// The host paths a bootstrap writes first, as they are now (existence, length, mtime).
+fn bootstrap_host_paths() -> Vec<(String, Option<(u64, std::time::SystemTime)>)> {
+    [
+        "/etc/aks-flex-node/config.json",
+        "/etc/systemd/system/aks-flex-node-agent.service",
+        "/etc/systemd/system/aks-flex-node-recovery.service",
+        "/etc/systemd/nspawn/kube1.nspawn",
+        "/var/lib/machines/kube1",
+    ]
+    .into_iter()
+    .map(|p| {
+        let m = std::fs::symlink_metadata(p)
+            .ok()
+            .map(|m| (m.len(), m.modified().unwrap()));
+        (p.to_string(), m)
+    })
+    .collect()
+}
+
+/// The real binary, `bootstrap-node --dry-run` on a good env file, run unprivileged (as
+/// `nobody` when the tests run as root): it needs no root, exits 0, shows the config and units
+/// with the token redacted, and changes none of the bootstrap's host paths.
+#[test]
+fn bootstrap_dry_run_renders_a_good_env_file_without_touching_the_host() {
+    let d = tempfile::tempdir().unwrap();
+    let env = bootstrap_env(d.path(), "");
+    let (prog, prefix) = as_unprivileged(d.path());
+    let before = bootstrap_host_paths();
+    let out = Command::new(&prog)
+        .args(&prefix)
+        .args(["bootstrap-node", "--dry-run", "--env-file"])
+        .arg(&env)
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap())
+        .assert()
+        .success()
+        .get_output()
+        .stdout
+        .clone();
+    let out = String::from_utf8(out).unwrap();
+    assert!(out.contains("nothing on this host was changed"), "{out}");
+    assert!(
+        out.contains("==> /etc/aks-flex-node/config.json (0600) <=="),
+        "{out}"
+    );
+    assert!(
+        out.contains("==> /etc/systemd/system/aks-flex-node-agent.service (0644) <=="),
+        "{out}"
+    );
+    assert!(out.contains("\"nodeName\": \"edge-7\""), "{out}");
+    assert!(!out.contains(DRY_RUN_TOKEN), "the token is shown: {out}");
+    assert_eq!(bootstrap_host_paths(), before, "a host path changed");
+}
+
+/// The real binary with `--output-dir`: the files land under the directory (the config with
+/// its token, 0600), and none of the bootstrap's host paths changes.
+#[test]
+fn bootstrap_dry_run_writes_under_the_output_dir_only() {
+    let d = tempfile::tempdir().unwrap();
+    let env = bootstrap_env(d.path(), "");
+    let outdir = d.path().join("out");
+    let before = bootstrap_host_paths();
+    bin()
+        .args(["bootstrap-node", "--dry-run", "--env-file"])
+        .arg(&env)
+        .arg("--output-dir")
+        .arg(&outdir)
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap())
+        .assert()
+        .success()
+        .stdout(predicate::str::contains(outdir.display().to_string()));
+    let cfg = std::fs::read_to_string(outdir.join("etc/aks-flex-node/config.json")).unwrap();
+    assert!(cfg.contains(DRY_RUN_TOKEN));
+    assert!(
+        outdir
+            .join("etc/systemd/system/aks-flex-node-agent.service")
+            .is_file()
+    );
+    assert_eq!(bootstrap_host_paths(), before, "a host path changed");
+}
+
+/// The real binary on bad env files: exit 1 with `Command execution failed:` naming the input
+/// (or the line) at fault, never the token; nothing on the host changes.
+#[test]
+fn bootstrap_dry_run_rejects_bad_env_files_naming_the_field() {
+    let before = bootstrap_host_paths();
+    for (extra, expect) in [
+        (
+            "AKS_FLEX_NODE_NODE_IP=10.0.0.300\n",
+            "AKS_FLEX_NODE_NODE_IP",
+        ),
+        ("AKS_FLEX_NODE_LABELS=bad label=x\n", "AKS_FLEX_NODE_LABELS"),
+        (
+            "AKS_FLEX_NODE_KUBERNETES_VERSION=\n",
+            "AKS_FLEX_NODE_KUBERNETES_VERSION",
+        ),
+        ("PATH=/tmp\n", "line 8"),
+        (
+            "AKS_FLEX_NODE_NOT_AN_INPUT=1\n",
+            "AKS_FLEX_NODE_NOT_AN_INPUT",
+        ),
+        (
+            "AKS_FLEX_NODE_TAINTS=\"unterminated\n",
+            "line 8: unterminated double quote",
+        ),
+    ] {
+        let d = tempfile::tempdir().unwrap();
+        let env = bootstrap_env(d.path(), extra);
+        let out = bin()
+            .args(["bootstrap-node", "--dry-run", "--env-file"])
+            .arg(&env)
+            .env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap())
+            .assert()
+            .code(1)
+            .get_output()
+            .clone();
+        let err = String::from_utf8(out.stderr).unwrap();
+        assert!(
+            err.starts_with("Command execution failed: "),
+            "{extra}: {err}"
+        );
+        assert!(err.contains(expect), "{extra}: {err}");
+        assert!(!err.contains(DRY_RUN_TOKEN), "{extra}: {err}");
+        assert!(out.stdout.is_empty(), "{extra}: printed a plan");
+    }
+    assert_eq!(bootstrap_host_paths(), before, "a host path changed");
+}

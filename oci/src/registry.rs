@@ -176,6 +176,20 @@ pub fn parse_bearer_challenge(header: &str) -> Option<BearerChallenge> {
     })
 }
 
+/// The token in a token endpoint's answer: `token`, else `access_token` (Docker's token
+/// spec), a non-empty string. The error is the reason, starting with `: ` or a blank so it
+/// reads after the endpoint's name, and never quotes the body (it may hold a token).
+pub fn parse_token_response(body: &[u8]) -> Result<String, String> {
+    let v: serde_json::Value =
+        serde_json::from_slice(body).map_err(|e| format!(": not JSON: {e}"))?;
+    v.get("token")
+        .or_else(|| v.get("access_token"))
+        .and_then(|t| t.as_str())
+        .filter(|t| !t.is_empty())
+        .map(str::to_string)
+        .ok_or_else(|| " returned no token".to_string())
+}
+
 fn scope(image: &ImageRef, push: bool) -> String {
     format!(
         "repository:{}:{}",
@@ -389,14 +403,8 @@ impl RegistryClient {
         let body = flex_host::http::read_capped(resp, flex_host::http::DOCUMENT_LIMIT)
             .await
             .map_err(|e| auth(format!("token endpoint {shown}: {e}")))?;
-        let v: serde_json::Value = serde_json::from_slice(&body)
-            .map_err(|e| auth(format!("token endpoint {shown}: not JSON: {e}")))?;
-        v.get("token")
-            .or_else(|| v.get("access_token"))
-            .and_then(|t| t.as_str())
-            .filter(|t| !t.is_empty())
-            .map(str::to_string)
-            .ok_or_else(|| auth(format!("token endpoint {shown} returned no token")))
+        parse_token_response(&body)
+            .map_err(|reason| auth(format!("token endpoint {shown}{reason}")))
     }
 
     /// One request with the token flow; classifies failures. 2xx/3xx and non-transient 4xx

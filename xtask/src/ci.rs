@@ -1,13 +1,18 @@
 //! `cargo xtask ci`: what CI runs. The packages first, then `cargo fmt --check`, clippy with
 //! `-D warnings`, the layering rules ([`crate::layering`]), the generated files (`codegen
-//! --check`), every test in the workspace (nextest when installed, else `cargo test`), and the
-//! offline end-to-end check: `up` on the dev host, `check`, `down` (through the harness).
+//! --check`), every test in the workspace (nextest when installed, else `cargo test`), each fuzz
+//! target for [`FUZZ_SECONDS`] ([`crate::fuzz`]), and the offline end-to-end check: `up` on the
+//! dev host, `check`, `down` (through the harness).
 
 use std::time::Duration;
 
 use flex_host::runner::{Cmd, ProcessRunner, Runner, run_inherited};
 
 const LONG: Duration = Duration::from_secs(3600);
+
+/// Seconds each fuzz target runs in CI: enough to replay the seeds and catch a shallow
+/// regression, short enough for CI's budget (docs/fuzzing.md has the figures).
+pub const FUZZ_SECONDS: u64 = 5;
 
 fn cargo(args: &[&str]) -> Cmd {
     Cmd::new("cargo")
@@ -30,7 +35,7 @@ fn harness(task: &str) -> Cmd {
 
 /// Runs the CI task. Everything is compiled before the VM boots (`up` builds the agent image
 /// first), so no build competes with the guest.
-pub async fn run(install: bool, e2e: bool) -> anyhow::Result<()> {
+pub async fn run(install: bool, fuzz: bool, e2e: bool) -> anyhow::Result<()> {
     if install {
         crate::deps::ensure(crate::deps::TEST_PACKAGES).await?;
         if e2e {
@@ -38,6 +43,15 @@ pub async fn run(install: bool, e2e: bool) -> anyhow::Result<()> {
         }
     }
     unit().await?;
+    if fuzz {
+        eprintln!("xtask ci: cargo xtask fuzz --seconds {FUZZ_SECONDS}");
+        crate::fuzz::run(&crate::fuzz::Args {
+            list: false,
+            seconds: FUZZ_SECONDS,
+            targets: Vec::new(),
+        })
+        .await?;
+    }
     if !e2e {
         return Ok(());
     }
@@ -55,6 +69,15 @@ pub async fn run(install: bool, e2e: bool) -> anyhow::Result<()> {
 async fn unit() -> anyhow::Result<()> {
     eprintln!("xtask ci: cargo fmt --check");
     run_inherited(&cargo(&["fmt", "--all", "--", "--check"])).await?;
+    // fuzz/ is its own workspace, outside `--all`.
+    run_inherited(&cargo(&[
+        "fmt",
+        "--manifest-path",
+        "fuzz/Cargo.toml",
+        "--",
+        "--check",
+    ]))
+    .await?;
     eprintln!("xtask ci: cargo clippy");
     run_inherited(&cargo(&[
         "clippy",

@@ -37,6 +37,8 @@ pub const TEST_PACKAGES: &[&str] = &[
     "gdisk",
     "dosfstools",
     "mtools",
+    // cargo xtask fuzz (ci runs it): libfuzzer-sys builds libFuzzer with the C++ compiler.
+    "g++",
 ];
 
 /// Packages `up` needs: QEMU (from bookworm-backports on Debian 12), the dev host image build

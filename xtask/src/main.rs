@@ -3,13 +3,16 @@
 //! Debian packages the task needs (as root on Debian; otherwise it names them), and only then
 //! builds and runs what needs them:
 //!
-//! - `ci`: format, clippy, the layering rules, every test, then the offline end-to-end check;
+//! - `ci`: format, clippy, the layering rules, every test, a short fuzzing run, then the
+//!   offline end-to-end check;
+//! - `fuzz`: the coverage-guided fuzz targets of `fuzz/` (built with stable cargo);
 //! - `layering`: the layering rules alone (`ci` runs them too);
 //! - `codegen [--check]`: `flex-codegen` (committed generated files);
 //! - `up`, `check`, `down`, `image`: the `flex-harness` binary, with the task's flags.
 
 mod ci;
 mod deps;
+mod fuzz;
 mod layering;
 
 use std::path::PathBuf;
@@ -24,8 +27,13 @@ aks-flex-node project automation
 Usage: cargo xtask <TASK> [FLAGS]
 
 Tasks:
-  ci [--no-install] [--no-e2e]  What CI runs: fmt, clippy -D warnings, the layering rules, every
-                                test, then the offline end-to-end check (up, check, down)
+  ci [--no-install] [--no-fuzz] [--no-e2e]
+                                What CI runs: fmt, clippy -D warnings, the layering rules, every
+                                test, each fuzz target briefly, then the offline end-to-end
+                                check (up, check, down)
+  fuzz [--list] [--seconds N] [TARGET...]
+                                Build the fuzz targets (stable cargo, libFuzzer) and run each
+                                for N seconds (default 10) over its committed seeds
   layering                      Check the workspace's layering rules on its dependency graph
   codegen [--check]             Regenerate the committed generated files (or fail if stale)
   image [FLAGS]                 Build the agent's (or --controller) container image, no engine
@@ -57,22 +65,35 @@ async fn run(task: &str, rest: &[String]) -> anyhow::Result<()> {
         "ci" => {
             if help {
                 println!(
-                    "Usage: cargo xtask ci [--no-install] [--no-e2e]\n\n  --no-install  Skip installing system packages\n  --no-e2e      Skip the offline end-to-end check (up, check, down on the dev host)"
+                    "Usage: cargo xtask ci [--no-install] [--no-fuzz] [--no-e2e]\n\n  --no-install  Skip installing system packages\n  --no-fuzz     Skip the short fuzzing run (cargo xtask fuzz --seconds {})\n  --no-e2e      Skip the offline end-to-end check (up, check, down on the dev host)",
+                    ci::FUZZ_SECONDS
                 );
                 return Ok(());
             }
             let mut install = true;
             let mut e2e = true;
+            let mut fuzz = true;
             for a in rest {
                 match a.as_str() {
                     "--no-install" => install = false,
+                    "--no-fuzz" => fuzz = false,
                     "--no-e2e" => e2e = false,
                     other => anyhow::bail!(
                         "ci: unexpected argument {other:?} (see cargo xtask ci --help)"
                     ),
                 }
             }
-            ci::run(install, e2e).await
+            ci::run(install, fuzz, e2e).await
+        }
+        "fuzz" => {
+            if help {
+                println!(
+                    "Usage: cargo xtask fuzz [--list] [--seconds N] [TARGET...]\n\n  --list       List the targets and what each checks\n  --seconds N  Run each target N seconds (default {})\n  TARGET       Only these targets\n\nBuilds with stable cargo (no nightly, no cargo-fuzz) into $CARGO_TARGET_DIR/fuzz or $FUZZ_TARGET_DIR. See docs/fuzzing.md.",
+                    fuzz::DEFAULT_SECONDS
+                );
+                return Ok(());
+            }
+            fuzz::run(&fuzz::parse_args(rest)?).await
         }
         "layering" => crate::layering::check(&flex_host::runner::ProcessRunner::new()).await,
         "codegen" => Ok(run_inherited(&cargo_run("flex-codegen", rest)).await?),

@@ -44,12 +44,21 @@ pub fn current_exe() -> anyhow::Result<PathBuf> {
 
 /// Host facts for goal resolution, read from the host.
 pub fn host_facts(host: &Host) -> anyhow::Result<HostFacts> {
+    host_facts_from(host.info.as_ref(), &host.fs)
+}
+
+/// [`host_facts`] from the host-info and file seams alone (reads only: `bootstrap-node
+/// --dry-run` uses it without the rest of [`Host`]).
+pub fn host_facts_from(
+    info: &dyn crate::hostinfo::HostInfo,
+    fs: &crate::fs::HostFs,
+) -> anyhow::Result<HostFacts> {
     Ok(HostFacts {
-        hostname: host.info.hostname()?,
+        hostname: info.hostname()?,
         arch: host_arch()?.to_string(),
         present_devices: OPTIONAL_DEVICES
             .iter()
-            .filter(|d| host.fs.exists(Path::new(d)))
+            .filter(|d| fs.exists(Path::new(d)))
             .map(|d| (*d).to_string())
             .collect(),
         oci_image_env: std::env::var(nodegoal::OCI_IMAGE_ENV).ok(),

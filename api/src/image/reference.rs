@@ -123,6 +123,9 @@ impl ImageRef {
         } else {
             repo.to_string()
         };
+        // The limit holds for the repository as stored and shown (`library/` included), so
+        // the canonical form always parses back.
+        check_repository_length(&repository).map_err(err)?;
         let tag = match (tag, &digest) {
             (None, None) => Some(DEFAULT_TAG.to_string()),
             (t, _) => t,
@@ -352,13 +355,23 @@ fn component_ok(c: &str) -> bool {
     true
 }
 
+/// The longest repository name accepted.
+pub const MAX_REPOSITORY_LEN: usize = 255;
+
+fn check_repository_length(repo: &str) -> Result<(), String> {
+    if repo.len() > MAX_REPOSITORY_LEN {
+        return Err(format!(
+            "repository name longer than {MAX_REPOSITORY_LEN} characters"
+        ));
+    }
+    Ok(())
+}
+
 fn validate_repository(repo: &str) -> Result<(), String> {
     if repo.is_empty() {
         return Err("missing repository name".into());
     }
-    if repo.len() > 255 {
-        return Err("repository name longer than 255 characters".into());
-    }
+    check_repository_length(repo)?;
     if repo.bytes().any(|b| b.is_ascii_uppercase()) {
         return Err(format!("repository {repo:?} must be lowercase"));
     }
@@ -452,6 +465,27 @@ mod tests {
             assert_eq!(got, want, "{input}");
             assert_eq!(ImageRef::parse(&got.to_string()).unwrap(), got, "{input}");
         }
+    }
+
+    /// Found by the `image_ref` fuzz target: a single-component Docker Hub name of 248..=255
+    /// characters was accepted, but its canonical form (`docker.io/library/<name>`) was
+    /// refused as too long. The limit now counts `library/`, so every accepted reference's
+    /// `Display` parses back.
+    #[test]
+    fn repository_length_limit_counts_the_library_prefix() {
+        let longest = "a".repeat(MAX_REPOSITORY_LEN - "library/".len());
+        let r = ImageRef::parse(&longest).unwrap();
+        assert_eq!(r.repository.len(), MAX_REPOSITORY_LEN);
+        assert_eq!(ImageRef::parse(&r.to_string()).unwrap(), r);
+        let over = format!("{longest}a");
+        let e = ImageRef::parse(&over).unwrap_err();
+        assert!(e.reason.contains("longer than 255"), "{e}");
+        // Elsewhere the name is stored as written: 255 characters are fine.
+        let other = format!("ghcr.io/{}", "b".repeat(MAX_REPOSITORY_LEN));
+        assert_eq!(
+            ImageRef::parse(&other).unwrap().to_string(),
+            format!("{other}:latest")
+        );
     }
 
     #[test]

@@ -9,10 +9,13 @@
 //! - [`inputs`]: the input names ([`INPUTS`]) and [`Inputs`], from the file and the
 //!   environment;
 //! - [`render`](mod@render): inputs → `config.json`, validated by the agent's own config parser;
-//! - [`flow`]: config, preflight, then `start` once ([`main_entry`], [`run`]).
+//! - [`flow`]: config, preflight, then `start` once ([`main_entry`], [`run`]);
+//! - [`dry_run`]: what the bootstrap would write, rendered and validated, the host unchanged
+//!   (`bootstrap-node --dry-run`).
 
 pub use flex_api::bootstrap_env as env;
 
+pub mod dry_run;
 pub mod flow;
 pub mod inputs;
 pub mod render;

@@ -1,0 +1,196 @@
+//! `bootstrap-node --dry-run`: what the bootstrap would write, rendered and validated, with
+//! nothing on the host changed. Bad `bootstrap.env` files can be tried safely this way.
+//!
+//! [`plan`] is pure: the inputs (and, with `AKS_FLEX_NODE_CONFIG`, that file's bytes), host
+//! facts and the host's `resolv.conf` give the files the bootstrap's first `start` writes: the
+//! config, the agent's and recovery units, and the first machine's (`kube1`) host-side and
+//! rootfs configuration files. It fails as the real bootstrap would, naming the input, line or
+//! field at fault. The daemon state and the machine's rootfs image and components are not
+//! rendered (they come from running `start`), and preflight does not run.
+//!
+//! [`show`] prints the files with every secret of the config replaced; [`write_under`] writes
+//! them, secrets included, under a directory given on the command line, never at their host
+//! paths.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+
+use crate::config::{self, Config, DEFAULT_CONFIG_PATH};
+use crate::machine::nodeconfig::{self, Entry};
+use crate::machine::nodegoal::{self, HostFacts};
+use crate::machine::nspawn;
+use crate::systemd::{
+    AGENT_UNIT_PATH, RECOVERY_UNIT_PATH, render_agent_unit_for, render_recovery_unit_for,
+};
+
+use super::inputs::{CONFIG, Inputs};
+use super::render::render;
+
+/// Shown instead of a secret in [`show`]'s output.
+pub const REDACTED: &str = "<redacted>";
+
+/// One file the bootstrap would write.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PlannedFile {
+    /// Its path on the host.
+    pub path: PathBuf,
+    /// Its content (may hold secrets: see [`Plan::secrets`]).
+    pub content: Vec<u8>,
+    /// Its mode.
+    pub mode: u32,
+}
+
+/// What a bootstrap would write.
+#[derive(Debug)]
+pub struct Plan {
+    /// The config, as the agent loads it.
+    pub config: Config,
+    /// Where the config comes from (`the bootstrap inputs`, or the `AKS_FLEX_NODE_CONFIG` file).
+    pub source: String,
+    /// The files, in the order the bootstrap writes them.
+    pub files: Vec<PlannedFile>,
+}
+
+impl Plan {
+    /// The config's secret values (non-empty), which [`show`] replaces.
+    pub fn secrets(&self) -> Vec<&str> {
+        let azure = &self.config.azure;
+        [
+            azure.bootstrap_token.as_ref().map(|t| t.token.expose()),
+            azure
+                .service_principal
+                .as_ref()
+                .map(|s| s.client_secret.expose()),
+        ]
+        .into_iter()
+        .flatten()
+        .filter(|s| !s.is_empty())
+        .collect()
+    }
+}
+
+/// Renders what the bootstrap would write. `config_file` is the content of
+/// `AKS_FLEX_NODE_CONFIG`'s file when that input is set (the caller reads it).
+pub fn plan(
+    inputs: &Inputs,
+    config_file: Option<&[u8]>,
+    facts: &HostFacts,
+    containerized: bool,
+    resolv_conf: &[u8],
+) -> anyhow::Result<Plan> {
+    let hostname = || Ok(facts.hostname.clone());
+    let (config, bytes, source) = match (&inputs.config, config_file) {
+        (Some(path), Some(bytes)) => {
+            let set = inputs.render_inputs_set();
+            if !set.is_empty() {
+                anyhow::bail!(
+                    "{CONFIG} is set, so the config is not rendered and these inputs would be ignored: {}; unset them or {CONFIG}",
+                    set.join(", ")
+                );
+            }
+            let loaded = config::parse(bytes, &hostname)
+                .with_context(|| format!("{CONFIG}: {}", path.display()))?;
+            (
+                loaded.config,
+                bytes.to_vec(),
+                format!("{CONFIG} ({})", path.display()),
+            )
+        }
+        (Some(path), None) => anyhow::bail!("{CONFIG}: {} was not read", path.display()),
+        (None, _) => {
+            let r = render(inputs, &hostname).context("render the config")?;
+            (
+                r.config.clone(),
+                r.bytes().to_vec(),
+                "the bootstrap inputs".to_string(),
+            )
+        }
+    };
+    let mut files = vec![
+        PlannedFile {
+            path: PathBuf::from(DEFAULT_CONFIG_PATH),
+            content: bytes,
+            mode: 0o600,
+        },
+        PlannedFile {
+            path: PathBuf::from(RECOVERY_UNIT_PATH),
+            content: render_recovery_unit_for(containerized).into_bytes(),
+            mode: 0o644,
+        },
+        PlannedFile {
+            path: PathBuf::from(AGENT_UNIT_PATH),
+            content: render_agent_unit_for(containerized).into_bytes(),
+            mode: 0o644,
+        },
+    ];
+    let goal = nodegoal::resolve(&config, nspawn::KUBE1, facts)?;
+    let mut entries = nodeconfig::render_rootfs(&goal, resolv_conf)?;
+    entries.extend(nodeconfig::render_host(&goal));
+    for e in entries {
+        match e {
+            Entry::File {
+                path,
+                content,
+                mode,
+            } => files.push(PlannedFile {
+                path,
+                content,
+                mode,
+            }),
+            Entry::Symlink { path, target } => files.push(PlannedFile {
+                path,
+                content: format!("-> {}\n", target.display()).into_bytes(),
+                mode: 0o777,
+            }),
+            Entry::Dir { .. } => {}
+        }
+    }
+    Ok(Plan {
+        config,
+        source,
+        files,
+    })
+}
+
+/// The plan as text: each file's path and mode, then its content with the config's secrets
+/// replaced by [`REDACTED`].
+pub fn show(plan: &Plan) -> String {
+    let secrets = plan.secrets();
+    let mut out = format!(
+        "[dry-run] the config from {}: valid; the bootstrap would write {} files (nothing on this host was changed; preflight and start did not run)\n",
+        plan.source,
+        plan.files.len()
+    );
+    for f in &plan.files {
+        let mut text = String::from_utf8_lossy(&f.content).into_owned();
+        for s in &secrets {
+            text = text.replace(s, REDACTED);
+        }
+        out.push_str(&format!(
+            "\n==> {} ({:04o}) <==\n{text}",
+            f.path.display(),
+            f.mode
+        ));
+        if !text.ends_with('\n') {
+            out.push('\n');
+        }
+    }
+    out
+}
+
+/// Writes the plan's files under `dir` (their host paths below it, with their modes, secrets
+/// included); returns the paths written.
+pub fn write_under(plan: &Plan, dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
+    let fs = crate::fs::HostFs::new(dir);
+    let mut written = Vec::new();
+    for f in &plan.files {
+        fs.write_atomic(&f.path, &f.content, f.mode)
+            .with_context(|| format!("write {} under {}", f.path.display(), dir.display()))?;
+        written.push(fs.path(&f.path));
+    }
+    Ok(written)
+}
+
+#[cfg(test)]
+mod tests;
