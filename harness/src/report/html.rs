@@ -61,7 +61,7 @@ h2 .time{font-weight:normal;color:#666;margin-left:.5em}\
 svg text{font:12px system-ui,sans-serif;fill:#333}svg .axis{stroke:#ccc}\
 svg rect.group{fill:#e3e8ef}svg rect.check{stroke:#fff;stroke-width:.5}\
 svg rect.passed{fill:#2e7d32}svg rect.failed{fill:#c62828}svg rect.skipped{fill:#9e9e9e}\
-table{border-collapse:collapse;min-width:60%;max-width:1200px}\
+table{border-collapse:collapse;width:100%;max-width:1200px}\
 th,td{border-bottom:1px solid #e0e0e0;padding:.25em .6em;text-align:left;vertical-align:top}\
 th{background:#f3f3f3}td.time{text-align:right;white-space:nowrap;font-variant-numeric:tabular-nums}\
 td.result{font-weight:bold}tr.passed td.result{color:#2e7d32}tr.failed td.result{color:#c62828}\
