@@ -167,9 +167,7 @@ pub async fn run_group(ctx: &Ctx<'_>, group: &Group, restore: bool) -> GroupRepo
         let duration = t.elapsed();
         // The journal as it was when the check failed (later groups may reboot the guest).
         let journal = match outcome {
-            Outcome::Failed(_) => {
-                Some(crate::check::failure_journal(ctx.runner, ctx.ssh).await)
-            }
+            Outcome::Failed(_) => Some(crate::check::failure_journal(ctx.runner, ctx.ssh).await),
             _ => None,
         };
         checks.push(CheckReport {

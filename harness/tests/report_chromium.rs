@@ -7,6 +7,8 @@
 //!
 //! Chromium missing is a failure, not a skip: CI installs it (`.ci/run`, `TEST_PACKAGES`).
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure
+
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -96,7 +98,10 @@ fn xml_unescape(s: &str) -> String {
 
 fn attr(tag: &str, name: &str) -> String {
     let key = format!(" {name}=\"");
-    let start = tag.find(&key).unwrap_or_else(|| panic!("no {name} in {tag}")) + key.len();
+    let start = tag
+        .find(&key)
+        .unwrap_or_else(|| panic!("no {name} in {tag}"))
+        + key.len();
     let len = tag[start..].find('"').unwrap();
     xml_unescape(&tag[start..start + len])
 }
@@ -201,7 +206,10 @@ async fn chromium_shows_what_the_junit_file_says() {
         &["--dump-dom".to_string()],
     )
     .await;
-    eprintln!("chromium --dump-dom took {:.2}s", started.elapsed().as_secs_f64());
+    eprintln!(
+        "chromium --dump-dom took {:.2}s",
+        started.elapsed().as_secs_f64()
+    );
 
     assert!(dom.contains("<h1>aks-flex-node check</h1>"), "{dom}");
     // The names are text, not markup.
@@ -225,7 +233,11 @@ async fn chromium_shows_what_the_junit_file_says() {
             assert!(dom.contains(&pre), "no {pre}\nin\n{dom}");
         }
     }
-    assert!(cases.iter().any(|c| c.failure.is_some() && c.system_err.is_some()));
+    assert!(
+        cases
+            .iter()
+            .any(|c| c.failure.is_some() && c.system_err.is_some())
+    );
     // The timeline: one rectangle per check, of its result.
     let rects = dom.matches("<rect class=\"check ").count();
     assert_eq!(rects, cases.len(), "{dom}");

@@ -130,7 +130,13 @@ fn timeline(r: &RunReport) -> String {
         for c in g.checks.iter().rev() {
             let d = c.duration.as_secs_f64();
             let x0 = (end - d).max(start);
-            rects.push(check_rect(&g.name, c, LABEL + x0 * scale, y, (d * scale).max(MIN_W)));
+            rects.push(check_rect(
+                &g.name,
+                c,
+                LABEL + x0 * scale,
+                y,
+                (d * scale).max(MIN_W),
+            ));
             end = x0;
         }
         for rect in rects.iter().rev() {
@@ -174,21 +180,17 @@ pub fn render_html(r: &RunReport) -> String {
     let (p, f, k) = r.counts();
     let total: Duration = r.groups.iter().map(|g| g.duration).sum();
     let mut s = String::from("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">");
-    let _ = write!(
+    let _ = writeln!(
         s,
-        "<meta name=\"viewport\" content=\"width=device-width,initial-scale=1\"><title>aks-flex-node check: {p} passed, {f} failed, {k} skipped</title><style>{CSS}</style></head><body>\n"
-    );
-    let _ = write!(
-        s,
-        "<h1>aks-flex-node check</h1><p class=\"summary\"><span class=\"passed\">{p} passed</span>, <span class=\"{}\">{f} failed</span>, <span class=\"skipped\">{k} skipped</span> in {}</p>\n",
-        if f > 0 { "failed" } else { "none-failed" },
-        time(total)
+        "<meta name=\"viewport\" content=\"width=device-width,initial-scale=1\"><title>aks-flex-node check: {p} passed, {f} failed, {k} skipped</title><style>{CSS}</style></head><body>"
     );
     let _ = writeln!(
         s,
-        "<section class=\"timeline\">{}</section>",
-        timeline(r)
+        "<h1>aks-flex-node check</h1><p class=\"summary\"><span class=\"passed\">{p} passed</span>, <span class=\"{}\">{f} failed</span>, <span class=\"skipped\">{k} skipped</span> in {}</p>",
+        if f > 0 { "failed" } else { "none-failed" },
+        time(total)
     );
+    let _ = writeln!(s, "<section class=\"timeline\">{}</section>", timeline(r));
     for g in &r.groups {
         let _ = write!(
             s,
@@ -257,14 +259,18 @@ mod tests {
             "{html}"
         );
         assert!(
-            html.contains(&format!("<pre class=\"message\">boom {escaped}\nline 2 {escaped}</pre>")),
+            html.contains(&format!(
+                "<pre class=\"message\">boom {escaped}\nline 2 {escaped}</pre>"
+            )),
             "{html}"
         );
         assert!(
             html.contains(&format!("<pre class=\"journal\">kernel: {escaped}</pre>")),
             "{html}"
         );
-        assert!(html.contains(&format!("<title>g{escaped} / {escaped}: failed, 1.0s</title>")));
+        assert!(html.contains(&format!(
+            "<title>g{escaped} / {escaped}: failed, 1.0s</title>"
+        )));
     }
 
     #[test]
