@@ -80,7 +80,8 @@ pub fn render_list() -> String {
 }
 
 /// Runs one group: restores the snapshot first when asked, then its checks in order; a failed
-/// check ends the group (later checks build on it) and the rest are reported skipped.
+/// check ends the group (later checks build on it) and the rest are reported skipped. A failed
+/// check's report carries the guest's journal as it was right after the failure.
 pub async fn run_group(ctx: &Ctx<'_>, group: &Group, restore: bool) -> GroupReport {
     let start = Instant::now();
     let mut checks = Vec::new();
@@ -93,6 +94,7 @@ pub async fn run_group(ctx: &Ctx<'_>, group: &Group, restore: bool) -> GroupRepo
                 outcome: Outcome::Skipped(why.clone()),
                 duration: Duration::ZERO,
                 detail: None,
+                journal: None,
             });
         }
         return GroupReport {
@@ -109,6 +111,7 @@ pub async fn run_group(ctx: &Ctx<'_>, group: &Group, restore: bool) -> GroupRepo
             outcome: Outcome::Failed(format!("{e:#}")),
             duration: start.elapsed(),
             detail: None,
+            journal: None,
         });
         return GroupReport {
             name: group.name.into(),
@@ -122,6 +125,7 @@ pub async fn run_group(ctx: &Ctx<'_>, group: &Group, restore: bool) -> GroupRepo
             outcome: Outcome::Failed(format!("{e:#}")),
             duration: start.elapsed(),
             detail: None,
+            journal: None,
         });
         return GroupReport {
             name: group.name.into(),
@@ -138,6 +142,7 @@ pub async fn run_group(ctx: &Ctx<'_>, group: &Group, restore: bool) -> GroupRepo
                 outcome: Outcome::Skipped("an earlier check of this group failed".into()),
                 duration: Duration::ZERO,
                 detail: None,
+                journal: None,
             });
             continue;
         }
@@ -159,11 +164,18 @@ pub async fn run_group(ctx: &Ctx<'_>, group: &Group, restore: bool) -> GroupRepo
                 .unwrap_or_default(),
             t.elapsed().as_secs_f64()
         ));
+        let duration = t.elapsed();
+        // The journal as it was when the check failed (later groups may reboot the guest).
+        let journal = match outcome {
+            Outcome::Failed(_) => Some(crate::check::failure_journal(ctx.runner, ctx.ssh).await),
+            _ => None,
+        };
         checks.push(CheckReport {
             name: name.into(),
             outcome,
-            duration: t.elapsed(),
+            duration,
             detail,
+            journal,
         });
     }
     GroupReport {

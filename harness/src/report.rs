@@ -1,8 +1,12 @@
-//! The end of a check run: a table of how long each group and check took, and a JUnit XML
-//! report. Both are pure renderings of [`RunReport`].
+//! The end of a check run: a table of how long each group and check took, a JUnit XML report
+//! and an HTML page ([`render_html`]: a timeline, a table per group, and for each failure the
+//! lines that explain it). All are pure renderings of [`RunReport`].
 
 use std::fmt::Write as _;
 use std::time::Duration;
+
+mod html;
+pub use html::render_html;
 
 /// How a check ended.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -55,6 +59,9 @@ pub struct CheckReport {
     pub duration: Duration,
     /// What the check reported beside its outcome, if anything.
     pub detail: Option<String>,
+    /// For a failure, the guest's journal lines captured when it failed (console lines, when a
+    /// check has them, are part of its failure message); `system-err` in JUnit.
+    pub journal: Option<String>,
 }
 
 /// One group's results.
@@ -182,11 +189,14 @@ pub fn render_junit(r: &RunReport) -> String {
                 xml_escape(&c.name),
                 c.duration.as_secs_f64()
             );
-            let out = c
+            let mut out = c
                 .detail
                 .as_deref()
                 .map(|d| format!("\n      <system-out>{}</system-out>", xml_escape(d)))
                 .unwrap_or_default();
+            if let Some(j) = &c.journal {
+                let _ = write!(out, "\n      <system-err>{}</system-err>", xml_escape(j));
+            }
             match &c.outcome {
                 Outcome::Passed if out.is_empty() => {
                     let _ = writeln!(s, "{open}/>");
@@ -221,7 +231,7 @@ pub fn render_junit(r: &RunReport) -> String {
 mod tests {
     use super::*;
 
-    fn sample() -> RunReport {
+    pub(super) fn sample() -> RunReport {
         let ms = Duration::from_millis;
         RunReport {
             groups: vec![
@@ -234,12 +244,16 @@ mod tests {
                             outcome: Outcome::Passed,
                             duration: ms(1_500),
                             detail: None,
+                            journal: None,
                         },
                         CheckReport {
                             name: "back after reboot".into(),
-                            outcome: Outcome::Failed("kube1 not running\njournal: ...".into()),
+                            outcome: Outcome::Failed(
+                                "kube1 not running; last console lines:\n[ 12.3] reboot: Restarting system".into(),
+                            ),
                             duration: ms(45_000),
                             detail: None,
+                            journal: Some("systemd-nspawn@kube1.service: Failed with result 'exit-code' <&>".into()),
                         },
                     ],
                 },
@@ -251,6 +265,7 @@ mod tests {
                         outcome: Outcome::Skipped("no cluster".into()),
                         duration: ms(0),
                         detail: None,
+                        journal: None,
                     }],
                 },
             ],
@@ -282,12 +297,14 @@ mod tests {
                         outcome: Outcome::Passed,
                         duration: Duration::from_secs(20),
                         detail: Some("new agent running 12.3s after the operation started".into()),
+                        journal: None,
                     },
                     CheckReport {
                         name: "back".into(),
                         outcome: Outcome::Skipped("already there".into()),
                         duration: Duration::ZERO,
                         detail: Some("a <b> & c".into()),
+                        journal: None,
                     },
                 ],
             }],

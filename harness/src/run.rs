@@ -811,8 +811,9 @@ async fn wait_bootstrapped(r: &dyn Runner, ssh: &Ssh, timeout: Duration) -> anyh
     .map_err(|_| anyhow::anyhow!("the host did not bootstrap within {timeout:?}"))?
 }
 
-/// `check`: runs the selected groups, prints the timing table, writes JUnit, and on failure
-/// prints the journal lines that explain it. Returns whether everything passed.
+/// `check`: runs the selected groups, prints the timing table, writes JUnit and, next to it,
+/// `report.html` (whatever the outcome), and on failure prints the journal lines that explain
+/// it. Returns whether everything passed.
 pub async fn check(
     r: &dyn Runner,
     work: &Path,
@@ -846,6 +847,8 @@ pub async fn check(
     }
     let table = report::render_table(&run);
     std::fs::write(junit, report::render_junit(&run))?;
+    let html = junit.with_file_name("report.html");
+    std::fs::write(&html, report::render_html(&run))?;
     if !run.success() {
         eprintln!(
             "journal of the agent's units:\n{}",
@@ -854,6 +857,7 @@ pub async fn check(
     }
     print!("{table}");
     eprintln!("JUnit report: {}", junit.display());
+    eprintln!("HTML report: {}", html.display());
     Ok(run.success())
 }
 

@@ -39,6 +39,8 @@ pub const TEST_PACKAGES: &[&str] = &[
     "mtools",
     // cargo xtask fuzz (ci runs it): libfuzzer-sys builds libFuzzer with the C++ compiler.
     "g++",
+    // harness/tests/report_chromium.rs: the HTML check report in headless Chromium.
+    "chromium",
 ];
 
 /// Packages `up` needs: QEMU (from bookworm-backports on Debian 12), the dev host image build
@@ -153,6 +155,23 @@ pub async fn ensure(packages: &[&'static str]) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `.ci/run` installs every package of [`TEST_PACKAGES`] (it runs `ci --no-install`).
+    #[test]
+    fn ci_run_installs_the_test_packages() {
+        let ci = std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../.ci/run"),
+        )
+        .unwrap();
+        let words: Vec<&str> = ci
+            .lines()
+            .filter(|l| !l.trim_start().starts_with('#'))
+            .flat_map(|l| l.split_whitespace())
+            .collect();
+        for p in TEST_PACKAGES {
+            assert!(words.contains(p), ".ci/run does not install {p}");
+        }
+    }
 
     #[test]
     fn qemu_comes_from_backports_on_bookworm_only() {
