@@ -77,9 +77,90 @@ pub fn parse_record<T: serde::de::DeserializeOwned>(file: &str, text: &str) -> a
         .map_err(|e| anyhow::anyhow!("{file} is not what it should be ({e})"))
 }
 
+/// Whether the guest's agent record `file` (its bytes `text`, and the legacy sidecar's content
+/// `sidecar` when the guest has one) is one the agent can load: an envelope whose `sha256` is
+/// the hash of its payload's bytes as they stand in the file, or a legacy plain JSON whose
+/// sidecar holds its hash. The harness's own reading of the format (documented in the agent's
+/// `state` module), an oracle independent of the agent's loader. `Err` says what is wrong.
+pub fn record_integrity(file: &str, text: &str, sidecar: Option<&str>) -> Result<(), String> {
+    use sha2::{Digest, Sha256};
+    #[derive(serde::Deserialize)]
+    struct Envelope<'a> {
+        format: String,
+        sha256: String,
+        #[serde(borrow)]
+        payload: &'a serde_json::value::RawValue,
+    }
+    let sum = |bytes: &[u8]| hex::encode(Sha256::digest(bytes));
+    let looks_enveloped = serde_json::from_str::<serde_json::Value>(text)
+        .map_err(|e| format!("{file} is not JSON ({e})"))?
+        .get("format")
+        .is_some();
+    if looks_enveloped {
+        let env: Envelope<'_> =
+            serde_json::from_str(text).map_err(|e| format!("{file}: not a record ({e})"))?;
+        if env.format != "aks-flex-node.record/v1" {
+            return Err(format!("{file}: unknown record format {:?}", env.format));
+        }
+        if sum(env.payload.get().as_bytes()) != env.sha256 {
+            return Err(format!("{file}: its payload does not match its sha256"));
+        }
+        return Ok(());
+    }
+    match sidecar {
+        None => Err(format!("{file}: a legacy record without its .sha256")),
+        Some(s) if s.trim() == sum(text.as_bytes()) => Ok(()),
+        Some(_) => Err(format!(
+            "{file}: a legacy record that does not match its .sha256"
+        )),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn record_integrity_checks_envelopes_and_legacy_pairs() {
+        use sha2::{Digest, Sha256};
+        let payload = "{\n    \"activeMachine\": \"kube2\"\n  }";
+        let sum = hex::encode(Sha256::digest(payload.as_bytes()));
+        let good = format!(
+            "{{\n  \"format\": \"aks-flex-node.record/v1\",\n  \"sha256\": \"{sum}\",\n  \"payload\": {payload}\n}}\n"
+        );
+        assert_eq!(record_integrity("s", &good, None), Ok(()));
+        // One space more in the payload: the sum no longer matches.
+        let spaced = good.replacen("\"kube2\"", "\"kube2\" ", 1);
+        assert!(
+            record_integrity("s", &spaced, None)
+                .unwrap_err()
+                .contains("does not match")
+        );
+        let other = good.replacen("record/v1", "record/v9", 1);
+        assert!(
+            record_integrity("s", &other, None)
+                .unwrap_err()
+                .contains("unknown record format")
+        );
+        assert!(
+            record_integrity("s", "{\"format\"", None)
+                .unwrap_err()
+                .contains("not JSON")
+        );
+        let legacy = "{\"activeMachine\": \"kube1\"}\n";
+        let lsum = format!("{}\n", hex::encode(Sha256::digest(legacy.as_bytes())));
+        assert_eq!(record_integrity("s", legacy, Some(&lsum)), Ok(()));
+        assert!(
+            record_integrity("s", legacy, None)
+                .unwrap_err()
+                .contains("without its .sha256")
+        );
+        assert!(
+            record_integrity("s", legacy, Some("00"))
+                .unwrap_err()
+                .contains("does not match")
+        );
+    }
 
     #[test]
     fn views_read_their_fields_and_ignore_the_rest() {
