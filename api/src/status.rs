@@ -261,7 +261,7 @@ pub fn assess(facts: Facts) -> Report {
     let mut p = |code: &str, message: String| {
         problems.push(Problem {
             code: code.into(),
-            message,
+            message: one_line(&message),
         })
     };
     let systemd_errors: Vec<&UnitView> = facts.units.iter().filter(|u| u.error.is_some()).collect();
@@ -429,6 +429,15 @@ pub fn render_json(r: &Report) -> String {
     s
 }
 
+/// `s` on one line (a command's stderr often spans several).
+fn one_line(s: &str) -> String {
+    s.split('\n')
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join(" | ")
+}
+
 fn or_dash(v: &Option<String>) -> &str {
     v.as_deref().unwrap_or("-")
 }
@@ -534,7 +543,7 @@ pub fn render_text(r: &Report) -> String {
     s.push_str("units:\n");
     for u in &f.units {
         match &u.error {
-            Some(e) => s.push_str(&format!("  {}: UNKNOWN ({e})\n", u.name)),
+            Some(e) => s.push_str(&format!("  {}: UNKNOWN ({})\n", u.name, one_line(e))),
             None => s.push_str(&format!(
                 "  {}: {}/{} (result {})\n",
                 u.name, u.active_state, u.sub_state, u.result
