@@ -1,7 +1,7 @@
 //! The command line: `start` (`bootstrap`), `daemon` (`agent`), `reset` (`unbootstrap`),
-//! `preflight`, `version` and `token kubelogin`, with upstream's messages and exit codes: on
-//! failure `Command execution failed: <error>` on stderr and exit code 1; usage errors also
-//! exit 1.
+//! `preflight`, `status`, `version` and `token kubelogin`, with upstream's messages and exit
+//! codes: on failure `Command execution failed: <error>` on stderr and exit code 1; usage errors
+//! also exit 1.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;

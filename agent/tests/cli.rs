@@ -683,5 +683,9 @@ fn status_on_a_never_bootstrapped_node_says_so_in_both_outputs() {
             assert_eq!(v["state"]["status"], "missing");
         }
     }
-    assert_eq!(std::fs::read_dir(root.path()).unwrap().count(), 0, "status wrote nothing");
+    assert_eq!(
+        std::fs::read_dir(root.path()).unwrap().count(),
+        0,
+        "status wrote nothing"
+    );
 }

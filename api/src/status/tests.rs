@@ -70,8 +70,18 @@ pub(crate) fn healthy() -> Facts {
         units: vec![
             unit(AGENT_UNIT, "active", "running", "success"),
             unit(RECOVERY_UNIT, "inactive", "dead", "success"),
-            unit("systemd-nspawn@kube1.service", "active", "running", "success"),
-            unit("systemd-nspawn@kube2.service", "inactive", "dead", "success"),
+            unit(
+                "systemd-nspawn@kube1.service",
+                "active",
+                "running",
+                "success",
+            ),
+            unit(
+                "systemd-nspawn@kube2.service",
+                "inactive",
+                "dead",
+                "success",
+            ),
         ],
         kubelet: KubeletView::Active {
             machine: "kube1".into(),
@@ -106,7 +116,10 @@ fn assess_table() {
                 f.upgrade = Read::Missing;
                 f.operations.clear();
                 set_unit(f, unit(AGENT_UNIT, "inactive", "dead", "success"));
-                set_unit(f, unit("systemd-nspawn@kube1.service", "inactive", "dead", ""));
+                set_unit(
+                    f,
+                    unit("systemd-nspawn@kube1.service", "inactive", "dead", ""),
+                );
                 f.kubelet = KubeletView::Unknown {
                     reason: "no active machine".into(),
                 };
@@ -156,7 +169,10 @@ fn assess_table() {
         (
             "machine stopped: kubelet not also blamed",
             |f| {
-                set_unit(f, unit("systemd-nspawn@kube1.service", "inactive", "dead", ""));
+                set_unit(
+                    f,
+                    unit("systemd-nspawn@kube1.service", "inactive", "dead", ""),
+                );
                 f.kubelet = KubeletView::Inactive {
                     machine: "kube1".into(),
                     detail: "Failed to connect to machine".into(),
@@ -166,7 +182,12 @@ fn assess_table() {
         ),
         (
             "the other machine stopped is fine",
-            |f| set_unit(f, unit("systemd-nspawn@kube2.service", "failed", "failed", "")),
+            |f| {
+                set_unit(
+                    f,
+                    unit("systemd-nspawn@kube2.service", "failed", "failed", ""),
+                )
+            },
             &[],
         ),
         (

@@ -42,7 +42,10 @@ fn healthy_host(info: FakeHostInfo) -> FakeHost {
     }))
     .unwrap();
     JsonStore::at(fs.clone(), RECORD_PATH).save(&rec).unwrap();
-    for (uid, at) in [("u-old", "2026-12-01T09:00:00Z"), ("u-new", "2026-12-01T10:00:00Z")] {
+    for (uid, at) in [
+        ("u-old", "2026-12-01T09:00:00Z"),
+        ("u-new", "2026-12-01T10:00:00Z"),
+    ] {
         RecordStore::new(fs.clone())
             .save(&Record {
                 version: 1,
@@ -69,7 +72,11 @@ fn healthy_host(info: FakeHostInfo) -> FakeHost {
 async fn gather_read_only(f: &FakeHost) -> Report {
     let before = tree_snapshot(f.root.path());
     let report = status(&f.host).await;
-    assert_eq!(tree_snapshot(f.root.path()), before, "status wrote something");
+    assert_eq!(
+        tree_snapshot(f.root.path()),
+        before,
+        "status wrote something"
+    );
     assert_eq!(f.systemd.calls(), READ_ONLY_SYSTEMD);
     for c in f.runner.calls() {
         assert!(
@@ -92,7 +99,10 @@ async fn healthy_host_reads_everything_and_writes_nothing() {
     assert!(r.healthy, "{:?}", r.problems);
     let facts = &r.facts;
     assert_eq!(facts.state.value().unwrap().active_machine, "kube1");
-    assert_eq!(facts.state.value().unwrap().applied_settings_version, "etag-7");
+    assert_eq!(
+        facts.state.value().unwrap().applied_settings_version,
+        "etag-7"
+    );
     assert_eq!(facts.agent.current.as_deref(), Some("blue"));
     assert_eq!(facts.agent.last_good.as_deref(), Some("blue"));
     assert_eq!(facts.upgrade.value().unwrap().stage, "finished");
@@ -192,7 +202,10 @@ async fn container_reports_the_image_digest() {
     let r = gather_read_only(&f).await;
     assert!(r.healthy, "{:?}", r.problems);
     assert_eq!(r.facts.agent.mode, "image");
-    assert_eq!(r.facts.agent.current.as_deref(), Some("reg.example/agent:2"));
+    assert_eq!(
+        r.facts.agent.current.as_deref(),
+        Some("reg.example/agent:2")
+    );
     assert_eq!(r.facts.agent.image_digest.as_deref(), Some("sha256:abc"));
 }
 
