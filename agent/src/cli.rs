@@ -1,7 +1,7 @@
 //! The command line: `start` (`bootstrap`), `daemon` (`agent`), `reset` (`unbootstrap`),
-//! `preflight`, `version` and `token kubelogin`, with upstream's messages and exit codes: on
-//! failure `Command execution failed: <error>` on stderr and exit code 1; usage errors also
-//! exit 1.
+//! `preflight`, `status`, `version` and `token kubelogin`, with upstream's messages and exit
+//! codes: on failure `Command execution failed: <error>` on stderr and exit code 1; usage errors
+//! also exit 1.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -53,6 +53,17 @@ pub struct PreflightArgs {
     pub output: String,
 }
 
+/// `status` flags.
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    /// Output format: text or json
+    #[arg(long, default_value = "text", value_name = "FORMAT")]
+    pub output: String,
+    /// Read the node's files under this directory instead of `/` (tests)
+    #[arg(long, hide = true, value_name = "DIR")]
+    pub root: Option<PathBuf>,
+}
+
 /// Subcommands, in upstream's order.
 #[derive(Debug, Subcommand)]
 pub enum Command {
@@ -73,6 +84,9 @@ pub enum Command {
     /// Remove AKS node configuration and Arc connection
     #[command(visible_alias = "unbootstrap")]
     Reset,
+    /// Print the node's health: active machine, applied goal, agent, upgrade, operations, units,
+    /// kubelet (exit code 0 when healthy, 1 with the reasons otherwise; changes nothing)
+    Status(StatusArgs),
     /// Print version information
     Version,
     /// Kubernetes exec based authentication provider
@@ -174,7 +188,8 @@ pub enum OperationCommand {
         #[arg(long, value_name = "PATH", default_value = config::DEFAULT_CONFIG_PATH)]
         config: PathBuf,
     },
-    /// Print the last AgentUpgrade's record (it finishes after the agent's restart)
+    /// Print the last AgentUpgrade's record (it finishes after the agent's restart); `status`
+    /// shows it with the rest of the node's health
     Status,
 }
 
@@ -372,6 +387,28 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Version => {
             print!("{}", crate::version::render());
             Ok(())
+        }
+        Command::Status(a) => {
+            let format = OutputFormat::parse(&a.output).map_err(|e| anyhow::anyhow!(e))?;
+            let mut host = Host::real().await?;
+            if let Some(root) = a.root {
+                host.fs = crate::fs::HostFs::new(root);
+            }
+            let report = crate::flows::status::status(&host).await;
+            match format {
+                OutputFormat::Text => print!("{}", crate::flows::status::render_text(&report)),
+                OutputFormat::Json => print!("{}", crate::flows::status::render_json(&report)),
+            }
+            if report.healthy {
+                Ok(())
+            } else {
+                let reasons: Vec<String> = report
+                    .problems
+                    .iter()
+                    .map(|p| format!("{}: {}", p.code, p.message))
+                    .collect();
+                anyhow::bail!("node not healthy: {}", reasons.join("; "))
+            }
         }
         Command::Preflight(a) => {
             let format = OutputFormat::parse(&a.output).map_err(|e| anyhow::anyhow!(e))?;

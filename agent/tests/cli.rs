@@ -806,3 +806,39 @@ fn bootstrap_dry_run_rejects_bad_env_files_naming_the_field() {
     }
     assert_eq!(bootstrap_host_paths(), before, "a host path changed");
 }
+
+/// `status` through the real binary on a node that was never bootstrapped: the files are an
+/// empty temporary root (`--root`, the test-only override); systemd is the real one of the
+/// machine running the tests (only asked `systemctl show`), so an unreachable systemd may be
+/// reported too. Exit code 1 and the reason in both outputs; the root stays empty.
+#[test]
+fn status_on_a_never_bootstrapped_node_says_so_in_both_outputs() {
+    let root = tempfile::tempdir().unwrap();
+    for (format, needle) in [("text", "NotBootstrapped"), ("json", "\"NotBootstrapped\"")] {
+        let out = bin()
+            .args(["status", "--output", format, "--root"])
+            .arg(root.path())
+            .env_remove("AKS_FLEX_NODE_SYSTEMD_BACKEND")
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{format}: {stdout}\n{stderr}");
+        assert!(stdout.contains(needle), "{format} stdout: {stdout}");
+        assert!(
+            stderr.contains("node not healthy") && stderr.contains("never bootstrapped"),
+            "{format} stderr: {stderr}"
+        );
+        if format == "json" {
+            let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+            assert_eq!(v["schema"], "aks-flex-node.status/v1");
+            assert_eq!(v["healthy"], false);
+            assert_eq!(v["state"]["status"], "missing");
+        }
+    }
+    assert_eq!(
+        std::fs::read_dir(root.path()).unwrap().count(),
+        0,
+        "status wrote nothing"
+    );
+}

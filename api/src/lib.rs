@@ -29,5 +29,6 @@ pub mod kube_errors;
 pub mod machina;
 pub mod operations;
 pub mod repave;
+pub mod status;
 pub mod upgrade;
 pub mod versions;

@@ -22,6 +22,7 @@ pub mod groups;
 pub mod guest_json;
 pub mod images;
 pub mod kvm;
+pub mod node_status;
 pub mod provision;
 pub mod qemu;
 pub mod qmp;

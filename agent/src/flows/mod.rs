@@ -23,5 +23,6 @@ pub mod repave;
 pub mod reset;
 pub mod setup_host;
 pub mod start;
+pub mod status;
 pub mod token;
 pub mod upgrade;
