@@ -629,7 +629,7 @@ async fn force(c: &Ctx<'_>, case: &Case) -> anyhow::Result<Forced> {
             sh(
                 c,
                 &format!(
-                    "systemctl restart {AGENT_UNIT} && systemctl is-active --quiet {AGENT_UNIT}"
+                    "systemctl restart {AGENT_UNIT} && for i in $(seq 300); do ctr -n aks-flex tasks ls | grep -q '^aks-flex-agent .*RUNNING' && exit 0; sleep 1; done; echo 'the re-armed agent did not run within 300 s' >&2; exit 1"
                 ),
                 Duration::from_secs(300),
             )
@@ -749,7 +749,7 @@ async fn force(c: &Ctx<'_>, case: &Case) -> anyhow::Result<Forced> {
             let said = c
                 .output(
                     &format!(
-                        "journalctl -b -o cat --no-pager --since @{since} -u {BOOTSTRAP_UNIT} | grep -i -m1 'no space left'"
+                        "journalctl -b -o cat --no-pager --since @{since} -u {BOOTSTRAP_UNIT} | grep -Ei -m1 'no space left|os error 28'"
                     ),
                     T,
                 )
