@@ -43,6 +43,8 @@ const POLL: Duration = Duration::from_secs(2);
 const REACH_TIMEOUT: Duration = Duration::from_secs(1200);
 /// How long the node has, from the cut, to be healthy again.
 const RECOVERY_TIMEOUT: Duration = Duration::from_secs(600);
+/// How long unchanged problems, with none of the agent's units activating, end the wait.
+const STUCK: Duration = Duration::from_secs(150);
 const BOOT_TIMEOUT: Duration = Duration::from_secs(600);
 const OPERATION_TIMEOUT: Duration = Duration::from_secs(600);
 
@@ -287,6 +289,17 @@ pub struct Health {
     pub records: Vec<(String, String)>,
     /// `systemctl is-active` of the bootstrap unit.
     pub bootstrap: String,
+    /// `systemctl is-active` of the recovery unit.
+    pub recovery: String,
+}
+
+impl Health {
+    /// Whether a unit of the agent is on its way (starting, in its restart delay, recovering).
+    pub fn moving(&self) -> bool {
+        [&self.agent, &self.bootstrap, &self.recovery]
+            .iter()
+            .any(|s| matches!(s.as_str(), "activating" | "deactivating" | "reloading"))
+    }
 }
 
 /// The probe script [`parse_health`] reads.
@@ -294,6 +307,7 @@ pub fn health_script() -> String {
     "echo \"agent=$(systemctl is-active aks-flex-node-agent.service)\"; \
      test -e /etc/systemd/system/aks-flex-node-agent.service && echo unit_file=yes; \
      echo \"bootstrap=$(systemctl is-active aks-flex-node-bootstrap.service)\"; \
+     echo \"recovery=$(systemctl is-active aks-flex-node-recovery.service)\"; \
      ctr -n aks-flex tasks ls 2>/dev/null | awk '$1==\"aks-flex-agent\"{print \"task=\" $3}'; \
      for p in /etc/aks-flex-node/daemon-state.json /etc/aks-flex-node/repave-state.json /etc/aks-flex-node/upgrade/pending.json; do \
        test -e $p || continue; \
@@ -321,6 +335,7 @@ pub fn parse_health(text: &str) -> Health {
             "agent" => h.agent = v,
             "unit_file" => h.agent_unit_file = v == "yes",
             "bootstrap" => h.bootstrap = v,
+            "recovery" => h.recovery = v,
             "task" => h.task = v,
             "machine" => h.machine = v,
             "machine_state" => h.machine_state = v,
@@ -408,20 +423,24 @@ async fn health(c: &Ctx<'_>) -> anyhow::Result<Health> {
     Ok(parse_health(&o.stdout))
 }
 
-/// The problems now (node, and the upgrade when `upgrade`).
-async fn problems(c: &Ctx<'_>, upgrade: bool) -> anyhow::Result<Vec<String>> {
-    let mut bad = verdict(&health(c).await?);
+/// The problems now (node, and the upgrade when `upgrade`), and whether anything is still
+/// moving (a unit of the agent activating).
+async fn problems(c: &Ctx<'_>, upgrade: bool) -> anyhow::Result<(Vec<String>, bool)> {
+    let h = health(c).await?;
+    let mut bad = verdict(&h);
     if upgrade && bad.is_empty() {
         let o = c.output(&status::probe_script(), T).await?;
         bad.extend(upgrade_verdict(&status::parse_probe(&o.stdout)));
     }
-    Ok(bad)
+    Ok((bad, h.moving()))
 }
 
-/// Waits until the node is healthy; the time it took, or the last problems seen.
+/// Waits until the node is healthy; the time it took, or the last problems seen. It gives up
+/// early when the same problems stay for [`STUCK`] with none of the agent's units activating:
+/// nothing is left to repair them.
 async fn wait_healthy(c: &Ctx<'_>, upgrade: bool) -> Result<Duration, String> {
     let t0 = Instant::now();
-    let last = Mutex::new(String::new());
+    let last = Mutex::new((String::new(), Instant::now()));
     let last = &last;
     let r = flex_host::retry::wait_until(
         "the node to be healthy",
@@ -429,11 +448,17 @@ async fn wait_healthy(c: &Ctx<'_>, upgrade: bool) -> Result<Duration, String> {
         POLL,
         || async move {
             match problems(c, upgrade).await {
-                Ok(b) if b.is_empty() => Ok(()),
-                Ok(b) => {
+                Ok((b, _)) if b.is_empty() => Ok(Ok(t0.elapsed())),
+                Ok((b, moving)) => {
                     let s = b.join("; ");
-                    if let Ok(mut l) = last.lock() {
-                        l.clone_from(&s);
+                    let mut l = last.lock().unwrap_or_else(|e| e.into_inner());
+                    if l.0 != s || moving {
+                        *l = (s.clone(), Instant::now());
+                    } else if l.1.elapsed() >= STUCK {
+                        return Ok(Err(format!(
+                            "stuck for {} with nothing of the agent activating: {s}",
+                            secs(STUCK)
+                        )));
                     }
                     Err(s)
                 }
@@ -443,9 +468,9 @@ async fn wait_healthy(c: &Ctx<'_>, upgrade: bool) -> Result<Duration, String> {
     )
     .await;
     match r {
-        Ok(()) => Ok(t0.elapsed()),
+        Ok(r) => r,
         Err(e) => {
-            let seen = last.lock().map(|l| l.clone()).unwrap_or_default();
+            let seen = last.lock().map(|l| l.0.clone()).unwrap_or_default();
             Err(if seen.is_empty() { e.last_seen } else { seen })
         }
     }
@@ -852,7 +877,7 @@ async fn baseline(c: &Ctx<'_>) -> anyhow::Result<Checked> {
         rows.clear();
     }
     let _ = c.output(&disarm_script(), T).await;
-    let bad = problems(c, false).await?;
+    let (bad, _) = problems(c, false).await?;
     ensure(bad.is_empty(), || {
         format!(
             "the node is not healthy before any fault: {}",
