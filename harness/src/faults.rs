@@ -974,7 +974,8 @@ mod tests {
     #[test]
     fn verdict_table() {
         assert_eq!(verdict(&healthy()), Vec::<String>::new());
-        let cases: &[(&dyn Fn(&mut Health), &str)] = &[
+        type Change = dyn Fn(&mut Health);
+        let cases: &[(&Change, &str)] = &[
             (&|h| h.agent_unit_file = false, "no agent unit installed"),
             (&|h| h.agent = "inactive".into(), "agent unit inactive"),
             (&|h| h.task = String::new(), "agent task none"),
