@@ -471,7 +471,11 @@ async fn wait_healthy(c: &Ctx<'_>, upgrade: bool) -> Result<Duration, String> {
         Ok(r) => r,
         Err(e) => {
             let seen = last.lock().map(|l| l.0.clone()).unwrap_or_default();
-            Err(if seen.is_empty() { e.last_seen } else { seen })
+            Err(format!(
+                "still after {}: {}",
+                secs(RECOVERY_TIMEOUT),
+                if seen.is_empty() { e.last_seen } else { seen }
+            ))
         }
     }
 }
@@ -481,7 +485,7 @@ async fn wait_healthy(c: &Ctx<'_>, upgrade: bool) -> Result<Duration, String> {
 async fn agent_did(c: &Ctx<'_>, since: &str) -> String {
     let script = format!(
         "journalctl -b -o cat --no-pager --since @{since} -u {AGENT_UNIT} -u {RECOVERY_UNIT} -u {BOOTSTRAP_UNIT} -u 'harness-fault-*' 2>/dev/null \
-         | grep -v ' DEBUG ' | grep -Ei 'WARN|ERROR|fail|roll|recover|resum|already bootstrapped|unreadable|no space|upgrade|fault point' \
+         | grep -v ' DEBUG ' | grep -Ev 'HTTP\\{{|CertificateSigningRequest|kube client|discover|retrying' | grep -Ei 'WARN|ERROR|fail|roll|recover|resum|already bootstrapped|unreadable|no space|upgrade|fault point' \
          | sed -e 's/\\x1b\\[[0-9;]*m//g' | cut -c1-160 | tail -n 4"
     );
     match c.output(&script, T).await {
@@ -839,14 +843,7 @@ async fn run_case(c: &Ctx<'_>, case: &Case) -> anyhow::Result<Checked> {
             let did = format!("{}; {}", f.note, agent_did(c, &f.since).await);
             match r {
                 Ok(d) => (Outcome::Passed, did, Some(d)),
-                Err(last) => (
-                    Outcome::Failed(format!(
-                        "not recovered within {}: {last}",
-                        secs(RECOVERY_TIMEOUT)
-                    )),
-                    did,
-                    None,
-                ),
+                Err(last) => (Outcome::Failed(format!("not recovered: {last}")), did, None),
             }
         }
     };
