@@ -745,7 +745,8 @@ async fn force(c: &Ctx<'_>, case: &Case) -> anyhow::Result<Forced> {
                 since,
                 note: format!(
                     "registry blocked; operation {}",
-                    r.map(|r| r.to_string()).unwrap_or_default()
+                    r.map(|r| r.to_string().chars().take(160).collect::<String>())
+                        .unwrap_or_default()
                 ),
                 upgrade: true,
             })
