@@ -19,6 +19,7 @@ pub const GROUPS: &[Group] = &[
     crate::checks::CONTAINER,
     crate::checks::BOOTSTRAP,
     crate::checks::RESET,
+    crate::faults::GROUP,
     crate::cluster::checks::NODE_JOIN,
     crate::cluster::checks::REPAVE,
     crate::cluster::checks::MACHINE_OPERATIONS,

@@ -17,6 +17,7 @@ pub mod check;
 pub mod checks;
 pub mod cluster;
 pub mod devhost;
+pub mod faults;
 pub mod fixtures;
 pub mod groups;
 pub mod guest_json;

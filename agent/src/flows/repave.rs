@@ -336,7 +336,11 @@ pub async fn run(
         let result: Result<(), SeamError> = match &step {
             Step::Record(p) => {
                 journal.phase = *p;
-                stores.journal.save(&journal).map_err(SeamError::transient)
+                let saved = stores.journal.save(&journal).map_err(SeamError::transient);
+                if saved.is_ok() {
+                    flex_host::fault::point(&format!("repave.phase:{p:?}").to_lowercase());
+                }
+                saved
             }
             Step::Provision(m) => ops.provision(m, &journal.kubernetes_version).await,
             Step::Stop(m) => ops.stop(m).await,

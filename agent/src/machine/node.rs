@@ -137,6 +137,7 @@ impl NodeMachines {
         })
         .await
         .map_err(SeamError::transient)?;
+        flex_host::fault::point(&format!("provision.after-rootfs:{machine}"));
         step("install-components", async {
             components::install_components(
                 host,

@@ -252,7 +252,9 @@ impl Upgrader {
     fn save(&self, r: &UpgradeRecord) -> Result<(), UpgradeError> {
         self.store()
             .save(r)
-            .map_err(|e| step("record the upgrade")(e.to_string()))
+            .map_err(|e| step("record the upgrade")(e.to_string()))?;
+        flex_host::fault::point(&format!("upgrade.phase:{}", stage_name(r.stage)));
+        Ok(())
     }
 
     /// Saves `r` finished with `result`, logging a failure to save (the result is also
@@ -831,16 +833,22 @@ impl Upgrader {
     }
 }
 
+/// A stage as the record and `operation status` spell it (also the fault points
+/// `upgrade.phase:<stage>`, reached right after each save of the record).
+fn stage_name(s: Stage) -> &'static str {
+    match s {
+        Stage::Staged => "staged",
+        Stage::Switched => "switched",
+        Stage::Finished => "finished",
+    }
+}
+
 /// The record as `aks-flex-node operation status` prints it: YAML lines `stage`, `phase`,
 /// `reason`, `message`, `candidate`, `previous` (and `operation` when it came from the
 /// cluster).
 pub fn render_record(r: &UpgradeRecord) -> String {
     use crate::machina::yaml_scalar;
-    let stage = match r.stage {
-        Stage::Staged => "staged",
-        Stage::Switched => "switched",
-        Stage::Finished => "finished",
-    };
+    let stage = stage_name(r.stage);
     let (phase, reason, message) = match &r.result {
         Some(res) => (
             res.phase.to_string(),
