@@ -184,7 +184,7 @@ const fn plain(id: &'static str, scenario: Scenario) -> Case {
 }
 
 cases! {
-    w1_state: "window 1: kill -9 of start between daemon-state.json and its .sha256" =>
+    w1_state: "window 1: kill -9 of start midway through saving daemon-state.json" =>
         case("w1-state", "store.save-midway:daemon-state.json", Unit::Bootstrap, Cut::Kill, Scenario::Start);
     w1_journal: "window 1: a repave's Starting journal (repave-state.json) interrupted" =>
         case("w1-journal", "store.save-midway:repave-state.json", Unit::Agent, Cut::Kill, Scenario::Skip(NO_REPAVE));
@@ -285,7 +285,7 @@ pub struct Health {
     pub machine_state: String,
     /// `systemctl is-active kubelet.service` inside it.
     pub kubelet: String,
-    /// `name:ok|nosum|mismatch` for each two-file record that exists.
+    /// Each record that exists and `ok` or what is wrong with it.
     pub records: Vec<(String, String)>,
     /// `systemctl is-active` of the bootstrap unit.
     pub bootstrap: String,
@@ -311,9 +311,8 @@ pub fn health_script() -> String {
      ctr -n aks-flex tasks ls 2>/dev/null | awk '$1==\"aks-flex-agent\"{print \"task=\" $3}'; \
      for p in /etc/aks-flex-node/daemon-state.json /etc/aks-flex-node/repave-state.json /etc/aks-flex-node/upgrade/pending.json; do \
        test -e $p || continue; \
-       if ! test -e $p.sha256; then s=nosum; \
-       elif [ \"$(sha256sum < $p | cut -d' ' -f1)\" = \"$(tr -d ' \\n' < $p.sha256)\" ]; then s=ok; else s=mismatch; fi; \
-       echo \"record=$(basename $p):$s\"; done; \
+       if test -e $p.sha256; then c=$(base64 -w0 < $p.sha256); else c=-; fi; \
+       echo \"recordb64=$(basename $p):$(base64 -w0 < $p):$c\"; done; \
      m=$(sed -n 's/.*\"activeMachine\": *\"\\([^\"]*\\)\".*/\\1/p' /etc/aks-flex-node/daemon-state.json 2>/dev/null); \
      echo \"machine=$m\"; \
      if [ -n \"$m\" ]; then \
@@ -321,6 +320,29 @@ pub fn health_script() -> String {
        echo \"kubelet=$(timeout 60 systemd-run --machine=$m --pipe --wait --quiet systemctl is-active kubelet.service 2>/dev/null)\"; \
      fi; true"
         .to_string()
+}
+
+/// `ok`, or what is wrong with the guest's record `name` (its bytes and its legacy sidecar's,
+/// base64; the sidecar `-` when there is none), judged by the harness's own reading of the
+/// format ([`crate::guest_json::record_integrity`]).
+fn record_status(name: &str, file_b64: &str, sidecar_b64: &str) -> String {
+    use base64::Engine as _;
+    let decode = |b64: &str| {
+        base64::engine::general_purpose::STANDARD
+            .decode(b64.trim())
+            .map(|b| String::from_utf8_lossy(&b).into_owned())
+    };
+    let Ok(text) = decode(file_b64) else {
+        return format!("{name}: the guest's copy did not decode");
+    };
+    let sidecar = match sidecar_b64.trim() {
+        "-" => None,
+        b64 => decode(b64).ok(),
+    };
+    match crate::guest_json::record_integrity(name, &text, sidecar.as_deref()) {
+        Ok(()) => "ok".to_string(),
+        Err(e) => e,
+    }
 }
 
 /// Parses [`health_script`]'s output.
@@ -345,6 +367,15 @@ pub fn parse_health(text: &str) -> Health {
                     h.records.push((name.to_string(), s.to_string()));
                 }
             }
+            "recordb64" => {
+                let mut parts = v.splitn(3, ':');
+                if let (Some(name), Some(file), Some(sidecar)) =
+                    (parts.next(), parts.next(), parts.next())
+                {
+                    h.records
+                        .push((name.to_string(), record_status(name, file, sidecar)));
+                }
+            }
             _ => {}
         }
     }
@@ -352,7 +383,8 @@ pub fn parse_health(text: &str) -> Health {
 }
 
 /// What is wrong with the node, empty when it is healthy: the agent's unit installed, active,
-/// its task running; every two-file record readable (JSON matching its `.sha256`); an active
+/// its task running; every record loadable (an envelope whose payload matches its sha256, or a
+/// legacy JSON matching its `.sha256`); an active
 /// machine in the daemon state, running, with kubelet active inside it.
 pub fn verdict(h: &Health) -> Vec<String> {
     let mut bad = Vec::new();
@@ -364,13 +396,10 @@ pub fn verdict(h: &Health) -> Vec<String> {
     } else if h.task != "RUNNING" {
         bad.push(format!("agent task {}", or_none(&h.task)));
     }
-    for (name, s) in &h.records {
-        match s.as_str() {
-            "ok" => {}
-            "nosum" => bad.push(format!("unreadable record: {name} without its .sha256")),
-            _ => bad.push(format!(
-                "unreadable record: {name} does not match its .sha256"
-            )),
+    // Each status names its record (record_status's messages start with it).
+    for (_, s) in &h.records {
+        if s != "ok" {
+            bad.push(format!("unreadable record: {s}"));
         }
     }
     if h.machine.is_empty() {
@@ -978,12 +1007,25 @@ mod tests {
             (&|h| h.agent = "inactive".into(), "agent unit inactive"),
             (&|h| h.task = String::new(), "agent task none"),
             (
-                &|h| h.records = vec![("daemon-state.json".into(), "nosum".into())],
-                "unreadable record: daemon-state.json without its .sha256",
+                &|h| {
+                    let legacy = base64::Engine::encode(
+                        &base64::engine::general_purpose::STANDARD,
+                        "{\"activeMachine\": \"kube1\"}\n",
+                    );
+                    *h = parse_health(&format!(
+                        "agent=active\nunit_file=yes\ntask=RUNNING\nmachine=kube1\nmachine_state=running\nkubelet=active\nrecordb64=daemon-state.json:{legacy}:-\n"
+                    ));
+                },
+                "unreadable record: daemon-state.json: a legacy record without its .sha256",
             ),
             (
-                &|h| h.records = vec![("pending.json".into(), "mismatch".into())],
-                "unreadable record: pending.json does not match its .sha256",
+                &|h| {
+                    h.records = vec![(
+                        "pending.json".into(),
+                        "pending.json: its payload does not match its sha256".into(),
+                    )]
+                },
+                "unreadable record: pending.json: its payload does not match its sha256",
             ),
             (
                 &|h| h.machine = String::new(),
