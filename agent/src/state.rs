@@ -168,6 +168,12 @@ impl BootstrapMark {
     }
 }
 
+/// Where `start` marks that a bootstrap began, before it changes the host (same format as the
+/// complete mark). With no daemon state beside it, a `start` was cut short before its machine
+/// came up: its own machine may hold the ports preflight checks, so `bootstrap-node` runs
+/// `start` again without preflight (which that earlier run passed).
+pub const BOOTSTRAP_STARTED_PATH: &str = "/etc/aks-flex-node/bootstrap-started.json";
+
 /// The bootstrap mark's store.
 pub type BootstrapMarkStore = JsonStore<BootstrapMark>;
 
@@ -175,6 +181,11 @@ impl BootstrapMarkStore {
     /// The mark at [`BOOTSTRAP_MARK_PATH`].
     pub fn new(fs: HostFs) -> Self {
         Self::at(fs, BOOTSTRAP_MARK_PATH)
+    }
+
+    /// The "bootstrap started" mark at [`BOOTSTRAP_STARTED_PATH`].
+    pub fn started(fs: HostFs) -> Self {
+        Self::at(fs, BOOTSTRAP_STARTED_PATH)
     }
 
     /// Whether the mark is there and readable (a damaged mark counts as none: the finishing

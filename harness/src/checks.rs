@@ -463,7 +463,7 @@ async fn run_reset(c: &Ctx<'_>) -> anyhow::Result<()> {
 
 /// Writes bootstrap.env in the guest. The content goes on stdin, not in an argument: with a
 /// cluster it holds a real bootstrap token, which an error would otherwise show.
-async fn write_bootstrap_env(c: &Ctx<'_>, env: &str) -> anyhow::Result<()> {
+pub(crate) async fn write_bootstrap_env(c: &Ctx<'_>, env: &str) -> anyhow::Result<()> {
     c.guest()
         .sh_stdin(
             "mkdir -p /etc/aks-flex-node && umask 077 && cat > /etc/aks-flex-node/bootstrap.env",

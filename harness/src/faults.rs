@@ -21,7 +21,7 @@ use crate::check::{Ctx, Group, Needs, check, ensure, secs};
 use crate::qmp::Qmp;
 use crate::report::{Checked, Outcome};
 use crate::ssh::shell_quote;
-use crate::upgrade::candidates::{self, Kind};
+use crate::upgrade::candidates::Kind;
 use crate::upgrade::status::{self, Probe, short};
 
 /// The agent's unit.
@@ -602,14 +602,7 @@ async fn cut(c: &Ctx<'_>, unit: Unit, how: Cut) -> anyhow::Result<()> {
 
 async fn write_bootstrap_env(c: &Ctx<'_>) -> anyhow::Result<()> {
     let env = c.state.bootstrap_env.clone().unwrap_or_default();
-    c.guest()
-        .sh_stdin(
-            "mkdir -p /etc/aks-flex-node && umask 077 && cat > /etc/aks-flex-node/bootstrap.env",
-            &flex_host::secret::Secret::new(env),
-            &[],
-        )
-        .await?;
-    Ok(())
+    crate::checks::write_bootstrap_env(c, &env).await
 }
 
 async fn reset_node(c: &Ctx<'_>) -> anyhow::Result<()> {
@@ -632,20 +625,7 @@ fn upgrade_command(image: &str) -> String {
 }
 
 async fn candidate(c: &Ctx<'_>, kind: Kind) -> anyhow::Result<String> {
-    let reg = c
-        .state
-        .registry
-        .as_ref()
-        .ok_or_else(|| anyhow::anyhow!("up recorded no registry"))?;
-    let client = crate::vm::registry_client(&reg.host_addr())?;
-    let (rec, _) = candidates::ensure(
-        &client,
-        &c.state.work,
-        &reg.host_addr(),
-        &reg.guest_addr(),
-        &c.state.agent_image,
-    )
-    .await?;
+    let (rec, _) = crate::upgrade::ensure_candidates(c).await?;
     Ok(rec.reference(kind).to_string())
 }
 

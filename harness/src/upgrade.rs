@@ -315,21 +315,27 @@ async fn running_agent(c: &Ctx<'_>) -> anyhow::Result<Probe> {
     Ok(p)
 }
 
-async fn candidates_ready(c: &Ctx<'_>) -> anyhow::Result<Checked> {
+/// The candidate images in the registry `up` started (built and pushed when missing), and why
+/// they were (re)built or reused.
+pub(crate) async fn ensure_candidates(c: &Ctx<'_>) -> anyhow::Result<(Record, String)> {
     let reg = c
         .state
         .registry
         .as_ref()
         .ok_or_else(|| anyhow::anyhow!("up recorded no registry"))?;
     let client = crate::vm::registry_client(&reg.host_addr())?;
-    let (rec, why) = candidates::ensure(
+    candidates::ensure(
         &client,
         &c.state.work,
         &reg.host_addr(),
         &reg.guest_addr(),
         &c.state.agent_image,
     )
-    .await?;
+    .await
+}
+
+async fn candidates_ready(c: &Ctx<'_>) -> anyhow::Result<Checked> {
+    let (rec, why) = ensure_candidates(c).await?;
     Ok(Checked::passed_with(format!(
         "{why}; good {}, broken {}",
         short(&rec.good),

@@ -154,6 +154,10 @@ pub fn seeded_state(goal: &GoalState) -> DaemonState {
 pub enum BootstrapProgress {
     /// No daemon state: bootstrap from the beginning.
     NotStarted,
+    /// `start` began (its "started" mark is there) but was cut short before it saved the daemon
+    /// state: run `start` again (it is idempotent), without preflight, which that run passed
+    /// and which its own half-started machine would now fail (ports in use).
+    Interrupted,
     /// The daemon state is saved (the node's machine came up) but the bootstrap is not marked
     /// complete: `start` was cut short before its last steps, or an agent that wrote no mark
     /// bootstrapped the node. Finish it: [`finish_bootstrap`].
@@ -162,12 +166,14 @@ pub enum BootstrapProgress {
     Complete,
 }
 
-/// Decides [`BootstrapProgress`] from whether the mark and the daemon state are there.
-pub fn bootstrap_progress(marked: bool, state_saved: bool) -> BootstrapProgress {
-    match (marked, state_saved) {
-        (true, _) => BootstrapProgress::Complete,
-        (false, true) => BootstrapProgress::Unfinished,
-        (false, false) => BootstrapProgress::NotStarted,
+/// Decides [`BootstrapProgress`] from whether the complete mark, the daemon state and the
+/// started mark are there.
+pub fn bootstrap_progress(marked: bool, state_saved: bool, started: bool) -> BootstrapProgress {
+    match (marked, state_saved, started) {
+        (true, _, _) => BootstrapProgress::Complete,
+        (false, true, _) => BootstrapProgress::Unfinished,
+        (false, false, true) => BootstrapProgress::Interrupted,
+        (false, false, false) => BootstrapProgress::NotStarted,
     }
 }
 
@@ -176,6 +182,8 @@ pub fn progress_on(host: &Host) -> BootstrapProgress {
     bootstrap_progress(
         BootstrapMarkStore::new(host.fs.clone()).is_marked(),
         host.fs.exists(Path::new(crate::state::STATE_PATH)),
+        host.fs
+            .exists(Path::new(crate::state::BOOTSTRAP_STARTED_PATH)),
     )
 }
 
@@ -231,6 +239,10 @@ pub async fn run_start(
     let state = seeded_state(&goal);
     let store = StateStore::new(host.fs.clone());
     let flow = async {
+        step("mark-bootstrap-started", async {
+            BootstrapMarkStore::started(host.fs.clone()).save(&BootstrapMark::now())
+        })
+        .await?;
         step(
             "setup-host",
             crate::flows::setup_host::setup_host(host, config),

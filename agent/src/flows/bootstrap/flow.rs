@@ -28,7 +28,7 @@ use crate::config::{self, Config, DEFAULT_CONFIG_PATH};
 use crate::context::Host;
 use crate::flows::preflight::{self, RemoteProbe};
 use crate::flows::start::{BootstrapProgress, NodeStarter};
-use crate::state::{BOOTSTRAP_MARK_PATH, STATE_PATH};
+use crate::state::{BOOTSTRAP_MARK_PATH, BOOTSTRAP_STARTED_PATH, STATE_PATH};
 
 use super::inputs::{CONFIG, Inputs};
 use super::render::render;
@@ -128,7 +128,8 @@ pub async fn run(
     if euid != 0 {
         anyhow::bail!("aks-flex-node bootstrap must run as root (running as uid {euid})");
     }
-    match crate::flows::start::progress_on(host) {
+    let progress = crate::flows::start::progress_on(host);
+    match progress {
         BootstrapProgress::Complete => {
             writeln!(
                 out,
@@ -149,7 +150,7 @@ pub async fn run(
             write!(out, "{}", crate::flows::start::START_SUCCESS)?;
             return Ok(Outcome::Finished);
         }
-        BootstrapProgress::NotStarted => {}
+        BootstrapProgress::NotStarted | BootstrapProgress::Interrupted => {}
     }
 
     let (config, bytes, source) = match &inputs.config {
@@ -185,10 +186,20 @@ pub async fn run(
         .context("write the config")?;
     writeln!(out, "[bootstrap] wrote {DEFAULT_CONFIG_PATH} from {source}")?;
 
-    let results = preflight::run_checks(host, &config, probe).await;
-    let report = preflight::build_report(results, std::slice::from_ref(&inputs.preflight_ignore));
-    write!(out, "{}", preflight::render_text(&report))?;
-    preflight::verdict(&report, false).map_err(|e| anyhow::anyhow!(e))?;
+    if progress == BootstrapProgress::Interrupted {
+        writeln!(
+            out,
+            "[bootstrap] an earlier start was cut short before the node's machine came up \
+             ({BOOTSTRAP_STARTED_PATH} exists, {STATE_PATH} does not): running start again \
+             without preflight, which that run passed and its half-started machine would fail"
+        )?;
+    } else {
+        let results = preflight::run_checks(host, &config, probe).await;
+        let report =
+            preflight::build_report(results, std::slice::from_ref(&inputs.preflight_ignore));
+        write!(out, "{}", preflight::render_text(&report))?;
+        preflight::verdict(&report, false).map_err(|e| anyhow::anyhow!(e))?;
+    }
 
     writeln!(out, "[bootstrap] running start")?;
     starter.start(host, &config).await?;

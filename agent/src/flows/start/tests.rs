@@ -212,15 +212,23 @@ fn goal_from_config_checks() {
 #[test]
 fn bootstrap_progress_table() {
     use BootstrapProgress::*;
-    for (marked, state, want) in [
-        (false, false, NotStarted),
-        (false, true, Unfinished),
-        (true, true, Complete),
+    for (marked, state, started, want) in [
+        (false, false, false, NotStarted),
+        // start cut short before its machine came up (the faults group's w1-state).
+        (false, false, true, Interrupted),
+        (false, true, false, Unfinished),
+        (false, true, true, Unfinished),
+        (true, true, true, Complete),
         // A mark without a state (a reset interrupted after it removed the state): the mark
         // wins; reset removes the whole directory.
-        (true, false, Complete),
+        (true, false, false, Complete),
+        (true, false, true, Complete),
     ] {
-        assert_eq!(bootstrap_progress(marked, state), want, "{marked} {state}");
+        assert_eq!(
+            bootstrap_progress(marked, state, started),
+            want,
+            "{marked} {state} {started}"
+        );
     }
 }
 

@@ -200,6 +200,33 @@ async fn a_state_without_the_complete_mark_is_finished_not_started_again() {
 }
 
 #[tokio::test]
+async fn a_start_cut_short_before_its_state_runs_again_without_preflight() {
+    // Real: the files (temporary root). Faked: start (records `start`), the host's runner.
+    // The disk as a `start` killed before it saved the daemon state leaves it: the started
+    // mark, no state, no complete mark (its machine may hold the ports preflight checks).
+    let f = healthy();
+    crate::state::BootstrapMarkStore::started(f.host.fs.clone())
+        .save(&crate::state::BootstrapMark::now())
+        .unwrap();
+    let start = FakeStart::default();
+    let (r, out) = go(&f, &full(), &start).await;
+    assert_eq!(r.unwrap(), Outcome::Started, "{out}");
+    let calls = start.calls();
+    assert!(
+        calls.len() == 1 && calls[0].starts_with("start "),
+        "{calls:?}"
+    );
+    assert!(config_file(&f).exists(), "the config is written again");
+    assert!(
+        f.runner.calls().is_empty(),
+        "no preflight: {:?}",
+        f.runner.calls()
+    );
+    assert!(out.contains("without preflight"), "{out}");
+    assert!(!out.contains("[preflight]"), "{out}");
+}
+
+#[tokio::test]
 async fn a_preflight_error_stops_before_start_unless_ignored() {
     let small = FakeHostInfo {
         var_lib_free: 1 << 30,
