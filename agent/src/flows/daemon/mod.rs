@@ -416,6 +416,9 @@ pub async fn upgrade_at_start(upgrader: &crate::flows::upgrade::Upgrader) {
     }
 }
 
+/// How long a daemon that cannot reach its cluster must stay up to prove the running agent.
+pub const PROVE_UNREACHABLE_AFTER: Duration = Duration::from_secs(30);
+
 /// The first delay between start attempts that could not reach the cluster.
 pub const START_RETRY_BASE: Duration = Duration::from_secs(5);
 /// The largest delay between start attempts.
@@ -481,6 +484,21 @@ pub async fn run_with(
     // server that cannot be reached (a disconnected site, a cluster not there yet) is retried
     // with backoff while the daemon stays up, rather than crash-looping the unit into its start
     // limit; SIGTERM ends the wait.
+    // A daemon that cannot reach its cluster (a disconnected site, the offline harness) proves
+    // itself by staying up PROVE_UNREACHABLE_AFTER instead: otherwise an upgrade there would
+    // never finish and every later one would be refused. Reaching the cluster first cancels it.
+    let early_proof = proven.clone().map(|p| {
+        let token = shutdown.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                () = tokio::time::sleep(PROVE_UNREACHABLE_AFTER) => match p.reconciled() {
+                    Ok(_) => tracing::info!(after_s = PROVE_UNREACHABLE_AFTER.as_secs(), "the running agent stayed up without reaching its cluster: proven"),
+                    Err(e) => tracing::error!(error = %format!("{e:#}"), "could not make the running agent last-good"),
+                },
+                () = token.cancelled() => {}
+            }
+        })
+    });
     let fs = &host.fs;
     let clients = until_reachable(&shutdown, || {
         let token = shutdown.clone();
@@ -499,6 +517,9 @@ pub async fn run_with(
         }
     })
     .await?;
+    if let Some(h) = early_proof {
+        h.abort();
+    }
     let Some(kube) = clients else {
         tracing::info!("daemon shutting down before it was ready");
         return Ok(());
