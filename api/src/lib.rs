@@ -10,6 +10,8 @@
 //! - [`duration`]: Go durations as the config and the controller's flags write them;
 //! - [`operations`]: MachineOperation results and reasons, the local record's data and the
 //!   decision layer (pure, table-tested);
+//! - [`node_state`]: the agent's state as its Node shows it (a condition and annotations;
+//!   Done, Working or Degraded);
 //! - [`repave`]: the repave decision (what the daemon does given its Node, the machine
 //!   resource and the daemon state);
 //! - [`upgrade`]: the agent upgrade's and recovery's state machines and the upgrade record;
@@ -27,6 +29,7 @@ pub mod image;
 #[cfg(feature = "client")]
 pub mod kube_errors;
 pub mod machina;
+pub mod node_state;
 pub mod operations;
 pub mod repave;
 pub mod status;

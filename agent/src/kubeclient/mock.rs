@@ -17,6 +17,8 @@ pub(crate) struct Seen {
     pub uri: String,
     /// The body.
     pub body: Vec<u8>,
+    /// The `Content-Type` header (empty when absent).
+    pub content_type: String,
 }
 
 impl Seen {
@@ -98,6 +100,12 @@ pub(crate) fn serve(
                     .map(|p| p.to_string())
                     .unwrap_or_default(),
                 body,
+                content_type: parts
+                    .headers
+                    .get(http::header::CONTENT_TYPE)
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or_default()
+                    .to_string(),
             };
             if let Ok(mut l) = seen_log.lock() {
                 l.push(seen.clone());

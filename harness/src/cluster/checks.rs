@@ -156,6 +156,11 @@ pub const NODE_JOIN: Group = Group {
             via in_cluster
         ),
         check!(
+            "the Node shows the agent Done on the active machine (condition and annotations)",
+            node_shows_agent_done,
+            via in_cluster
+        ),
+        check!(
             "a probe pod runs on the node and kubectl logs reaches it",
             probe_pod_runs,
             via in_cluster
@@ -175,6 +180,11 @@ pub const REPAVE: Group = Group {
             via in_cluster
         ),
         check!("a new Node is Ready", new_node_ready, via in_cluster),
+        check!(
+            "the new Node shows the agent Done on the new machine and goal",
+            node_shows_agent_done,
+            via in_cluster
+        ),
         check!(
             "the old machine is removed with its bpffs mount",
             old_machine_removed,
@@ -306,6 +316,40 @@ async fn active_machine_runs(e: &Env<'_>) -> anyhow::Result<Checked> {
         anyhow::bail!("the active machine {m} is {state:?}, not running");
     }
     Ok(Checked::passed_with(m))
+}
+
+/// The daemon's state on its Node ([`flex_api::node_state`]): the condition `True`
+/// (Done) and the annotations naming the active machine and goal version the daemon state
+/// holds.
+async fn node_shows_agent_done(e: &Env<'_>) -> anyhow::Result<Checked> {
+    let want = daemon_state(e.guest).await?;
+    let node = e.node();
+    let want = &want;
+    let a = poll(
+        &format!(
+            "the agent Done on Node {node} with machine {}",
+            want.active_machine
+        ),
+        NODE_READY_TIMEOUT,
+        e.pace,
+        || async move {
+            let json = e.kubectl.get_json(&["node", node]).await?;
+            Ok(match parse::node(&json)? {
+                None => Seen::Not("no Node".into()),
+                Some(n)
+                    if n.agent.status == "True"
+                        && n.agent.state == "Done"
+                        && n.agent.active_machine == want.active_machine
+                        && n.agent.goal_version == want.applied_settings_version =>
+                {
+                    Seen::Done(n.agent)
+                }
+                Some(n) => Seen::Not(n.agent.to_string()),
+            })
+        },
+    )
+    .await?;
+    Ok(Checked::passed_with(a.to_string()))
 }
 
 async fn probe_pod_runs(e: &Env<'_>) -> anyhow::Result<Checked> {

@@ -40,6 +40,46 @@ pub struct NodeView {
     /// `status.nodeInfo.bootID`: the boot id kubelet read, which is its machine's
     /// (systemd-nspawn gives each boot of a machine its own), not the VM's.
     pub boot_id: String,
+    /// What the agent's daemon publishes on the Node ([`flex_api::node_state`]).
+    pub agent: AgentOnNode,
+}
+
+/// The agent's condition and annotations on its Node (empty strings where absent).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AgentOnNode {
+    /// The condition's status (`True`: Done, `Unknown`: Working, `False`: Degraded).
+    pub status: String,
+    /// The condition's reason.
+    pub reason: String,
+    /// The condition's message.
+    pub message: String,
+    /// The state annotation (`Done`, `Working`, `Degraded`).
+    pub state: String,
+    /// The agent-version annotation.
+    pub agent_version: String,
+    /// The active-machine annotation.
+    pub active_machine: String,
+    /// The goal-version annotation.
+    pub goal_version: String,
+}
+
+impl std::fmt::Display for AgentOnNode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.status.is_empty() && self.state.is_empty() {
+            return f.write_str("no agent condition or annotations");
+        }
+        write!(
+            f,
+            "{} ({} {}: {}), agent {}, machine {}, goal {}",
+            self.state,
+            self.status,
+            self.reason,
+            self.message,
+            self.agent_version,
+            self.active_machine,
+            self.goal_version
+        )
+    }
 }
 
 impl std::fmt::Display for NodeView {
@@ -91,7 +131,28 @@ pub fn node(json: &str) -> anyhow::Result<Option<NodeView>> {
         })
         .map(|x| s(x, "/address"))
         .filter(|a| !a.is_empty());
+    use flex_api::node_state as ns;
+    let annotation = |k: &str| {
+        v.pointer("/metadata/annotations")
+            .and_then(|a| a.get(k))
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string()
+    };
+    let cond = conditions
+        .iter()
+        .find(|c| c.get("type").and_then(Value::as_str) == Some(ns::CONDITION_TYPE));
+    let agent = AgentOnNode {
+        status: cond.map(|c| s(c, "/status")).unwrap_or_default(),
+        reason: cond.map(|c| s(c, "/reason")).unwrap_or_default(),
+        message: cond.map(|c| s(c, "/message")).unwrap_or_default(),
+        state: annotation(ns::ANNOTATION_STATE),
+        agent_version: annotation(ns::ANNOTATION_AGENT_VERSION),
+        active_machine: annotation(ns::ANNOTATION_ACTIVE_MACHINE),
+        goal_version: annotation(ns::ANNOTATION_GOAL_VERSION),
+    };
     Ok(Some(NodeView {
+        agent,
         uid: s(&v, "/metadata/uid"),
         ready: is_ready,
         ready_detail: detail,
@@ -308,6 +369,43 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    /// The agent's condition and annotations as the daemon writes them (the names from
+    /// flex_api, the values as a real daemon published them on a by-hand cluster).
+    #[test]
+    fn the_agent_state_on_the_node() {
+        let n = json!({
+            "metadata": {"name": "flex-dev-node", "uid": "u1", "annotations": {
+                "aks-flex-node.azure.com/state": "Done",
+                "aks-flex-node.azure.com/agent-version": "0.3.0",
+                "aks-flex-node.azure.com/active-machine": "kube2",
+                "aks-flex-node.azure.com/goal-version": "etag-2",
+                "node.alpha.kubernetes.io/ttl": "0"
+            }},
+            "status": {"conditions": [
+                {"type": "Ready", "status": "True"},
+                {"type": "AKSFlexNodeAgent", "status": "True", "reason": "Reconciled", "message": "Done: machine goal settings version etag-2 applied"}
+            ]}
+        });
+        let a = node(&n.to_string()).unwrap().unwrap().agent;
+        assert_eq!(
+            (a.status.as_str(), a.reason.as_str(), a.state.as_str()),
+            ("True", "Reconciled", "Done")
+        );
+        assert_eq!(
+            (
+                a.agent_version.as_str(),
+                a.active_machine.as_str(),
+                a.goal_version.as_str()
+            ),
+            ("0.3.0", "kube2", "etag-2")
+        );
+        assert!(
+            a.to_string()
+                .starts_with("Done (True Reconciled: Done: machine goal"),
+            "{a}"
+        );
+    }
+
     #[test]
     fn node_readiness() {
         let ready = json!({
@@ -322,6 +420,7 @@ mod tests {
             },
         });
         let n = node(&ready.to_string()).unwrap().unwrap();
+        assert_eq!(n.agent, AgentOnNode::default(), "no agent condition yet");
         assert!(n.ready);
         assert_eq!(n.uid, "u1");
         assert_eq!(n.internal_ip.as_deref(), Some("10.0.2.15"));

@@ -30,6 +30,7 @@
 //! `Complete` (its MachineOperation is queued again to report it). Until then recovery rolls it
 //! back should it fail.
 
+pub mod node_state;
 pub mod operations;
 pub mod queue;
 pub mod watch;
@@ -45,6 +46,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 pub use flex_api::repave::{Action, Decision, MachineSnapshot, decide};
+pub use node_state::{KubeNodeState, NodeStatePublisher, Reporter};
 pub use operations::{ClusterOperations, Discovery, Guard};
 pub use queue::{
     Backoff, DAEMON_BACKOFF, Item, QueueSender, RepaveSource, WorkQueue, jitter, secure_unit,
@@ -58,6 +60,7 @@ use crate::goalclient::MachineClient;
 use crate::kubeclient::KubeClients;
 use crate::machine::nspawn::Timings;
 use crate::machine::seams::{NodeOps, SeamError};
+use flex_api::node_state::Event as NodeEvent;
 use flex_host::retry::Attempt;
 use work::{Ctx, Flow};
 
@@ -168,6 +171,7 @@ impl Daemon {
                 ops,
                 timings: Timings::default(),
                 operations: None,
+                node_state: None,
             },
             interval,
             backoff: DAEMON_BACKOFF,
@@ -180,6 +184,12 @@ impl Daemon {
     /// Plugs in the MachineOperation reconciler.
     pub fn with_operations(mut self, operations: Arc<dyn Operations>) -> Self {
         self.ctx.operations = Some(operations);
+        self
+    }
+
+    /// Publishes the agent's state on its Node ([`node_state`]).
+    pub fn with_node_state(mut self, reporter: Arc<Reporter>) -> Self {
+        self.ctx.node_state = Some(reporter);
         self
     }
 
@@ -275,7 +285,11 @@ impl Daemon {
                     .repave(source.as_str())
                     .await
                     .map(|(d, flow)| (Some(d), flow)),
-                Item::Operation { name } => ctx.operation(name).await.map(|flow| (None, flow)),
+                Item::Operation { name } => {
+                    ctx.report(NodeEvent::Operation { name: name.clone() })
+                        .await;
+                    ctx.operation(name).await.map(|flow| (None, flow))
+                }
             };
             let mut report = Report {
                 item: item.clone(),
@@ -305,6 +319,10 @@ impl Daemon {
             match result {
                 Ok((decision, flow)) => {
                     report.decision = decision;
+                    // After a reset the Node is on its way out: nothing more to say on it.
+                    if !matches!(flow, Flow::Stop(_)) {
+                        ctx.report(NodeEvent::Succeeded).await;
+                    }
                     queue.forget(&item);
                     // The first success proves the running agent (once; retried after the next
                     // success should it fail). Not after a reset: the agent is on its way out.
@@ -332,6 +350,11 @@ impl Daemon {
                 }
                 Err(e) if e.is_permanent() => {
                     let message = format!("{e:#}");
+                    ctx.report(NodeEvent::Failed {
+                        permanent: true,
+                        message: message.clone(),
+                    })
+                    .await;
                     queue.forget(&item);
                     let delay = come_round(&mut queue);
                     tracing::error!(
@@ -346,6 +369,11 @@ impl Daemon {
                 }
                 Err(e) => {
                     let message = format!("{e:#}");
+                    ctx.report(NodeEvent::Failed {
+                        permanent: false,
+                        message: message.clone(),
+                    })
+                    .await;
                     let delay = queue.retry(&item);
                     tracing::error!(
                         item = %item,
@@ -542,7 +570,12 @@ pub async fn run_with(
     } else {
         None
     };
-    let mut daemon = Daemon::new(host, config, kube, machines, ops);
+    let reporter = Reporter::new(
+        Arc::new(KubeNodeState::new(kube.clone(), &config.agent.node_name)),
+        crate::version::VERSION,
+    );
+    let mut daemon =
+        Daemon::new(host, config, kube, machines, ops).with_node_state(Arc::new(reporter));
     if let Some(o) = operations {
         daemon = daemon.with_operations(o);
     }

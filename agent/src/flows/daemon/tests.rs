@@ -284,6 +284,45 @@ struct Setup {
     /// What proves the running agent after the first successful reconcile, built on the fake
     /// host.
     proven: Option<MakeProof>,
+    /// Publish the agent's state on the Node through [`SeqPublisher`]; its first `n` writes fail.
+    node_state: Option<usize>,
+}
+
+/// A [`NodeStatePublisher`] that logs each write into the sequence (`node <state> <reason>
+/// <active machine> <goal version>`), failing its first writes as told.
+struct SeqPublisher {
+    seq: Seq,
+    failures: Mutex<usize>,
+}
+
+#[async_trait]
+impl NodeStatePublisher for SeqPublisher {
+    async fn publish(
+        &self,
+        status: &flex_api::node_state::NodeAgentStatus,
+        _transitioned_at: k8s_openapi::jiff::Timestamp,
+    ) -> anyhow::Result<()> {
+        let mut failures = self.failures.lock().unwrap();
+        if *failures > 0 {
+            *failures -= 1;
+            push(
+                &self.seq,
+                format!("node-write-failed {}", status.state.as_str()),
+            );
+            anyhow::bail!("API server answered 503");
+        }
+        push(
+            &self.seq,
+            format!(
+                "node {} {} {} {}",
+                status.state.as_str(),
+                status.reason,
+                status.active_machine.as_deref().unwrap_or("-"),
+                status.goal_version.as_deref().unwrap_or("-")
+            ),
+        );
+        Ok(())
+    }
 }
 
 /// Builds the proof on the fake host; it logs itself into the sequence.
@@ -322,6 +361,7 @@ impl Default for Setup {
             failing_ops: Vec::new(),
             ops_fail_permanently: false,
             proven: None,
+            node_state: None,
         }
     }
 }
@@ -432,6 +472,13 @@ fn start(setup: Setup) -> Harness {
     }
     if let Some(p) = setup.proven {
         daemon = daemon.with_proven(p(&fake, seq.clone()));
+    }
+    if let Some(failures) = setup.node_state {
+        let publisher = SeqPublisher {
+            seq: seq.clone(),
+            failures: Mutex::new(failures),
+        };
+        daemon = daemon.with_node_state(Arc::new(Reporter::new(Arc::new(publisher), "0.3.0")));
     }
     if let Some(handlers) = setup.handlers {
         daemon = daemon.with_operations(Arc::new(cluster_operations(
@@ -1470,5 +1517,101 @@ async fn the_upgraded_agent_becomes_last_good_after_its_first_successful_reconci
     );
     // The operation is queued to report it.
     h.until(|r| r.item == op_item("upgrade-1")).await;
+    h.stop().await;
+}
+
+/// The sequence's Node writes (and failed writes), in order.
+fn node_writes(h: &Harness) -> Vec<String> {
+    h.seq
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|l| l.starts_with("node"))
+        .cloned()
+        .collect()
+}
+
+/// Real: the daemon loop, the state tracker, the state store on a temporary root. Faked: the
+/// API server, the machine client and layer, the Node writer (recorded). A goal applied after
+/// the Node signal shows Working while the machines change, then Done with the new side and
+/// goal version in the annotations; each state is written once (the reconciles the writes
+/// cause write nothing more).
+#[tokio::test]
+async fn the_node_shows_working_while_a_goal_is_applied_then_done() {
+    let mut h = start(Setup {
+        machine: Some(machine("etag-2", "1.35.3")),
+        hold_watch: true,
+        node_state: Some(0),
+        ..Default::default()
+    });
+    h.until(is(Action::WaitForNodeSignal)).await;
+    assert_eq!(node_writes(&h), vec!["node Done Reconciled kube1 etag-1"]);
+
+    h.sim.lock().unwrap().node = None;
+    let bytes = match Reply::events(&[("DELETED", node_json(false))]) {
+        Reply::Raw(b) => b,
+        _ => unreachable!(),
+    };
+    h.release_watch.take().unwrap().send(bytes).unwrap();
+    h.until(is(Action::ApplyGoalState)).await;
+    assert_eq!(
+        node_writes(&h),
+        vec![
+            "node Done Reconciled kube1 etag-1",
+            "node Working ApplyingGoal kube1 etag-1",
+            "node Done Reconciled kube2 etag-2",
+        ]
+    );
+    // Working was written before the host was touched, Done after.
+    let seq = h.seq.lock().unwrap().clone();
+    let at = |p: &str| seq.iter().position(|l| l.starts_with(p)).unwrap();
+    assert!(at("node Working") < at("ops provision kube2"), "{seq:?}");
+    assert!(
+        at("node Done Reconciled kube2") > at("ops cleanup kube1"),
+        "{seq:?}"
+    );
+    h.stop().await;
+}
+
+/// Real: the daemon loop and its backoff, the state tracker. Faked: the API server (its Node
+/// GET answers 500 three times), the Node writer (recorded). Failures show Working (retrying),
+/// then Degraded at the third in a row, then Done once the reconcile succeeds.
+#[tokio::test]
+async fn failures_in_a_row_degrade_the_node_and_a_success_clears_it() {
+    let mut h = start(Setup {
+        get_failures: 3,
+        node_state: Some(0),
+        ..Default::default()
+    });
+    h.until(|r| r.error.is_none()).await;
+    assert_eq!(
+        node_writes(&h),
+        vec![
+            "node Working Retrying kube1 etag-1",
+            "node Degraded ReconcileFailing kube1 etag-1",
+            "node Done Reconciled kube1 etag-1",
+        ]
+    );
+    h.stop().await;
+}
+
+/// Real: the daemon loop, the state tracker. Faked: the Node writer, whose first write fails.
+/// A failed write never fails the daemon's work, and the state is written at the next chance.
+#[tokio::test]
+async fn a_failed_node_write_is_retried_and_does_not_fail_the_reconcile() {
+    let mut h = start(Setup {
+        node_state: Some(1),
+        ..Default::default()
+    });
+    let first = h.until(|_| true).await;
+    assert_eq!(first[0].error, None);
+    h.until(|_| true).await;
+    assert_eq!(
+        node_writes(&h),
+        vec![
+            "node-write-failed Done",
+            "node Done Reconciled kube1 etag-1"
+        ]
+    );
     h.stop().await;
 }

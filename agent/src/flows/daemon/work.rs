@@ -24,6 +24,7 @@ use crate::kubeclient::{KubeClients, describe};
 use crate::machine::nspawn::Timings;
 use crate::machine::seams::SeamError;
 use crate::state::DaemonState;
+use flex_api::node_state::Event as NodeEvent;
 use flex_api::repave::{Action, Decision, MachineSnapshot, decide};
 
 /// `provisioningState` values the daemon reports.
@@ -43,6 +44,7 @@ pub(crate) struct Ctx {
     pub stores: Stores,
     pub timings: Timings,
     pub operations: Option<Arc<dyn Operations>>,
+    pub node_state: Option<Arc<super::Reporter>>,
 }
 
 /// What happens after an item succeeded.
@@ -57,6 +59,15 @@ pub(crate) enum Flow {
 }
 
 impl Ctx {
+    /// Tells the Node what the daemon is doing ([`super::node_state`]), with the daemon state
+    /// as it stands for the annotations.
+    pub async fn report(&self, event: NodeEvent) {
+        if let Some(r) = &self.node_state {
+            let state = self.stores.state.load().ok().flatten();
+            r.observe(event, state.as_ref()).await;
+        }
+    }
+
     async fn patch(&self, state: &str, observed: &str, message: &str) -> Result<(), MachineError> {
         self.machines
             .patch_status(&MachineStatus {
@@ -89,6 +100,9 @@ impl Ctx {
             .get_opt(&self.node_name)
             .await
             .map_err(|e| anyhow!("get node {}: {}", self.node_name, describe(&e)))?;
+        if let Some(r) = &self.node_state {
+            r.node_seen(node.as_ref().and_then(|n| n.metadata.uid.as_deref()));
+        }
         let snapshot = match &machine {
             None => MachineSnapshot::NotFound,
             Some(m) if m.goal == GoalState::default() => MachineSnapshot::Empty,
@@ -125,6 +139,10 @@ impl Ctx {
     /// blue/green repave, then `Succeeded` or `Failed`.
     async fn apply(&self, state: DaemonState, goal: &GoalState) -> Result<(), SeamError> {
         let old = state.applied_settings_version.clone();
+        self.report(NodeEvent::ApplyingGoal {
+            settings_version: goal.settings_version.clone(),
+        })
+        .await;
         self.patch(RECONCILING, &old, "applying machine goal state")
             .await
             .map_err(|e| anyhow!("report machine status {RECONCILING}: {e}"))?;

@@ -534,6 +534,20 @@ fn the_restart_timer_is_rendered_with_100ms_accuracy() {
 // --- unproven agents ---------------------------------------------------------------------------
 
 /// A host whose layout has `current` = green (v2, unproven) and `last-good` = blue (v1).
+/// The env file as an upgrade leaves it before its candidate is proven: the candidate image
+/// selected, the install image last-good.
+fn select_unproven_candidate_image(f: &FakeHost) {
+    f.host
+        .fs
+        .write_atomic(
+            Path::new(AGENT_IMAGE_ENV),
+            format!("AKS_FLEX_NODE_IMAGE={CAND}\nAKS_FLEX_NODE_LAST_GOOD_IMAGE={INSTALL}\n")
+                .as_bytes(),
+            0o644,
+        )
+        .unwrap();
+}
+
 fn unproven_host() -> FakeHost {
     let f = host_fake();
     let l = Layout::new(f.host.fs.clone());
@@ -586,15 +600,7 @@ async fn a_new_binary_upgrade_is_refused_while_the_running_agent_is_unproven() {
 #[tokio::test]
 async fn a_new_image_upgrade_is_refused_while_the_selected_image_is_unproven() {
     let (f, images) = container_fake();
-    f.host
-        .fs
-        .write_atomic(
-            Path::new(AGENT_IMAGE_ENV),
-            format!("AKS_FLEX_NODE_IMAGE={CAND}\nAKS_FLEX_NODE_LAST_GOOD_IMAGE={INSTALL}\n")
-                .as_bytes(),
-            0o644,
-        )
-        .unwrap();
+    select_unproven_candidate_image(&f);
     let u = Upgrader::new(f.host.clone()).with_images(Arc::new(images.clone()));
     let e = u
         .start(
@@ -660,15 +666,7 @@ async fn recovery_with_an_unreadable_record_rolls_an_unproven_agent_back_to_last
 #[tokio::test]
 async fn recovery_without_a_record_rolls_an_unproven_image_back_to_last_good() {
     let (f, images) = container_fake();
-    f.host
-        .fs
-        .write_atomic(
-            Path::new(AGENT_IMAGE_ENV),
-            format!("AKS_FLEX_NODE_IMAGE={CAND}\nAKS_FLEX_NODE_LAST_GOOD_IMAGE={INSTALL}\n")
-                .as_bytes(),
-            0o644,
-        )
-        .unwrap();
+    select_unproven_candidate_image(&f);
     f.systemd
         .set_unit_state(AGENT_UNIT, failed_unit("exit-code", 3));
     let u = Upgrader::new(f.host.clone()).with_images(Arc::new(images.clone()));
