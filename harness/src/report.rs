@@ -80,6 +80,12 @@ pub struct GroupReport {
 pub struct RunReport {
     /// Groups in run order.
     pub groups: Vec<GroupReport>,
+    /// What kind of run it was, when not a plain one (`check --rerun-failed` says which groups
+    /// it reran); the table's first line and the page's summary.
+    pub note: Option<String>,
+    /// The groups whose journal and console excerpts were kept under `<group>/`
+    /// ([`crate::artefacts`]); the page links them.
+    pub artefacts: std::collections::BTreeSet<String>,
 }
 
 impl RunReport {
@@ -118,6 +124,9 @@ pub fn render_table(r: &RunReport) -> String {
         .unwrap_or(10)
         .max(10);
     let mut s = String::new();
+    if let Some(n) = &r.note {
+        let _ = writeln!(s, "{n}");
+    }
     let _ = writeln!(s, "{:<width$}  {:>8}  result", "group / check", "time");
     let total: Duration = r.groups.iter().map(|g| g.duration).sum();
     for g in &r.groups {
@@ -269,6 +278,7 @@ mod tests {
                     }],
                 },
             ],
+            ..Default::default()
         }
     }
 
@@ -308,6 +318,7 @@ mod tests {
                     },
                 ],
             }],
+            ..Default::default()
         };
         let table = render_table(&r);
         assert!(
