@@ -13,10 +13,8 @@ use serde::{Deserialize, Serialize};
 use crate::report::{Outcome, RunReport};
 use crate::ssh::Ssh;
 
-/// The journal excerpt's file in a group's directory.
-pub const JOURNAL: &str = "journal.txt";
-/// The console excerpt's file in a group's directory.
-pub const CONSOLE: &str = "console.txt";
+/// The journal and console excerpts' files in a group's directory (the report links them).
+pub use crate::report::{GROUP_CONSOLE as CONSOLE, GROUP_JOURNAL as JOURNAL};
 /// The last run's results, in the harness's work directory.
 pub const LAST_RUN: &str = "last-run.json";
 

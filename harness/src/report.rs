@@ -8,6 +8,12 @@ use std::time::Duration;
 mod html;
 pub use html::render_html;
 
+/// The journal excerpt's file in a group's directory (`<work>/<group>/`, kept by
+/// [`crate::artefacts`]).
+pub const GROUP_JOURNAL: &str = "journal.txt";
+/// The console excerpt's file in a group's directory.
+pub const GROUP_CONSOLE: &str = "console.txt";
+
 /// How a check ended.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Outcome {

@@ -5,6 +5,8 @@
 //! harness's clap definitions (`flex_harness::cli::Cli`, which its binary uses). Real files and
 //! real parsers; nothing is faked. The checker itself is shown to refuse a bad task or flag.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure
+
 use std::collections::BTreeSet;
 use std::path::Path;
 

@@ -235,8 +235,8 @@ pub fn render_html(r: &RunReport) -> String {
             let _ = write!(
                 s,
                 "<p class=\"artefacts\">kept: <a href=\"{dir}/{}\">journal</a>, <a href=\"{dir}/{}\">console</a></p>",
-                crate::artefacts::JOURNAL,
-                crate::artefacts::CONSOLE
+                super::GROUP_JOURNAL,
+                super::GROUP_CONSOLE
             );
         }
         s.push_str("</section>\n");
