@@ -172,21 +172,15 @@ impl LastRun {
 }
 
 /// What `check --rerun-failed` runs, from the last run: the `--only` selection of its failed
-/// groups, or why there is nothing to run.
-pub fn rerun_selection(last: Option<&LastRun>) -> Result<String, String> {
+/// groups, `Ok(None)` when none failed, and an error when no run was recorded.
+pub fn rerun_selection(last: Option<&LastRun>) -> anyhow::Result<Option<String>> {
     let Some(last) = last else {
-        return Err(format!(
-            "no earlier run recorded ({LAST_RUN}): run `cargo xtask check` first"
-        ));
+        anyhow::bail!(
+            "check --rerun-failed: no earlier run recorded ({LAST_RUN}): run `cargo xtask check` first"
+        );
     };
     let failed = last.failed();
-    if failed.is_empty() {
-        return Err(format!(
-            "no group failed in the last run ({} groups ran)",
-            last.groups.len()
-        ));
-    }
-    Ok(failed.join(","))
+    Ok((!failed.is_empty()).then(|| failed.join(",")))
 }
 
 #[cfg(test)]
@@ -245,21 +239,73 @@ mod tests {
         assert!(
             rerun_selection(None)
                 .unwrap_err()
+                .to_string()
                 .contains("no earlier run")
         );
         LastRun::of(&run).save(d.path()).unwrap();
         let last = LastRun::load(d.path()).unwrap().unwrap();
-        assert_eq!(rerun_selection(Some(&last)).unwrap(), "machines,reset");
+        assert_eq!(
+            rerun_selection(Some(&last)).unwrap().as_deref(),
+            Some("machines,reset")
+        );
         let clean = LastRun::of(&RunReport {
             groups: vec![group("mounts", Outcome::Passed)],
             ..Default::default()
         });
-        assert!(
-            rerun_selection(Some(&clean))
-                .unwrap_err()
-                .contains("no group failed")
-        );
+        assert_eq!(rerun_selection(Some(&clean)).unwrap(), None);
         std::fs::write(d.path().join(LAST_RUN), "junk").unwrap();
         assert!(LastRun::load(d.path()).is_err());
+    }
+
+    /// `collect` against a recording fake runner (the guest's journal is scripted) and a real
+    /// serial log in a temporary directory: the journal lands in `journal.txt`, the console's
+    /// lines after the group's start in `console.txt`, and the guest was asked for the group's
+    /// span of the agent's units.
+    #[tokio::test]
+    async fn collect_writes_the_groups_excerpts() {
+        let d = tempfile::tempdir().unwrap();
+        let serial = d.path().join("serial.log");
+        std::fs::write(&serial, "before the group\n").unwrap();
+        let span = begin(&serial);
+        {
+            use std::io::Write;
+            let mut f = std::fs::OpenOptions::new()
+                .append(true)
+                .open(&serial)
+                .unwrap();
+            f.write_all(b"[ 12.3] reboot: Restarting system\n").unwrap();
+        }
+        let ssh = Ssh {
+            port: 2222,
+            key: "/w/id".into(),
+        };
+        let r = flex_testkit::FakeRunner::new();
+        let base = ssh.cmd("x", Duration::ZERO).display_argv();
+        let base = base.strip_suffix(" 'x'").unwrap().to_string();
+        r.on(
+            &format!("{base} \"'journalctl"),
+            flex_host::runner::Output::ok("Dec 04 kube1 systemd-nspawn[1]: started\n"),
+        );
+        let dir = collect(&r, &ssh, d.path(), &serial, "machines", span)
+            .await
+            .unwrap();
+        assert_eq!(dir, d.path().join("machines"));
+        assert_eq!(
+            std::fs::read_to_string(dir.join(JOURNAL)).unwrap(),
+            "Dec 04 kube1 systemd-nspawn[1]: started\n"
+        );
+        assert_eq!(
+            std::fs::read_to_string(dir.join(CONSOLE)).unwrap(),
+            "[ 12.3] reboot: Restarting system\n"
+        );
+        let calls = r.calls();
+        assert_eq!(calls.len(), 1, "{calls:?}");
+        assert!(
+            calls[0].contains(&format!("--since @{}", span.since - 1)),
+            "{calls:?}"
+        );
+        for unit in AGENT_UNITS {
+            assert!(calls[0].contains(unit), "{calls:?}");
+        }
     }
 }

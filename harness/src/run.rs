@@ -836,13 +836,15 @@ pub async fn check(
         Selection::Only(only) => (only, None),
         Selection::RerunFailed => {
             let last = crate::artefacts::LastRun::load(work)?;
-            match crate::artefacts::rerun_selection(last.as_ref()) {
-                Ok(failed) => {
+            match crate::artefacts::rerun_selection(last.as_ref())? {
+                Some(failed) => {
                     let note = format!("rerun of the groups that failed in the last run: {failed}");
                     (Some(failed), Some(note))
                 }
-                Err(why) => {
-                    println!("check --rerun-failed: nothing to rerun: {why}");
+                None => {
+                    println!(
+                        "check --rerun-failed: no group failed in the last run; nothing to rerun"
+                    );
                     return Ok(true);
                 }
             }

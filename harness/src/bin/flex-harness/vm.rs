@@ -207,9 +207,11 @@ pub async fn ssh(a: SshArgs) -> anyhow::Result<()> {
 /// `cargo xtask journal [UNIT...]`: the guest's journal on this terminal.
 pub async fn journal(a: JournalArgs) -> anyhow::Result<()> {
     let state = running_vm()?;
+    use std::io::IsTerminal;
     let script = flex_harness::debug::journal_script(&a.units, a.lines, a.follow, a.all);
-    let cmd = state.ssh.cmd(&script, flex_harness::debug::SESSION);
-    run_inherited(&cmd).await?;
+    // Followed from a terminal: a remote terminal, so that Ctrl-C ends journalctl in the guest.
+    let tty = a.follow && std::io::stdin().is_terminal();
+    run_inherited(&flex_harness::debug::ssh_cmd(&state.ssh, &[script], tty)).await?;
     Ok(())
 }
 
