@@ -1,5 +1,6 @@
 //! `cargo xtask up | check | down`: thin wrappers over `flex_harness::run`, which make the
-//! one `ProcessRunner` every command of the harness goes through.
+//! one `ProcessRunner` every command of the harness goes through; and the debugging verbs `ssh`,
+//! `console` and `journal` over `flex_harness::debug`, on the caller's terminal.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
