@@ -4,7 +4,8 @@
 //! `cache=unsafe` overlay (KVM when a probe boot shows it is usable, else TCG), and runs timed
 //! check groups. `xtask` is a thin CLI over this library.
 //!
-//! Modules: [`acl`] (ACL from the compute gallery, and how it boots), [`qemu`] (QEMU's argv),
+//! Modules: [`cli`] (the binary's command line), [`debug`] (`ssh`, `console`, `journal`: the
+//! debugging verbs), [`artefacts`] (each group's journal and console excerpt), [`acl`] (ACL from the compute gallery, and how it boots), [`qemu`] (QEMU's argv),
 //! [`qmp`] (the control socket), [`kvm`] (accelerator choice), [`check`] (what a check and a
 //! group are, and the context they run against), [`checks`] (the host groups), [`groups`]
 //! (every group in run order, selection, running a group), [`guest_json`] (the guest's JSON
@@ -13,9 +14,12 @@
 //! start-limit wait), [`cluster`] (the kind cluster of `up --cluster` and the cluster groups).
 
 pub mod acl;
+pub mod artefacts;
 pub mod check;
 pub mod checks;
+pub mod cli;
 pub mod cluster;
+pub mod debug;
 pub mod devhost;
 pub mod faults;
 pub mod fixtures;

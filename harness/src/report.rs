@@ -8,6 +8,12 @@ use std::time::Duration;
 mod html;
 pub use html::render_html;
 
+/// The journal excerpt's file in a group's directory (`<work>/<group>/`, kept by
+/// [`crate::artefacts`]).
+pub const GROUP_JOURNAL: &str = "journal.txt";
+/// The console excerpt's file in a group's directory.
+pub const GROUP_CONSOLE: &str = "console.txt";
+
 /// How a check ended.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Outcome {
@@ -80,6 +86,12 @@ pub struct GroupReport {
 pub struct RunReport {
     /// Groups in run order.
     pub groups: Vec<GroupReport>,
+    /// What kind of run it was, when not a plain one (`check --rerun-failed` says which groups
+    /// it reran); the table's first line and the page's summary.
+    pub note: Option<String>,
+    /// The groups whose journal and console excerpts were kept under `<group>/`
+    /// ([`crate::artefacts`]); the page links them.
+    pub artefacts: std::collections::BTreeSet<String>,
 }
 
 impl RunReport {
@@ -118,6 +130,9 @@ pub fn render_table(r: &RunReport) -> String {
         .unwrap_or(10)
         .max(10);
     let mut s = String::new();
+    if let Some(n) = &r.note {
+        let _ = writeln!(s, "{n}");
+    }
     let _ = writeln!(s, "{:<width$}  {:>8}  result", "group / check", "time");
     let total: Duration = r.groups.iter().map(|g| g.duration).sum();
     for g in &r.groups {
@@ -269,6 +284,7 @@ mod tests {
                     }],
                 },
             ],
+            ..Default::default()
         }
     }
 
@@ -308,6 +324,7 @@ mod tests {
                     },
                 ],
             }],
+            ..Default::default()
         };
         let table = render_table(&r);
         assert!(

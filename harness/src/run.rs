@@ -811,17 +811,46 @@ async fn wait_bootstrapped(r: &dyn Runner, ssh: &Ssh, timeout: Duration) -> anyh
     .map_err(|_| anyhow::anyhow!("the host did not bootstrap within {timeout:?}"))?
 }
 
-/// `check`: runs the selected groups, prints the timing table, writes JUnit and, next to it,
-/// `report.html` (whatever the outcome), and on failure prints the journal lines that explain
-/// it. Returns whether everything passed.
+/// Which groups `check` runs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Selection {
+    /// `--only a,b`, or every group but those run only on request (`None`).
+    Only(Option<String>),
+    /// `--rerun-failed`: the groups that failed in the last run (`last-run.json`).
+    RerunFailed,
+}
+
+/// `check`: runs the selected groups, keeps each group's journal and console excerpt under
+/// `<work>/<group>/` ([`crate::artefacts`]), prints the timing table, writes JUnit and, next to
+/// it, `report.html` (whatever the outcome), records which groups failed (`last-run.json`, for
+/// `--rerun-failed`), and on failure prints the journal lines that explain it. Returns whether
+/// everything passed.
 pub async fn check(
     r: &dyn Runner,
     work: &Path,
-    only: Option<&str>,
+    selection: Selection,
     no_snapshot: bool,
     junit: &Path,
 ) -> anyhow::Result<bool> {
-    let selected = groups::select(only)?;
+    let (only, note) = match selection {
+        Selection::Only(only) => (only, None),
+        Selection::RerunFailed => {
+            let last = crate::artefacts::LastRun::load(work)?;
+            match crate::artefacts::rerun_selection(last.as_ref())? {
+                Some(failed) => {
+                    let note = format!("rerun of the groups that failed in the last run: {failed}");
+                    (Some(failed), Some(note))
+                }
+                None => {
+                    println!(
+                        "check --rerun-failed: no group failed in the last run; nothing to rerun"
+                    );
+                    return Ok(true);
+                }
+            }
+        }
+    };
+    let selected = groups::select(only.as_deref())?;
     let state =
         State::load(work)?.ok_or_else(|| anyhow::anyhow!("no VM: run `cargo xtask up` first"))?;
     // An unreadable record is no cluster; the groups' skip reason says why.
@@ -834,21 +863,47 @@ pub async fn check(
     };
     let use_snapshot = !no_snapshot && state.snapshot.is_some();
     let p = Progress::new();
-    let mut run = RunReport::default();
+    if let Some(n) = &note {
+        p.say(n);
+    }
+    let mut run = RunReport {
+        note,
+        ..RunReport::default()
+    };
     for g in &selected {
         let restore = use_snapshot && g.needs == Needs::Host;
+        let span = crate::artefacts::begin(&state.serial_log());
         let report = p
             .wait(
                 &format!("group {}", g.name),
                 groups::run_group(&ctx, g, restore),
             )
             .await;
+        // A group skipped for want of a cluster ran nothing in the guest: nothing to keep.
+        let ran = !report
+            .checks
+            .iter()
+            .all(|c| matches!(c.outcome, report::Outcome::Skipped(_)));
+        if ran {
+            match crate::artefacts::collect(r, &state.ssh, work, &state.serial_log(), g.name, span)
+                .await
+            {
+                Ok(_) => {
+                    run.artefacts.insert(g.name.to_string());
+                }
+                Err(e) => p.say(&format!(
+                    "warning: {}'s journal and console not kept: {e:#}",
+                    g.name
+                )),
+            }
+        }
         run.groups.push(report);
     }
     let table = report::render_table(&run);
     std::fs::write(junit, report::render_junit(&run))?;
     let html = junit.with_file_name("report.html");
     std::fs::write(&html, report::render_html(&run))?;
+    crate::artefacts::LastRun::of(&run).save(work)?;
     if !run.success() {
         eprintln!(
             "journal of the agent's units:\n{}",
@@ -858,6 +913,14 @@ pub async fn check(
     print!("{table}");
     eprintln!("JUnit report: {}", junit.display());
     eprintln!("HTML report: {}", html.display());
+    if !run.artefacts.is_empty() {
+        eprintln!(
+            "each group's journal and console: {}/<group>/{{{},{}}}",
+            work.display(),
+            crate::artefacts::JOURNAL,
+            crate::artefacts::CONSOLE
+        );
+    }
     Ok(run.success())
 }
 

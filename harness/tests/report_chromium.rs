@@ -75,6 +75,7 @@ fn report() -> RunReport {
                 )],
             },
         ],
+        ..Default::default()
     }
 }
 

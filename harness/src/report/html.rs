@@ -2,7 +2,9 @@
 //! an SVG timeline of the groups with their checks inside (a failed check red, a skipped one
 //! grey), a table per group (check, result, duration, note), and for each failure a `<details>`
 //! with its whole message (console lines included, when the check put them there) and the
-//! journal lines captured when it failed. Inline CSS, no script, no external resource.
+//! journal lines captured when it failed; a rerun says so under the summary, and a group whose
+//! journal and console excerpts were kept links them (`<group>/journal.txt`, relative to the
+//! page). Inline CSS, no script, no external resource.
 //!
 //! The markup is also what the Chromium test reads: a check's row is
 //! `<tr class="check RESULT"><td class="name">…</td><td class="result">RESULT</td><td
@@ -190,6 +192,9 @@ pub fn render_html(r: &RunReport) -> String {
         if f > 0 { "failed" } else { "none-failed" },
         time(total)
     );
+    if let Some(n) = &r.note {
+        let _ = writeln!(s, "<p class=\"run-note\">{}</p>", esc(n));
+    }
     let _ = writeln!(s, "<section class=\"timeline\">{}</section>", timeline(r));
     for g in &r.groups {
         let _ = write!(
@@ -224,7 +229,17 @@ pub fn render_html(r: &RunReport) -> String {
                 s.push_str("</details></td></tr>\n");
             }
         }
-        s.push_str("</tbody></table></section>\n");
+        s.push_str("</tbody></table>");
+        if r.artefacts.contains(&g.name) {
+            let dir = esc(&g.name);
+            let _ = write!(
+                s,
+                "<p class=\"artefacts\">kept: <a href=\"{dir}/{}\">journal</a>, <a href=\"{dir}/{}\">console</a></p>",
+                super::GROUP_JOURNAL,
+                super::GROUP_CONSOLE
+            );
+        }
+        s.push_str("</section>\n");
     }
     s.push_str("</body></html>\n");
     s
@@ -249,6 +264,7 @@ mod tests {
                     journal: Some(format!("kernel: {evil}")),
                 }],
             }],
+            ..Default::default()
         };
         let html = render_html(&r);
         assert!(!html.contains("<script"), "{html}");
@@ -276,6 +292,34 @@ mod tests {
     #[test]
     fn page() {
         insta::assert_snapshot!(render_html(&super::super::tests::sample()));
+    }
+
+    /// A rerun says so under the summary (and in the table's first line); a group whose
+    /// excerpts were kept links them, the others do not.
+    #[test]
+    fn rerun_note_and_kept_excerpts() {
+        let mut r = super::super::tests::sample();
+        let plain = render_html(&r);
+        assert!(!plain.contains("run-note") && !plain.contains("class=\"artefacts\""));
+        r.note = Some("rerun of the groups that failed in the last run: machines".into());
+        r.artefacts.insert("machines".into());
+        let html = render_html(&r);
+        assert!(
+            html.contains("<p class=\"run-note\">rerun of the groups that failed in the last run: machines</p>"),
+            "{html}"
+        );
+        assert!(
+            html.contains("<a href=\"machines/journal.txt\">journal</a>, <a href=\"machines/console.txt\">console</a>"),
+            "{html}"
+        );
+        assert!(!html.contains("node-join/journal.txt"), "{html}");
+        let table = crate::report::render_table(&r);
+        assert!(
+            table.starts_with(
+                "rerun of the groups that failed in the last run: machines\ngroup / check"
+            ),
+            "{table}"
+        );
     }
 
     #[test]
@@ -317,6 +361,7 @@ mod tests {
                     ],
                 },
             ],
+            ..Default::default()
         };
         let svg = timeline(&r);
         // 20 s over 820 units: 41 units a second; b starts at 170 + 410 = 580, setup 2 s.

@@ -1,6 +1,6 @@
 //! `flex-harness`: the harness's own commands, which `cargo xtask` runs once it has installed
 //! the Debian packages a task needs (`cargo xtask up` is `flex-harness up`). A thin CLI over the
-//! `flex_harness` library; run it directly with `cargo run -p flex-harness -- …` when the
+//! `flex_harness` library (its command line is `flex_harness::cli`); run it directly with `cargo run -p flex-harness -- …` when the
 //! packages are there.
 
 mod image;
@@ -9,40 +9,8 @@ mod vm;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
-
-#[derive(Parser)]
-#[command(
-    name = "cargo xtask",
-    about = "aks-flex-node harness: the dev host under QEMU, check groups, images"
-)]
-struct Cli {
-    #[command(subcommand)]
-    command: Task,
-}
-
-#[derive(Subcommand)]
-enum Task {
-    /// Build the agent's container image (OCI layout + archive) without a container engine
-    Image {
-        /// Output directory (default: <workspace>/target/image)
-        #[arg(long)]
-        out: Option<PathBuf>,
-        /// Build the image a second time (into a temporary directory, same binary) and fail
-        /// unless the digests match
-        #[arg(long)]
-        check_reproducible: bool,
-        /// Build the aks-flex-controller image instead of the agent's
-        #[arg(long, conflicts_with = "check_reproducible")]
-        controller: bool,
-    },
-    /// Boot the dev host (or ACL) under QEMU with the agent bootstrapped in its container
-    Up(Box<vm::UpArgs>),
-    /// Run the check groups against the VM `up` started
-    Check(vm::CheckArgs),
-    /// Remove the VM, its disks and the registry
-    Down,
-}
+use clap::Parser;
+use flex_harness::cli::{Cli, Task};
 
 /// The workspace root.
 pub fn project_root() -> PathBuf {
@@ -77,6 +45,9 @@ fn main() -> ExitCode {
             Task::Up(a) => vm::up(*a).await,
             Task::Check(a) => vm::check(a).await,
             Task::Down => vm::down().await,
+            Task::Ssh(a) => vm::ssh(a).await,
+            Task::Console(a) => vm::console(a).await,
+            Task::Journal(a) => vm::journal(a).await,
         }
     });
     match result {

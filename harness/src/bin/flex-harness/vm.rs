@@ -1,132 +1,18 @@
 //! `cargo xtask up | check | down`: thin wrappers over `flex_harness::run`, which make the
-//! one `ProcessRunner` every command of the harness goes through.
+//! one `ProcessRunner` every command of the harness goes through; and the debugging verbs `ssh`,
+//! `console` and `journal` over `flex_harness::debug`, on the caller's terminal.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use flex_harness::acl::gallery::{self, GalleryOptions};
+pub use flex_harness::cli::{CheckArgs, ConsoleArgs, JournalArgs, SshArgs, UpArgs};
 use flex_harness::vm::{OsImage, Progress, UpOptions};
-use flex_host::runner::ProcessRunner;
+use flex_host::runner::{ProcessRunner, run_inherited};
 
 /// The harness's work directory.
 pub fn work_dir() -> PathBuf {
     crate::project_root().join("target/harness")
-}
-
-/// `up`'s flags.
-#[derive(Debug, clap::Args)]
-pub struct UpArgs {
-    /// Boot an Azure Container Linux QEMU image (qcow2 or raw) instead of the dev host
-    #[arg(long, env = "ACL_IMAGE", value_name = "PATH")]
-    pub acl_image: Option<PathBuf>,
-    /// Boot ACL exported from the Azure compute gallery with `az` (cached; default image
-    /// ACLDEVEL/acl-1es-eval-kvm); ACL_IMAGE wins when set
-    #[arg(long, env = "ACL_GALLERY", value_name = "GALLERY/IMAGE", num_args = 0..=1, default_missing_value = "1")]
-    pub acl_gallery: Option<String>,
-    /// The gallery image's version (default 3.20261019.3; "latest" or empty: the gallery's
-    /// latest); env ACL_IMAGE_VERSION
-    #[arg(long, value_name = "VERSION")]
-    pub acl_image_version: Option<String>,
-    /// Subscription for the temporary disk of the gallery export (default: az's current one)
-    #[arg(long, env = "ACL_SUBSCRIPTION", value_name = "ID")]
-    pub acl_subscription: Option<String>,
-    /// The gallery's subscription (default: --acl-subscription)
-    #[arg(long, env = "ACL_GALLERY_SUBSCRIPTION", value_name = "ID")]
-    pub acl_gallery_subscription: Option<String>,
-    /// The gallery's resource group (default: found by the gallery's name)
-    #[arg(long, env = "ACL_GALLERY_RESOURCE_GROUP", value_name = "GROUP")]
-    pub acl_gallery_resource_group: Option<String>,
-    /// Resource group for the temporary disk (default: the gallery's)
-    #[arg(long, env = "ACL_RESOURCE_GROUP", value_name = "GROUP")]
-    pub acl_resource_group: Option<String>,
-    /// Region of the temporary disk (default: its resource group's)
-    #[arg(long, env = "ACL_LOCATION", value_name = "REGION")]
-    pub acl_location: Option<String>,
-    /// OVMF firmware code for ACL (UEFI)
-    #[arg(long, default_value = "/usr/share/OVMF/OVMF_CODE_4M.fd")]
-    pub ovmf_code: PathBuf,
-    /// OVMF variables template for ACL
-    #[arg(long, default_value = "/usr/share/OVMF/OVMF_VARS_4M.fd")]
-    pub ovmf_vars: PathBuf,
-    /// Never try KVM (software emulation only)
-    #[arg(long)]
-    pub tcg: bool,
-    /// Label /var/lib/containerd for SELinux before containerd starts (image/label-containerd.bu)
-    #[arg(long, env = "ACLC_LABEL_CONTAINERD")]
-    pub label_containerd: bool,
-    /// Do not save the bootstrapped snapshot (check then runs groups in sequence)
-    #[arg(long)]
-    pub no_snapshot: bool,
-    /// Create a kind cluster (podman or docker; needs network) running aks-flex-controller and
-    /// join the VM to it, for the cluster check groups; without kind, kubectl or an engine the
-    /// VM boots offline and check reports those groups skipped with the reason
-    #[arg(long, env = "ACLC_CLUSTER")]
-    pub cluster: bool,
-    /// With --cluster: join the cluster of this kubeconfig's current context instead of making
-    /// a kind cluster (its API server must be reachable from the guest; aks-flex-controller runs
-    /// as a local process beside it)
-    #[arg(
-        long,
-        env = "ACLC_KUBECONFIG",
-        value_name = "FILE",
-        requires = "cluster"
-    )]
-    pub kubeconfig: Option<PathBuf>,
-    /// A directory with real kubelet, kubectl and kube-proxy binaries: the component bundle
-    /// carries them instead of its stand-ins (with --cluster the node then joins without
-    /// downloading Kubernetes)
-    #[arg(long, env = "ACLC_K8S_BIN_DIR", value_name = "DIR")]
-    pub k8s_bin_dir: Option<PathBuf>,
-    /// vCPUs
-    #[arg(long, default_value_t = 2)]
-    pub cpus: u32,
-    /// Memory in MiB
-    #[arg(long, default_value_t = 3072)]
-    pub memory: u32,
-}
-
-/// `check`'s flags.
-#[derive(Debug, clap::Args)]
-pub struct CheckArgs {
-    /// Run only these groups (comma-separated), in their usual order
-    #[arg(long, value_name = "GROUPS")]
-    pub only: Option<String>,
-    /// List the groups and exit
-    #[arg(long)]
-    pub list: bool,
-    /// Run the groups in sequence on one host instead of restoring the snapshot before each
-    #[arg(long)]
-    pub no_snapshot: bool,
-    /// Where to write the JUnit report
-    #[arg(long)]
-    pub junit: Option<PathBuf>,
-}
-
-#[cfg(test)]
-impl UpArgs {
-    /// The defaults, as `cargo xtask up` with no flags.
-    pub fn defaults() -> Self {
-        Self {
-            acl_image: None,
-            acl_gallery: None,
-            acl_image_version: None,
-            acl_subscription: None,
-            acl_gallery_subscription: None,
-            acl_gallery_resource_group: None,
-            acl_resource_group: None,
-            acl_location: None,
-            ovmf_code: "/usr/share/OVMF/OVMF_CODE_4M.fd".into(),
-            ovmf_vars: "/usr/share/OVMF/OVMF_VARS_4M.fd".into(),
-            tcg: false,
-            label_containerd: false,
-            no_snapshot: false,
-            cluster: false,
-            kubeconfig: None,
-            k8s_bin_dir: None,
-            cpus: 2,
-            memory: 3072,
-        }
-    }
 }
 
 /// Where the OS image comes from.
@@ -284,10 +170,15 @@ pub async fn check(a: CheckArgs) -> anyhow::Result<()> {
     }
     let work = work_dir();
     let junit = a.junit.unwrap_or_else(|| work.join("check-junit.xml"));
+    let selection = if a.rerun_failed {
+        flex_harness::run::Selection::RerunFailed
+    } else {
+        flex_harness::run::Selection::Only(a.only)
+    };
     let ok = flex_harness::run::check(
         &ProcessRunner::new(),
         &work,
-        a.only.as_deref(),
+        selection,
         a.no_snapshot,
         &junit,
     )
@@ -296,6 +187,57 @@ pub async fn check(a: CheckArgs) -> anyhow::Result<()> {
         anyhow::bail!("some checks failed");
     }
     Ok(())
+}
+
+/// The VM `up` started, or the error that says to start one.
+fn running_vm() -> anyhow::Result<flex_harness::vm::State> {
+    flex_harness::vm::State::load(&work_dir())?
+        .ok_or_else(|| anyhow::anyhow!("no VM: run `cargo xtask up` first"))
+}
+
+/// `cargo xtask ssh [-- CMD]`: a root shell in the VM, or CMD run there as root, on this
+/// terminal; CMD's failure is this command's.
+pub async fn ssh(a: SshArgs) -> anyhow::Result<()> {
+    use std::io::IsTerminal;
+    let state = running_vm()?;
+    let tty = std::io::stdin().is_terminal() && std::io::stdout().is_terminal();
+    run_inherited(&flex_harness::debug::ssh_cmd(&state.ssh, &a.cmd, tty)).await?;
+    Ok(())
+}
+
+/// `cargo xtask journal [UNIT...]`: the guest's journal on this terminal.
+pub async fn journal(a: JournalArgs) -> anyhow::Result<()> {
+    let state = running_vm()?;
+    use std::io::IsTerminal;
+    let script = flex_harness::debug::journal_script(&a.units, a.lines, a.follow, a.all);
+    // Followed from a terminal: a remote terminal, so that Ctrl-C ends journalctl in the guest.
+    let tty = a.follow && std::io::stdin().is_terminal();
+    run_inherited(&flex_harness::debug::ssh_cmd(&state.ssh, &[script], tty)).await?;
+    Ok(())
+}
+
+/// `cargo xtask console`: the serial console's last lines, then what it prints, until Ctrl-C
+/// (or at once with `--no-follow`).
+pub async fn console(a: ConsoleArgs) -> anyhow::Result<()> {
+    use std::io::Write;
+    let state = running_vm()?;
+    let log = state.serial_log();
+    let mut tail = flex_harness::debug::ConsoleTail::new(&log, a.lines);
+    let mut out = std::io::stdout();
+    if !a.no_follow {
+        eprintln!("following {} (Ctrl-C ends)", log.display());
+    }
+    loop {
+        out.write_all(&tail.poll()?)?;
+        out.flush()?;
+        if a.no_follow {
+            return Ok(());
+        }
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => return Ok(()),
+            () = tokio::time::sleep(Duration::from_millis(250)) => {}
+        }
+    }
 }
 
 /// `cargo xtask down`.
@@ -324,7 +266,7 @@ mod tests {
 
     #[test]
     fn os_selection() {
-        let (s, n) = os_source(&UpArgs::defaults(), None).unwrap();
+        let (s, n) = os_source(&args(&[]), None).unwrap();
         assert!(matches!(s, OsSource::DevHost) && n.is_none(), "{s:?}");
 
         let (s, _) = os_source(&args(&["--acl-gallery", "--tcg"]), None).unwrap();
@@ -376,7 +318,7 @@ mod tests {
 
     #[test]
     fn cluster_flag() {
-        assert!(!UpArgs::defaults().cluster);
+        assert!(!args(&[]).cluster);
         assert!(args(&["--cluster"]).cluster);
         let a = args(&["--cluster", "--kubeconfig", "/k"]);
         assert_eq!(a.kubeconfig.as_deref(), Some(Path::new("/k")));
