@@ -110,16 +110,34 @@ pub async fn collect(
 }
 
 /// One group of the last run.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct LastGroup {
     /// The group.
     pub name: String,
     /// Whether a check of it failed.
     pub failed: bool,
+    /// Its wall time in seconds, setup included (for `cargo xtask bench`).
+    #[serde(default)]
+    pub seconds: f64,
+    /// Its checks: name, seconds, whether it passed.
+    #[serde(default)]
+    pub checks: Vec<(String, f64, bool)>,
 }
 
-/// `last-run.json`: the groups of the last `check` and whether each failed.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+impl LastGroup {
+    /// Its times, as the bench reads them.
+    pub fn times(&self) -> crate::bench::GroupTimes {
+        crate::bench::GroupTimes {
+            name: self.name.clone(),
+            seconds: self.seconds,
+            checks: self.checks.clone(),
+        }
+    }
+}
+
+/// `last-run.json`: the groups of the last `check`, whether each failed and how long each
+/// and its checks took.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct LastRun {
     /// The groups, in run order.
     pub groups: Vec<LastGroup>,
@@ -138,6 +156,18 @@ impl LastRun {
                         .checks
                         .iter()
                         .any(|c| matches!(c.outcome, Outcome::Failed(_))),
+                    seconds: g.duration.as_secs_f64(),
+                    checks: g
+                        .checks
+                        .iter()
+                        .map(|c| {
+                            (
+                                c.name.clone(),
+                                c.duration.as_secs_f64(),
+                                c.outcome == Outcome::Passed,
+                            )
+                        })
+                        .collect(),
                 })
                 .collect(),
         }

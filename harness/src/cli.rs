@@ -48,6 +48,26 @@ pub enum Task {
     Console(ConsoleArgs),
     /// The VM's journal: the agent's units, the machines and containerd, or the UNITs named
     Journal(JournalArgs),
+    /// Measure the figures (image sizes, memory, recovery times) as medians of several tries
+    /// and compare them with bench/baseline.json (docs/bench.md)
+    Bench(BenchArgs),
+}
+
+/// `bench`'s arguments.
+#[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
+pub struct BenchArgs {
+    /// Tries per figure
+    #[arg(long, default_value_t = 3)]
+    pub tries: usize,
+    /// Only the host's figures (the VM's need `cargo xtask up` first)
+    #[arg(long)]
+    pub no_vm: bool,
+    /// The baseline to compare with (default: <workspace>/bench/baseline.json)
+    #[arg(long, value_name = "FILE")]
+    pub baseline: Option<PathBuf>,
+    /// Also write this run as the baseline
+    #[arg(long)]
+    pub write_baseline: bool,
 }
 
 /// `ssh`'s arguments.

@@ -15,6 +15,7 @@
 
 pub mod acl;
 pub mod artefacts;
+pub mod bench;
 pub mod check;
 pub mod checks;
 pub mod cli;

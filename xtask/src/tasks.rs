@@ -28,13 +28,17 @@ Tasks:
   ssh [-- CMD...]               A root shell in the VM (or CMD, as root)
   console                       Follow the VM's serial console (Ctrl-C ends)
   journal [UNIT...] [FLAGS]     The VM's journal (the agent's units and machines by default)
+  bench [FLAGS]                 Measure image sizes, memory and recovery times as medians and
+                                compare them with bench/baseline.json (docs/bench.md)
 
 Each task installs the Debian packages it needs first (as root on Debian; otherwise it names
 them). `cargo xtask <TASK> --help` shows a task's flags.";
 
 /// The tasks `cargo xtask` hands to the `flex-harness` binary, with their flags; the harness's
 /// clap definitions (`flex_harness::cli`) parse those flags.
-pub const HARNESS_TASKS: &[&str] = &["up", "check", "down", "image", "ssh", "console", "journal"];
+pub const HARNESS_TASKS: &[&str] = &[
+    "up", "check", "down", "image", "ssh", "console", "journal", "bench",
+];
 
 /// `cargo xtask codegen`'s flags (`flex-codegen` parses them again).
 pub const CODEGEN_FLAGS: &[&str] = &["--check"];

@@ -3,6 +3,7 @@
 //! `flex_harness` library (its command line is `flex_harness::cli`); run it directly with `cargo run -p flex-harness -- …` when the
 //! packages are there.
 
+mod bench;
 mod image;
 mod vm;
 
@@ -48,6 +49,17 @@ fn main() -> ExitCode {
             Task::Ssh(a) => vm::ssh(a).await,
             Task::Console(a) => vm::console(a).await,
             Task::Journal(a) => vm::journal(a).await,
+            Task::Bench(a) => {
+                bench::run(bench::BenchOptions {
+                    tries: a.tries,
+                    no_vm: a.no_vm,
+                    baseline: a
+                        .baseline
+                        .unwrap_or_else(|| project_root().join("bench/baseline.json")),
+                    write_baseline: a.write_baseline,
+                })
+                .await
+            }
         }
     });
     match result {

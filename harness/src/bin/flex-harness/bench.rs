@@ -1,0 +1,476 @@
+//! `cargo xtask bench`: measures, in one run, the figures users choose a node agent by, each as
+//! the median of several tries with its spread ([`flex_harness::bench`]), writes
+//! `target/bench/bench.json` and a table, and compares with the committed baseline
+//! (`bench/baseline.json`) as ratios, naming regressions. It never fails on a figure: one it
+//! cannot measure says why, and the others are still written.
+//!
+//! - On the host: the agent image (compressed and unpacked, against its budget), its release
+//!   binary, the controller image, the image's assembly (binary already built), and our layer
+//!   unpacker against `tar -x` of the same layer (the machine rootfs fixture), as a ratio.
+//! - In the VM `cargo xtask up` started (none: those figures say so): the daemon's idle
+//!   resident memory (budget 12 MB), the agent unit's restart to `daemon ready`, and dev host
+//!   boot to SSH (from `up`'s own timing).
+//! - From the last `cargo xtask check` ([`flex_harness::artefacts::LastRun`]): AgentUpgrade to
+//!   the new agent running, a broken candidate's rollback, NodeReboot to the machine running
+//!   again, and each group's snapshot restore.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use flex_harness::bench::{Bench, Figure, Unit, render_table};
+use flex_harness::ssh::Guest;
+use flex_host::runner::{Cmd, ProcessRunner, Runner};
+
+/// The daemon's idle resident memory budget.
+pub const DAEMON_RSS_BUDGET: f64 = 12e6;
+/// The target for a broken candidate's rollback under TCG.
+pub const ROLLBACK_TARGET_S: f64 = 30.0;
+
+/// `bench`'s options.
+pub struct BenchOptions {
+    /// Tries per measured figure.
+    pub tries: usize,
+    /// Skip the VM's figures.
+    pub no_vm: bool,
+    /// The baseline to compare with.
+    pub baseline: PathBuf,
+    /// Write this run as the baseline too.
+    pub write_baseline: bool,
+}
+
+/// Runs the bench.
+pub async fn run(o: BenchOptions) -> anyhow::Result<()> {
+    let root = crate::project_root();
+    let r = ProcessRunner::new();
+    let tries = o.tries.max(1);
+    let mut figures = Vec::new();
+    host_figures(&r, &root, tries, &mut figures).await;
+    let work = crate::vm::work_dir();
+    let state = if o.no_vm {
+        Err("--no-vm".to_string())
+    } else {
+        match flex_harness::vm::State::load(&work) {
+            Ok(Some(s)) => Ok(s),
+            Ok(None) => Err("no VM: run `cargo xtask up` first".to_string()),
+            Err(e) => Err(format!("the VM's state is unreadable: {e:#}")),
+        }
+    };
+    let accel = state.as_ref().ok().map(|s| s.accel.clone());
+    vm_figures(&r, state.as_ref(), tries, &mut figures).await;
+    check_figures(&work, &mut figures);
+
+    let revision = r
+        .output(
+            &Cmd::new("git")
+                .arg("-C")
+                .arg(root.display().to_string())
+                .args(["describe", "--always", "--dirty"])
+                .timeout(Duration::from_secs(30)),
+        )
+        .await
+        .map(|o| o.stdout.trim().to_string())
+        .unwrap_or_else(|_| "unknown".into());
+    let bench = Bench::new(&revision, accel, figures);
+    let out = root.join("target/bench");
+    std::fs::create_dir_all(&out).with_context(|| format!("create {}", out.display()))?;
+    let text = serde_json::to_string_pretty(&bench)?;
+    write(&out.join("bench.json"), &text)?;
+    let baseline = match std::fs::read_to_string(&o.baseline) {
+        Ok(t) => match Bench::parse(&t) {
+            Ok(b) => Some(b),
+            Err(e) => {
+                eprintln!("bench: {} ignored: {e:#}", o.baseline.display());
+                None
+            }
+        },
+        Err(e) => {
+            eprintln!("bench: no baseline {}: {e}", o.baseline.display());
+            None
+        }
+    };
+    println!("{}", render_table(&bench, baseline.as_ref()));
+    println!(
+        "bench: {} (revision {}, {})",
+        out.join("bench.json").display(),
+        bench.revision,
+        bench.accel.as_deref().unwrap_or("no VM")
+    );
+    if o.write_baseline {
+        write(&o.baseline, &text)?;
+        println!("bench: baseline written to {}", o.baseline.display());
+    }
+    Ok(())
+}
+
+fn write(path: &Path, text: &str) -> anyhow::Result<()> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let tmp = path.with_extension("json.tmp");
+    std::fs::write(&tmp, format!("{text}\n"))
+        .with_context(|| format!("write {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("rename to {}", path.display()))?;
+    Ok(())
+}
+
+/// `f` timed `tries` times; the first error ends it.
+async fn timed<F, Fut>(tries: usize, mut f: F) -> anyhow::Result<Vec<f64>>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<()>>,
+{
+    let mut v = Vec::with_capacity(tries);
+    for _ in 0..tries {
+        let t = Instant::now();
+        f().await?;
+        v.push(t.elapsed().as_secs_f64());
+    }
+    Ok(v)
+}
+
+async fn host_figures(r: &dyn Runner, root: &Path, tries: usize, figs: &mut Vec<Figure>) {
+    use flex_image::agent::{AGENT_BUDGET, build_agent_image};
+    let out = root.join("target/image");
+    match crate::image::build(&out).await {
+        Ok((info, binary, opts)) => {
+            figs.push(
+                Figure::measured(
+                    "image.compressed",
+                    "agent image, compressed",
+                    Unit::Bytes,
+                    vec![info.compressed_size as f64],
+                )
+                .with_budget(AGENT_BUDGET.compressed as f64),
+            );
+            figs.push(
+                Figure::measured(
+                    "image.unpacked",
+                    "agent image, unpacked",
+                    Unit::Bytes,
+                    vec![info.uncompressed_size as f64],
+                )
+                .with_budget(AGENT_BUDGET.unpacked as f64),
+            );
+            let size = std::fs::metadata(&binary).map(|m| m.len() as f64);
+            figs.push(match size {
+                Ok(s) => {
+                    Figure::measured("binary.size", "agent release binary", Unit::Bytes, vec![s])
+                }
+                Err(e) => Figure::missing(
+                    "binary.size",
+                    "agent release binary",
+                    Unit::Bytes,
+                    e.to_string(),
+                ),
+            });
+            let assembly = timed(tries, || {
+                let (binary, opts) = (binary.clone(), opts.clone());
+                async move {
+                    let tmp = tempfile::tempdir()?;
+                    build_agent_image(&binary, tmp.path(), &opts).await?;
+                    Ok(())
+                }
+            })
+            .await;
+            figs.push(match assembly {
+                Ok(v) => Figure::measured(
+                    "image.assembly",
+                    "agent image assembly (binary built)",
+                    Unit::Seconds,
+                    v,
+                ),
+                Err(e) => Figure::missing(
+                    "image.assembly",
+                    "agent image assembly (binary built)",
+                    Unit::Seconds,
+                    format!("{e:#}"),
+                ),
+            });
+        }
+        Err(e) => {
+            let why = format!("the agent image did not build: {e:#}");
+            for (id, what, unit) in [
+                ("image.compressed", "agent image, compressed", Unit::Bytes),
+                ("image.unpacked", "agent image, unpacked", Unit::Bytes),
+                ("binary.size", "agent release binary", Unit::Bytes),
+                (
+                    "image.assembly",
+                    "agent image assembly (binary built)",
+                    Unit::Seconds,
+                ),
+            ] {
+                figs.push(Figure::missing(id, what, unit, why.clone()));
+            }
+        }
+    }
+    figs.push(match controller_image_size(&out).await {
+        Ok(s) => Figure::measured(
+            "controller.image",
+            "controller image archive",
+            Unit::Bytes,
+            vec![s],
+        ),
+        Err(e) => Figure::missing(
+            "controller.image",
+            "controller image archive",
+            Unit::Bytes,
+            format!("{e:#}"),
+        ),
+    });
+    figs.push(match unpack_ratio(r, tries).await {
+        Ok(v) => Figure::measured(
+            "unpack.ratio",
+            "layer unpack, ours / tar -x (machine rootfs)",
+            Unit::Ratio,
+            v,
+        ),
+        Err(e) => Figure::missing(
+            "unpack.ratio",
+            "layer unpack, ours / tar -x (machine rootfs)",
+            Unit::Ratio,
+            format!("{e:#}"),
+        ),
+    });
+}
+
+async fn controller_image_size(out: &Path) -> anyhow::Result<f64> {
+    let (binary, epoch, revision) = crate::image::controller_binary().await?;
+    let libraries = flex_image::agent::shared_libraries(&binary).await?;
+    let (_, _, archive) = crate::image::build_controller_image(
+        &binary,
+        &libraries,
+        Path::new(flex_image::agent::CA_BUNDLE),
+        out,
+        epoch,
+        Some(&revision),
+    )?;
+    Ok(std::fs::metadata(&archive)?.len() as f64)
+}
+
+/// Per try, our unpacker's time over `tar -xzf`'s on the same gzip layer of the machine rootfs
+/// fixture (packed once with `tar -czf`), each into a fresh directory.
+async fn unpack_ratio(r: &dyn Runner, tries: usize) -> anyhow::Result<Vec<f64>> {
+    let cache = flex_harness::devhost::default_cache_root();
+    let tree = flex_harness::fixtures::machine_rootfs_dir(&cache).join("rootfs");
+    if !tree.is_dir() {
+        anyhow::bail!(
+            "no machine rootfs fixture at {} (`cargo xtask up` builds it)",
+            tree.display()
+        );
+    }
+    let scratch = tempfile::tempdir_in(crate::project_root().join("target"))?;
+    let layer = scratch.path().join("layer.tar.gz");
+    r.run(
+        &Cmd::new("tar")
+            .args(["--numeric-owner", "--xattrs", "-C"])
+            .arg(tree.display().to_string())
+            .args(["-czf"])
+            .arg(layer.display().to_string())
+            .arg(".")
+            .timeout(Duration::from_secs(900)),
+    )
+    .await?;
+    let mut ratios = Vec::with_capacity(tries);
+    for i in 0..tries {
+        let ours_dir = scratch.path().join(format!("ours-{i}"));
+        let tar_dir = scratch.path().join(format!("tar-{i}"));
+        std::fs::create_dir_all(&ours_dir)?;
+        std::fs::create_dir_all(&tar_dir)?;
+        let t = Instant::now();
+        let blob = std::fs::File::open(&layer)?;
+        flex_oci::unpack::unpack_layer(
+            &ours_dir,
+            "bench-layer",
+            std::io::BufReader::new(blob),
+            &flex_oci::unpack::UnpackOptions::default(),
+        )?;
+        let ours = t.elapsed().as_secs_f64();
+        let t = Instant::now();
+        r.run(
+            &Cmd::new("tar")
+                .args(["--numeric-owner", "--xattrs", "-C"])
+                .arg(tar_dir.display().to_string())
+                .args(["-xzf"])
+                .arg(layer.display().to_string())
+                .timeout(Duration::from_secs(900)),
+        )
+        .await?;
+        let tar = t.elapsed().as_secs_f64();
+        ratios.push(ours / tar);
+        let _ = std::fs::remove_dir_all(&ours_dir);
+        let _ = std::fs::remove_dir_all(&tar_dir);
+    }
+    Ok(ratios)
+}
+
+/// The guest script printing the daemon's resident set in KiB (the process whose first
+/// argument ends in `aks-flex-node` and whose second is `daemon` or `agent`).
+pub const DAEMON_RSS_SCRIPT: &str = "ps -eo rss=,args= | awk '$2 ~ /aks-flex-node$/ && ($3 == \"daemon\" || $3 == \"agent\") { print $1; exit }'";
+
+/// The guest script that restarts the agent's unit and prints the seconds from the restart to
+/// the daemon's `daemon ready` line (journal timestamps), or nothing after 300 s.
+pub const AGENT_READY_SCRIPT: &str = r#"t0=$(date +%s.%N)
+systemctl restart aks-flex-node-agent.service
+for i in $(seq 1 300); do
+  t1=$(journalctl -u aks-flex-node-agent.service --since "@${t0%.*}" -o short-unix --no-pager | grep -m1 'daemon ready' | cut -d' ' -f1)
+  if [ -n "$t1" ]; then echo "$t0 $t1"; exit 0; fi
+  sleep 1
+done
+exit 1"#;
+
+/// Seconds from `t0 t1` (two Unix times) as the ready script prints them.
+pub fn parse_span(out: &str) -> Option<f64> {
+    let mut it = out.split_whitespace();
+    let t0: f64 = it.next()?.parse().ok()?;
+    let t1: f64 = it.next()?.parse().ok()?;
+    (t1 >= t0).then_some(t1 - t0)
+}
+
+async fn vm_figures(
+    r: &dyn Runner,
+    state: Result<&flex_harness::vm::State, &String>,
+    tries: usize,
+    figs: &mut Vec<Figure>,
+) {
+    const RSS: (&str, &str) = ("vm.daemon_rss", "daemon idle RSS");
+    const READY: (&str, &str) = ("vm.agent_ready", "agent unit restart to daemon ready");
+    const BOOT: (&str, &str) = ("vm.boot_ssh", "dev host first boot to SSH");
+    let s = match state {
+        Ok(s) => s,
+        Err(why) => {
+            figs.push(
+                Figure::missing(RSS.0, RSS.1, Unit::Bytes, why.clone())
+                    .with_budget(DAEMON_RSS_BUDGET),
+            );
+            figs.push(Figure::missing(
+                READY.0,
+                READY.1,
+                Unit::Seconds,
+                why.clone(),
+            ));
+            figs.push(Figure::missing(BOOT.0, BOOT.1, Unit::Seconds, why.clone()));
+            return;
+        }
+    };
+    let g = Guest::new(r, &s.ssh);
+    // Ready first: the RSS is sampled once the restarted daemon has settled.
+    let mut ready = Vec::new();
+    let mut ready_err = None;
+    for _ in 0..tries {
+        match g.output(AGENT_READY_SCRIPT, Duration::from_secs(420)).await {
+            Ok(o) => match parse_span(&o.stdout) {
+                Some(v) => ready.push(v),
+                None => {
+                    ready_err = Some(format!(
+                        "no `daemon ready` within 300 s of the restart (exit {:?}, {})",
+                        o.code,
+                        o.stderr.trim()
+                    ));
+                    break;
+                }
+            },
+            Err(e) => {
+                ready_err = Some(format!("{e:#}"));
+                break;
+            }
+        }
+    }
+    figs.push(match ready_err {
+        Some(why) if ready.is_empty() => Figure::missing(READY.0, READY.1, Unit::Seconds, why),
+        _ => Figure::measured(READY.0, READY.1, Unit::Seconds, ready),
+    });
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    let mut rss = Vec::new();
+    let mut rss_err = None;
+    for _ in 0..tries.max(5) {
+        match g.sh(DAEMON_RSS_SCRIPT).await {
+            Ok(out) => match out.trim().parse::<f64>() {
+                Ok(kib) => rss.push(kib * 1024.0),
+                Err(_) => {
+                    rss_err = Some(format!("no daemon process in the guest ({out:?})"));
+                    break;
+                }
+            },
+            Err(e) => {
+                rss_err = Some(format!("{e:#}"));
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    figs.push(
+        match rss_err {
+            Some(why) if rss.is_empty() => Figure::missing(RSS.0, RSS.1, Unit::Bytes, why),
+            _ => Figure::measured(RSS.0, RSS.1, Unit::Bytes, rss),
+        }
+        .with_budget(DAEMON_RSS_BUDGET),
+    );
+    figs.push(
+        match s.timings.iter().find(|(n, _)| n == "first boot") {
+            Some((_, secs)) => Figure::measured(BOOT.0, BOOT.1, Unit::Seconds, vec![*secs]),
+            None => Figure::missing(
+                BOOT.0,
+                BOOT.1,
+                Unit::Seconds,
+                "`up` recorded no first-boot time",
+            ),
+        }
+        .from_source(format!("cargo xtask up ({})", s.accel)),
+    );
+}
+
+/// The figures of the last `check` ([`flex_harness::artefacts::LastRun`]); the rollback is
+/// held to its target.
+fn check_figures(work: &Path, figs: &mut Vec<Figure>) {
+    let last = flex_harness::artefacts::LastRun::load(work);
+    let groups: Option<Vec<_>> = match &last {
+        Ok(Some(l)) => Some(l.groups.iter().map(|g| g.times()).collect()),
+        _ => None,
+    };
+    if let Err(e) = &last {
+        eprintln!("bench: the last check run is unreadable: {e:#}");
+    }
+    let source = format!(
+        "the last cargo xtask check ({})",
+        work.join(flex_harness::artefacts::LAST_RUN).display()
+    );
+    for f in flex_harness::bench::figures_from_checks(groups.as_deref(), &source) {
+        figs.push(if f.id == "vm.rollback" {
+            f.with_budget(ROLLBACK_TARGET_S)
+        } else {
+            f
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_ready_span_is_read_from_two_unix_times() {
+        assert_eq!(parse_span("1700000000.25 1700000003.75\n"), Some(3.5));
+        assert_eq!(parse_span(""), None);
+        assert_eq!(parse_span("1700000003 1700000000"), None);
+        assert_eq!(parse_span("x y"), None);
+    }
+
+    /// Real: `sh` and `awk` on this machine (ps's output given on stdin). The RSS script picks
+    /// the daemon's line, not another aks-flex-node process.
+    #[tokio::test]
+    async fn the_rss_script_picks_the_daemon() {
+        let ps = "  812 /usr/bin/ctr -n aks-flex run aks-flex-agent\n 9000 /usr/local/bin/aks-flex-node operation run NodeReboot\n 6100 /usr/local/bin/aks-flex-node daemon --config /etc/aks-flex-node/config.json\n";
+        let script = DAEMON_RSS_SCRIPT.replace("ps -eo rss=,args=", "cat");
+        let out = ProcessRunner::new()
+            .run(
+                &Cmd::new("sh")
+                    .args(["-c", &script])
+                    .stdin(ps)
+                    .timeout(Duration::from_secs(10)),
+            )
+            .await
+            .unwrap();
+        assert_eq!(out.stdout.trim(), "6100");
+    }
+}
