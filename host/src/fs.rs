@@ -1202,7 +1202,11 @@ mod tests {
         assert_eq!(std::fs::read(&path).unwrap(), b"{}");
         let meta = std::fs::metadata(&path).unwrap();
         assert_eq!(meta.permissions().mode() & 0o7777, 0o600);
-        assert_eq!(std::os::unix::fs::MetadataExt::nlink(&meta), 1, "the temporary name is gone");
+        assert_eq!(
+            std::os::unix::fs::MetadataExt::nlink(&meta),
+            1,
+            "the temporary name is gone"
+        );
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
         assert!(synced::take().contains(&dir.path().to_path_buf()));
     }
