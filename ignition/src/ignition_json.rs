@@ -43,7 +43,7 @@ pub enum IgnitionError {
         /// JSON path of the entry.
         path: String,
         /// The problem.
-        error: ConfigError,
+        error: Box<ConfigError>,
     },
 }
 
@@ -252,7 +252,12 @@ pub fn parse_ignition(json: &str) -> Result<Config, IgnitionError> {
         });
     }
     let mut config = Config::new();
-    let entry = |path: String| move |error: ConfigError| IgnitionError::Entry { path, error };
+    let entry = |path: String| {
+        move |error: ConfigError| IgnitionError::Entry {
+            path,
+            error: Box::new(error),
+        }
+    };
     if let Some(storage) = raw.storage {
         for (i, d) in storage
             .directories

@@ -92,13 +92,13 @@ pub enum NodeError {
     #[error("the bootstrap inputs: {cause}")]
     Bootstrap {
         /// The builder's error.
-        cause: ConfigError,
+        cause: Box<ConfigError>,
     },
     /// The base config and the agent's provisioning define the same entry differently.
     #[error("the base config and the agent's provisioning: {cause}")]
     Conflict {
         /// The entry and how it differs.
-        cause: MergeError,
+        cause: Box<MergeError>,
     },
 }
 
@@ -171,9 +171,13 @@ pub fn node_config(
                     Dropin::new(REMOVE_ENV_DROPIN, remove_env_dropin()),
                 )
             })
-            .map_err(|cause| NodeError::Bootstrap { cause })?;
+            .map_err(|cause| NodeError::Bootstrap {
+                cause: Box::new(cause),
+            })?;
     }
-    merge(base, &provisioning).map_err(|cause| NodeError::Conflict { cause })
+    merge(base, &provisioning).map_err(|cause| NodeError::Conflict {
+        cause: Box::new(cause),
+    })
 }
 
 #[cfg(test)]
