@@ -53,6 +53,37 @@ pub struct PreflightArgs {
     pub output: String,
 }
 
+/// `ignition` flags.
+#[derive(Debug, Args)]
+pub struct IgnitionArgs {
+    /// The base config: Butane (flatcar variant) or Ignition JSON (3.0.0 to 3.4.0)
+    #[arg(long, value_name = "FILE")]
+    pub base_config: PathBuf,
+    /// Where to write the node's Ignition config (created with mode 0600; an existing file is
+    /// an error, never replaced: it carries the bootstrap token)
+    #[arg(short, long, value_name = "FILE")]
+    pub output: PathBuf,
+    /// The agent image the node runs, pinned by digest
+    #[arg(long, value_name = "REF", env = "AKS_FLEX_NODE_IMAGE")]
+    pub image: String,
+    /// Pull the agent image over plain HTTP (`ctr images pull --plain-http`)
+    #[arg(long)]
+    pub plain_http: bool,
+    /// A registry (host[:port]) the agent may pull from over plain HTTP (repeat, or separate
+    /// with commas)
+    #[arg(long, value_delimiter = ',', value_name = "HOST[:PORT]")]
+    pub insecure_registry: Vec<String>,
+    /// The Ignition spec version to write: 3.4.0 or 3.3.0
+    #[arg(long, default_value = "3.4.0", value_name = "VERSION")]
+    pub spec: String,
+    /// The directory the base config's `local` contents are relative to (Butane's --files-dir)
+    #[arg(long, value_name = "DIR")]
+    pub files_dir: Option<PathBuf>,
+    /// The bootstrap arguments: AKS_FLEX_NODE_*=VALUE assignments (docs/bootstrap.md's inputs)
+    #[arg(last = true, required = true, value_name = "BOOTSTRAP_ARGS")]
+    pub bootstrap_args: Vec<String>,
+}
+
 /// `status` flags.
 #[derive(Debug, Args)]
 pub struct StatusArgs {
@@ -109,6 +140,12 @@ pub enum Command {
         #[arg(long, value_name = "DIR", requires = "dry_run")]
         output_dir: Option<PathBuf>,
     },
+    /// Write a node's Ignition config for the agent's image: a base config (Butane or
+    /// Ignition), the agent's provisioning and the bootstrap arguments (docs/ignition.md)
+    #[command(
+        long_about = "Write a node's Ignition config for Azure Container Linux: the base config (Butane, flatcar variant, or Ignition 3.0.0-3.4.0 JSON) merged with the agent's provisioning (image/agent-container.bu, the agent image filled in) and the bootstrap arguments, AKS_FLEX_NODE_*=VALUE assignments after --, which go to /etc/aks-flex-node/bootstrap.env (0600) and are removed by the first-boot unit once the bootstrap succeeded. The arguments are checked with the bootstrap's own parser and renderer; the output is created with mode 0600 and never replaces a file. docs/ignition.md."
+    )]
+    Ignition(IgnitionArgs),
     /// MachineOperations run on this node, without a cluster
     #[command(subcommand)]
     Operation(OperationCommand),
@@ -451,6 +488,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Token(TokenCommand::Kubelogin(a)) => run_kubelogin(a).await,
         Command::Debug(d) => run_debug(d).await,
         Command::Operation(o) => run_operation(o).await,
+        Command::Ignition(a) => run_ignition(&a),
         Command::Recover => {
             require_root("recover")?;
             crate::logging::init("info", None);
@@ -510,6 +548,45 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// `ignition`: reads the base config, renders (every check first), then creates the output
+/// (0600, never replacing a file). A failure writes nothing. Nothing is logged: the output and
+/// the arguments carry the bootstrap token.
+fn run_ignition(a: &IgnitionArgs) -> anyhow::Result<()> {
+    let spec: flex_ignition::SpecVersion =
+        a.spec.parse().map_err(|e| anyhow::anyhow!("--spec: {e}"))?;
+    if a.output.symlink_metadata().is_ok() {
+        anyhow::bail!(
+            "output {}: it exists; remove it or choose another path (it is never replaced)",
+            a.output.display()
+        );
+    }
+    let base = std::fs::read_to_string(&a.base_config)
+        .map_err(|e| anyhow::anyhow!("read the base config {}: {e}", a.base_config.display()))?;
+    let json = crate::flows::ignition::render(&crate::flows::ignition::Request {
+        base_config: &base,
+        files_dir: a.files_dir.as_deref(),
+        image: flex_ignition::node::AgentImage {
+            reference: a.image.clone(),
+            plain_http: a.plain_http,
+            insecure_registries: a.insecure_registry.clone(),
+        },
+        bootstrap_args: &a.bootstrap_args,
+        spec,
+    })
+    .map_err(|e| match e {
+        crate::flows::ignition::IgnitionCmdError::Base(_) => {
+            anyhow::anyhow!("{}: {e}", a.base_config.display())
+        }
+        e => anyhow::anyhow!(e),
+    })?;
+    crate::fs::write_new(&a.output, json.as_bytes(), 0o600)?;
+    println!(
+        "wrote {} (mode 0600; it carries the bootstrap inputs)",
+        a.output.display()
+    );
+    Ok(())
 }
 
 /// `bootstrap-node --dry-run`: reads the inputs, renders and validates what the bootstrap would

@@ -440,6 +440,18 @@ async fn start_ran_once(c: &Ctx<'_>) -> anyhow::Result<Outcome> {
     ensure(before == 1, || {
         format!("start reported success {before} times")
     })?;
+    // The first-boot unit removed the file that carried the token once the bootstrap succeeded
+    // (the drop-in `aks-flex-node ignition` and the harness's config add).
+    let kept = c
+        .output("test -e /etc/aks-flex-node/bootstrap.env", T)
+        .await?;
+    ensure(!kept.success(), || {
+        "/etc/aks-flex-node/bootstrap.env (it carries the token) is still there after the bootstrap"
+            .into()
+    })?;
+    // Inputs again, so the unit runs (its condition) and must find the node bootstrapped.
+    let env = c.state.bootstrap_env.clone().unwrap_or_default();
+    write_bootstrap_env(c, &env).await?;
     c.sh_t(
         "systemctl restart aks-flex-node-bootstrap.service",
         Duration::from_secs(300),

@@ -1,11 +1,22 @@
-//! The VM's Ignition config: `image/agent-container.bu` (with the agent image filled in) plus
-//! the harness's additions — a harness user with the generated SSH key, the hostname, the
-//! bootstrap inputs, and `image/label-containerd.bu` when asked — merged by the `ignition`
-//! crate, which reports a conflict rather than overwriting. With `up --cluster`, the bootstrap
-//! inputs join the kind cluster ([`cluster_bootstrap_env`]).
+//! The VM's Ignition config, made by `flex_ignition::node::node_config`, the function
+//! `aks-flex-node ignition` makes a node's config with, so the two cannot drift: the harness's
+//! base config (a harness user with the generated SSH key, the hostname, and
+//! `image/label-containerd.bu` when asked), the agent's provisioning (`image/agent-container.bu`
+//! with the agent image filled in) and the bootstrap inputs, checked as the command checks its
+//! bootstrap arguments, in `/etc/aks-flex-node/bootstrap.env` (0600), which the first-boot unit
+//! removes once the bootstrap succeeded. The `ignition` crate reports a conflict rather than
+//! overwriting. With `up --cluster`, the bootstrap inputs join the kind cluster
+//! ([`cluster_bootstrap_env`]).
+//!
+//! The harness calls the library rather than running the agent's binary: it never links the
+//! agent (`cargo xtask layering`), and the function is the command's own; what the command adds
+//! (rendering the inputs with the agent's renderer) the harness's tests do with the agent as a
+//! dev-dependency (`cluster_env_renders_a_joining_config`, and
+//! `renders_what_aks_flex_node_ignition_renders`, which compares the two outputs).
 
 use std::path::Path;
 
+use flex_ignition::node::{AgentImage, BootstrapArgs, node_config};
 use flex_ignition::{SpecVersion, merge, parse_butane, to_ignition_json};
 
 use crate::ssh::USER;
@@ -25,13 +36,9 @@ pub struct Additions {
     pub ssh_public_key: String,
     /// The guest's hostname.
     pub hostname: String,
-    /// The agent image, pinned by digest.
-    pub agent_image: String,
-    /// Extra `ctr images pull` flags (`--plain-http` for the local registry).
-    pub pull_args: String,
-    /// The registries the agent may pull from over plain HTTP (`AKS_FLEX_NODE_INSECURE_REGISTRIES`
-    /// in the container settings): exactly the harness's registry as the guest reaches it.
-    pub insecure_registries: String,
+    /// The agent image (pinned by digest), pulled with `--plain-http` from the harness's
+    /// registry, which is also the one registry the agent may pull from over plain HTTP.
+    pub image: AgentImage,
     /// `/etc/aks-flex-node/bootstrap.env`, if the host should bootstrap at first boot.
     pub bootstrap_env: Option<String>,
     /// Merge `image/label-containerd.bu`.
@@ -42,33 +49,25 @@ fn yaml_str(s: &str) -> String {
     serde_json::to_string(s).unwrap_or_else(|_| "\"\"".into())
 }
 
-/// The harness's additions as Butane YAML.
+/// The harness's base config as Butane YAML: its user and the hostname.
 pub fn additions_butane(a: &Additions) -> String {
-    let mut s = format!(
+    format!(
         "variant: flatcar\nversion: 1.1.0\npasswd:\n  users:\n    - name: {USER}\n      groups: [sudo]\n      ssh_authorized_keys:\n        - {}\nstorage:\n  files:\n    - path: /etc/hostname\n      mode: 0644\n      overwrite: true\n      contents:\n        inline: {}\n",
         yaml_str(&a.ssh_public_key),
         yaml_str(&format!("{}\n", a.hostname)),
-    );
-    if let Some(env) = &a.bootstrap_env {
-        s.push_str(&format!(
-            "    - path: /etc/aks-flex-node/bootstrap.env\n      mode: 0600\n      contents:\n        inline: {}\n",
-            yaml_str(env)
-        ));
-    }
-    s
+    )
 }
 
-/// Fills the placeholders of `image/agent-container.bu`.
-pub fn fill_agent_container(
-    template: &str,
-    agent_image: &str,
-    pull_args: &str,
-    insecure_registries: &str,
-) -> String {
-    template
-        .replace("@AKS_FLEX_NODE_IMAGE@", agent_image)
-        .replace("@AKS_FLEX_NODE_PULL_ARGS@", pull_args)
-        .replace("@AKS_FLEX_NODE_INSECURE_REGISTRIES@", insecure_registries)
+/// The bootstrap inputs of a `bootstrap.env` text as the bootstrap arguments
+/// `aks-flex-node ignition` takes (`KEY=VALUE`), checked as the command checks them.
+pub fn bootstrap_args(env: &str) -> anyhow::Result<BootstrapArgs> {
+    let entries = flex_api::bootstrap_env::parse(env)
+        .map_err(|e| anyhow::anyhow!("the harness's bootstrap.env: {e}"))?;
+    let args: Vec<String> = entries
+        .iter()
+        .map(|e| format!("{}={}", e.key, e.value))
+        .collect();
+    BootstrapArgs::parse(&args).map_err(|e| anyhow::anyhow!("the harness's bootstrap inputs: {e}"))
 }
 
 /// The registry (`host[:port]`) of an image reference: the part before the first `/`. The
@@ -176,30 +175,21 @@ pub struct OfflineBundle {
 
 /// Renders the Ignition JSON for the VM.
 pub fn render(repo: &Path, a: &Additions, spec: SpecVersion) -> anyhow::Result<String> {
-    let read = |name: &str| -> anyhow::Result<String> {
-        let p = repo.join("image").join(name);
-        std::fs::read_to_string(&p).map_err(|e| anyhow::anyhow!("read {}: {e}", p.display()))
-    };
-    let base = parse_butane(
-        &fill_agent_container(
-            &read("agent-container.bu")?,
-            &a.agent_image,
-            &a.pull_args,
-            &a.insecure_registries,
-        ),
-        None,
-    )
-    .map_err(|e| anyhow::anyhow!("image/agent-container.bu: {e}"))?;
-    let mut config = merge(
-        &base,
-        &parse_butane(&additions_butane(a), None)
-            .map_err(|e| anyhow::anyhow!("harness additions: {e}"))?,
-    )?;
+    let mut base = parse_butane(&additions_butane(a), None)
+        .map_err(|e| anyhow::anyhow!("harness additions: {e}"))?;
     if a.label_containerd {
-        let label = parse_butane(&read("label-containerd.bu")?, None)
+        let p = repo.join("image").join("label-containerd.bu");
+        let text = std::fs::read_to_string(&p)
+            .map_err(|e| anyhow::anyhow!("read {}: {e}", p.display()))?;
+        let label = parse_butane(&text, None)
             .map_err(|e| anyhow::anyhow!("image/label-containerd.bu: {e}"))?;
-        config = merge(&config, &label)?;
+        base = merge(&base, &label)?;
     }
+    let args = match &a.bootstrap_env {
+        Some(env) => bootstrap_args(env)?,
+        None => BootstrapArgs::default(),
+    };
+    let config = node_config(&base, &a.image, &args)?;
     Ok(to_ignition_json(&config, spec))
 }
 
@@ -218,13 +208,17 @@ mod tests {
         Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
     }
 
+    const DIGEST: &str = "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+
     fn additions() -> Additions {
         Additions {
             ssh_public_key: "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFakeKeyForTests harness".into(),
             hostname: "flex-dev-node".into(),
-            agent_image: "10.0.2.100:5000/aks-flex/agent@sha256:0123".into(),
-            pull_args: "--plain-http".into(),
-            insecure_registries: "10.0.2.100:5000".into(),
+            image: AgentImage {
+                reference: format!("10.0.2.100:5000/aks-flex/agent@{DIGEST}"),
+                plain_http: true,
+                insecure_registries: vec!["10.0.2.100:5000".into()],
+            },
             bootstrap_env: Some("AKS_FLEX_NODE_NODE_NAME=\"$(touch /tmp/x)\"\n".into()),
             label_containerd: true,
         }
@@ -237,11 +231,32 @@ mod tests {
             !json.contains("@AKS_FLEX_NODE_"),
             "a placeholder is left: {json}"
         );
-        // The container settings opt the harness's registry (only) in to plain HTTP.
+        // The container settings opt the harness's registry (only) in to plain HTTP. (Read
+        // back through the parser: with a full digest the file is gzipped in the data URL.)
+        let config = flex_ignition::parse_ignition(&json).unwrap();
+        let Some(flex_ignition::Contents::Data { data, compression }) = &config
+            .file("/etc/sysconfig/aks-flex-node-container")
+            .unwrap()
+            .contents
+        else {
+            panic!("not embedded")
+        };
+        let data = match compression {
+            Some(_) => {
+                use std::io::Read as _;
+                let mut out = Vec::new();
+                flate2::read::GzDecoder::new(&data[..])
+                    .read_to_end(&mut out)
+                    .unwrap();
+                out
+            }
+            None => data.clone(),
+        };
+        let settings = String::from_utf8(data).unwrap();
         assert!(
-            json.contains("AKS_FLEX_NODE_INSECURE_REGISTRIES%3D10.0.2.100%3A5000")
-                || json.contains("AKS_FLEX_NODE_INSECURE_REGISTRIES=10.0.2.100:5000"),
-            "{json}"
+            settings.contains("\nAKS_FLEX_NODE_INSECURE_REGISTRIES=10.0.2.100:5000\n")
+                && settings.contains("\nAKS_FLEX_NODE_PULL_ARGS=--plain-http\n"),
+            "{settings}"
         );
         let v: serde_json::Value = serde_json::from_str(&json).unwrap();
         assert_eq!(v["ignition"]["version"], "3.3.0");
@@ -357,6 +372,100 @@ mod tests {
             json["node"]["registryMirrors"],
             serde_json::json!({"mcr.microsoft.com": "http://10.0.2.2:5000", "registry.k8s.io": "http://10.0.2.2:5000"})
         );
+    }
+
+    /// The bootstrap inputs go to bootstrap.env (0600), which the bootstrap's own parser reads
+    /// back as the harness wrote them (the hostile value literal), and the first-boot unit has
+    /// the drop-in that removes the file after a successful bootstrap.
+    #[test]
+    fn bootstrap_env_is_written_0600_and_removed_after_a_successful_bootstrap() {
+        let env = "# comment\nAKS_FLEX_NODE_NODE_NAME=\"$(touch /tmp/x)\"\nAKS_FLEX_NODE_BOOTSTRAP_TOKEN=abcdef.0123456789abcdef\n";
+        let a = Additions {
+            bootstrap_env: Some(env.into()),
+            ..additions()
+        };
+        let json = render(&repo(), &a, SpecVersion::V3_3_0).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+        let file = v["storage"]["files"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|f| f["path"] == "/etc/aks-flex-node/bootstrap.env")
+            .unwrap();
+        assert_eq!(file["mode"], 0o600);
+        let config = flex_ignition::parse_ignition(&json).unwrap();
+        let Some(flex_ignition::Contents::Data { data, .. }) = &config
+            .file("/etc/aks-flex-node/bootstrap.env")
+            .unwrap()
+            .contents
+        else {
+            panic!("not embedded")
+        };
+        let written = flex_api::bootstrap_env::parse(std::str::from_utf8(data).unwrap()).unwrap();
+        let given = flex_api::bootstrap_env::parse(env).unwrap();
+        let pairs = |e: &[flex_api::bootstrap_env::Entry]| -> Vec<(String, String)> {
+            e.iter().map(|e| (e.key.clone(), e.value.clone())).collect()
+        };
+        assert_eq!(pairs(&written), pairs(&given));
+        let unit = config.unit("aks-flex-node-bootstrap.service").unwrap();
+        assert_eq!(unit.dropins.len(), 1);
+        assert!(
+            unit.dropins[0]
+                .contents
+                .as_deref()
+                .unwrap()
+                .contains("\nExecStartPost=/bin/rm -f /etc/aks-flex-node/bootstrap.env\n")
+        );
+    }
+
+    /// A bootstrap input the command would refuse (a flag the command sets itself) fails the
+    /// harness's render too: the two check alike.
+    #[test]
+    fn inputs_the_command_refuses_fail_the_render() {
+        let a = Additions {
+            bootstrap_env: Some("AKS_FLEX_NODE_USE_INSTALLED_AGENT=true\n".into()),
+            ..additions()
+        };
+        let e = render(&repo(), &a, SpecVersion::V3_4_0).unwrap_err();
+        assert!(
+            e.to_string().contains("AKS_FLEX_NODE_USE_INSTALLED_AGENT"),
+            "{e}"
+        );
+    }
+
+    /// The harness's config is byte for byte what `aks-flex-node ignition` (its library
+    /// function, the real one, from the agent as a dev-dependency) writes for the same base
+    /// config, image and bootstrap inputs.
+    #[test]
+    fn renders_what_aks_flex_node_ignition_renders() {
+        let env = cluster_bootstrap_env(
+            &join(),
+            "10.0.2.2:5000/aks-flex/machine@sha256:00",
+            &hostile_location(),
+            None,
+            None,
+        );
+        let a = Additions {
+            bootstrap_env: Some(env.clone()),
+            label_containerd: false,
+            ..additions()
+        };
+        let harness = render(&repo(), &a, SpecVersion::V3_4_0).unwrap();
+        let args: Vec<String> = flex_api::bootstrap_env::parse(&env)
+            .unwrap()
+            .iter()
+            .map(|e| format!("{}={}", e.key, e.value))
+            .collect();
+        let command =
+            aks_flex_node::flows::ignition::render(&aks_flex_node::flows::ignition::Request {
+                base_config: &additions_butane(&a),
+                files_dir: None,
+                image: a.image.clone(),
+                bootstrap_args: &args,
+                spec: SpecVersion::V3_4_0,
+            })
+            .unwrap();
+        assert_eq!(harness, command);
     }
 
     #[test]

@@ -616,9 +616,11 @@ fn write_ignition(
         &Additions {
             ssh_public_key,
             hostname: HOSTNAME.into(),
-            agent_image: images.agent.clone(),
-            pull_args: "--plain-http".into(),
-            insecure_registries: images.registry.guest_addr(),
+            image: flex_ignition::node::AgentImage {
+                reference: images.agent.clone(),
+                plain_http: true,
+                insecure_registries: vec![images.registry.guest_addr()],
+            },
             bootstrap_env: Some(env.to_string()),
             label_containerd: opts.label_containerd,
         },

@@ -361,6 +361,64 @@ impl HostFs {
     }
 }
 
+/// Writes `contents` to a new file at `path` (a path the user named, not under a host root)
+/// with `mode`, never replacing anything: an existing `path` (a dangling link included) is an
+/// error, and a failure leaves nothing at `path` and no temporary file behind.
+///
+/// The data goes to a temporary file in the same directory, opened with `O_EXCL`
+/// (`create_new`) and `mode` from the start (never readable by others, even for a moment, when
+/// `mode` is 0600), synced, then hard-linked to `path`: `link(2)` fails with `EEXIST` rather
+/// than replace a file that appeared meanwhile, so the check and the creation are one step.
+/// The temporary name is removed and the directory synced.
+pub fn write_new(path: &Path, contents: &[u8], mode: u32) -> Result<(), FsError> {
+    let exists = || {
+        std::io::Error::new(
+            std::io::ErrorKind::AlreadyExists,
+            "it exists; remove it or choose another path (it is never replaced)",
+        )
+    };
+    if path.symlink_metadata().is_ok() {
+        return Err(FsError::new("create", path, exists()));
+    }
+    let name = path
+        .file_name()
+        .ok_or_else(|| FsError::new("create", path, std::io::Error::other("not a file name")))?;
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let tmp = dir.join(format!(
+        ".{}.tmp-{}-{nanos}",
+        name.to_string_lossy(),
+        std::process::id()
+    ));
+    let written = (|| -> std::io::Result<()> {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(mode)
+            .open(&tmp)?;
+        f.write_all(contents)?;
+        f.sync_all()
+    })();
+    if let Err(cause) = written {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(FsError::new("write", path, cause));
+    }
+    let linked = std::fs::hard_link(&tmp, path);
+    let _ = std::fs::remove_file(&tmp);
+    match linked {
+        Ok(()) => sync_dir(&dir).map_err(|cause| FsError::new("sync", &dir, cause)),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            Err(FsError::new("create", path, exists()))
+        }
+        Err(cause) => Err(FsError::new("create", path, cause)),
+    }
+}
+
 /// Syncs the directory `dir`, making the renames, links and removals in it durable (a power
 /// cut cannot revert them afterwards). A file system that cannot sync a directory (`EINVAL`,
 /// `ENOTSUP`: it has nothing to make durable) counts as synced.
@@ -1131,5 +1189,53 @@ mod tests {
         fs.write_atomic(Path::new("/dir/f"), b"x", 0o644).unwrap();
         let err = fs.read(Path::new("/dir")).unwrap_err();
         assert!(err.to_string().starts_with("read /dir:"), "{err}");
+    }
+
+    /// Real files in a temporary directory: the new file has the mode and the bytes, nothing
+    /// else is left in the directory, and the directory was synced.
+    #[test]
+    fn write_new_creates_the_file_with_its_mode_and_nothing_else() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("node.ign");
+        let _ = synced::take();
+        write_new(&path, b"{}", 0o600).unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"{}");
+        let meta = std::fs::metadata(&path).unwrap();
+        assert_eq!(meta.permissions().mode() & 0o7777, 0o600);
+        assert_eq!(
+            std::os::unix::fs::MetadataExt::nlink(&meta),
+            1,
+            "the temporary name is gone"
+        );
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+        assert!(synced::take().contains(&dir.path().to_path_buf()));
+    }
+
+    /// An existing file, or a dangling link, is never replaced: the error says it exists and
+    /// the old bytes (or link) stay; no temporary file is left.
+    #[test]
+    fn write_new_never_replaces_an_existing_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("node.ign");
+        std::fs::write(&path, b"old").unwrap();
+        let e = write_new(&path, b"new", 0o600).unwrap_err();
+        assert!(e.to_string().contains("exists"), "{e}");
+        assert!(e.to_string().contains("node.ign"), "{e}");
+        assert_eq!(std::fs::read(&path).unwrap(), b"old");
+        let link = dir.path().join("dangling");
+        std::os::unix::fs::symlink(dir.path().join("nowhere"), &link).unwrap();
+        assert!(write_new(&link, b"new", 0o600).is_err());
+        assert!(!dir.path().join("nowhere").exists(), "followed the link");
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 2);
+    }
+
+    /// A directory that does not exist: an error naming the path, nothing created.
+    #[test]
+    fn write_new_in_a_missing_directory_fails_and_creates_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("missing").join("node.ign");
+        let e = write_new(&path, b"x", 0o600).unwrap_err();
+        assert!(e.to_string().contains("missing"), "{e}");
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
     }
 }

@@ -64,6 +64,32 @@ pub fn escape(data: &[u8]) -> String {
     out
 }
 
+/// Decodes a `data:` URL (RFC 2397: `data:[<media type>][;base64],<data>`) into its bytes;
+/// `None` when `url` is not a data URL or its payload does not decode (a bad `%XX` escape or
+/// base64). The media type is ignored, as Ignition ignores it.
+pub fn decode(url: &str) -> Option<Vec<u8>> {
+    let (header, payload) = url.strip_prefix("data:")?.split_once(',')?;
+    if header.ends_with(";base64") {
+        return base64::engine::general_purpose::STANDARD
+            .decode(payload)
+            .ok();
+    }
+    let bytes = payload.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = std::str::from_utf8(bytes.get(i + 1..i + 3)?).ok()?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    Some(out)
+}
+
 /// Standard base64 with padding (Go's `base64.StdEncoding`).
 pub fn base64_encode(data: &[u8]) -> String {
     base64::engine::general_purpose::STANDARD.encode(data)

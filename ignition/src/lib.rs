@@ -25,17 +25,22 @@
 //! ```
 //!
 //! Modules: [`model`] (entries and their own checks), [`config`] ([`Config`], the builder,
-//! [`merge`]), [`butane`] ([`parse_butane`]), [`render`] ([`to_ignition_json`]), [`dataurl`]
-//! (Butane's data URL encoding).
+//! [`merge`]), [`butane`] ([`parse_butane`]), [`ignition_json`] ([`parse_ignition`]: Ignition
+//! JSON, the same subset), [`render`] ([`to_ignition_json`]), [`dataurl`] (Butane's data URL
+//! encoding), [`node`] (a node's config for the agent's image: a base config, the agent's
+//! provisioning and the bootstrap inputs; `aks-flex-node ignition` and the harness use it).
 
 pub mod butane;
 pub mod config;
 pub mod dataurl;
+pub mod ignition_json;
 pub mod model;
+pub mod node;
 pub mod render;
 
 pub use butane::{ButaneError, ButaneWarning, parse_butane, parse_butane_with_warnings};
 pub use config::{Config, ConfigError, Entry, MergeError, merge};
+pub use ignition_json::{IgnitionError, parse_ignition};
 pub use model::{
     Compression, Contents, Directory, Dropin, FieldError, File, Link, Owner, Unit, User,
 };

@@ -36,6 +36,14 @@ pub const TARGETS: &[(&str, &str)] = &[
         "Butane YAML: a parsed config renders valid, deterministic Ignition JSON (3.4.0, 3.3.0)",
     ),
     (
+        "ignition_json",
+        "Ignition JSON base configs: a parsed config's rendering (3.4.0, 3.3.0) reads back to the same bytes",
+    ),
+    (
+        "bootstrap_args",
+        "bootstrap arguments: accepted ones read back exactly through the bootstrap.env parser; errors echo no value",
+    ),
+    (
         "oci_manifest",
         "OCI manifests and indexes (with a Content-Type): a parsed document re-serializes to the same",
     ),

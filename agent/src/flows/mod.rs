@@ -16,6 +16,7 @@
 
 pub mod bootstrap;
 pub mod daemon;
+pub mod ignition;
 pub mod operations;
 pub mod preflight;
 pub mod reboot;

@@ -54,3 +54,44 @@ pub const SHA256: &str = "AKS_FLEX_NODE_SHA256";
 pub const INSTALL_DIR: &str = "AKS_FLEX_NODE_INSTALL_DIR";
 /// `AKS_FLEX_NODE_USE_INSTALLED_AGENT`.
 pub const USE_INSTALLED_AGENT: &str = "AKS_FLEX_NODE_USE_INSTALLED_AGENT";
+
+/// Every input the agent or the script reads, in the order `docs/bootstrap.md` lists them (a
+/// test in the agent keeps this equal to its input table).
+pub const ALL: &[&str] = &[
+    CONFIG,
+    CLUSTER_RESOURCE_ID,
+    LOCATION,
+    KUBERNETES_VERSION,
+    API_SERVER,
+    CA_CERT_DATA,
+    BOOTSTRAP_TOKEN,
+    NODE_NAME,
+    NODE_IP,
+    LABELS,
+    TAINTS,
+    REGISTRY_MIRRORS,
+    DNS_SERVICE_IP,
+    MACHINE_CLIENT_MODE,
+    MACHINE_CLIENT_ENDPOINT_URL,
+    REQUIRE_MACHINE_REGISTRATION,
+    OCI_IMAGE,
+    OFFLINE_ARTIFACTS,
+    INSECURE_REGISTRIES,
+    LOG_LEVEL,
+    PREFLIGHT_IGNORE,
+    VERSION,
+    DOWNLOAD_URL,
+    SHA256,
+    INSTALL_DIR,
+    USE_INSTALLED_AGENT,
+];
+
+/// The script's install inputs: how `scripts/bootstrap.sh` gets the agent. The agent's image
+/// runs its own agent, so they have no effect there.
+pub const INSTALL: &[&str] = &[
+    VERSION,
+    DOWNLOAD_URL,
+    SHA256,
+    INSTALL_DIR,
+    USE_INSTALLED_AGENT,
+];

@@ -22,6 +22,7 @@
 //!
 //! Errors name the 1-based line and never include a value (a value may be a secret).
 
+pub mod args;
 pub mod keys;
 
 use std::collections::BTreeMap;

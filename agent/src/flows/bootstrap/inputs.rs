@@ -437,6 +437,20 @@ mod tests {
         }
     }
 
+    /// The API crate's key lists (which `aks-flex-node ignition` and the harness validate
+    /// bootstrap arguments with) are this table's names and install inputs.
+    #[test]
+    fn api_key_lists_match_the_input_table() {
+        let names: Vec<&str> = INPUTS.iter().map(|s| s.name).collect();
+        assert_eq!(names, flex_api::bootstrap_env::keys::ALL);
+        let install: Vec<&str> = INPUTS
+            .iter()
+            .filter(|s| s.kind == Kind::Install)
+            .map(|s| s.name)
+            .collect();
+        assert_eq!(install, flex_api::bootstrap_env::keys::INSTALL);
+    }
+
     #[test]
     fn bools() {
         assert_eq!(parse_bool("N", "TRUE"), Ok(Some(true)));
