@@ -142,7 +142,8 @@ impl StateStore {
     }
 }
 
-/// Where `start` marks the bootstrap complete, as its very last step.
+/// Where `start` marks the bootstrap complete, as its very last step (`reset` removes it as its
+/// first).
 pub const BOOTSTRAP_MARK_PATH: &str = "/etc/aks-flex-node/bootstrap-complete.json";
 
 /// The "bootstrap complete" mark: written by `start` after the daemon state is saved and the
@@ -171,7 +172,8 @@ impl BootstrapMark {
 /// Where `start` marks that a bootstrap began, before it changes the host (same format as the
 /// complete mark). With no daemon state beside it, a `start` was cut short before its machine
 /// came up: its own machine may hold the ports preflight checks, so `bootstrap-node` runs
-/// `start` again without preflight (which that earlier run passed).
+/// `start` again without preflight (which that earlier run passed). A `start` that returns an
+/// error removes it (only a kill leaves it), and `reset` removes it first.
 pub const BOOTSTRAP_STARTED_PATH: &str = "/etc/aks-flex-node/bootstrap-started.json";
 
 /// The bootstrap mark's store.

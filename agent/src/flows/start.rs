@@ -253,8 +253,14 @@ pub async fn run_start(
         flex_host::fault::point("start.before-agent-unit");
         finish_bootstrap(host).await
     };
-    flow.await
-        .map_err(|e| anyhow::anyhow!("bootstrap failed: {e}"))?;
+    if let Err(e) = flow.await {
+        // A start that returned an error (not one killed) leaves no "started" mark: the next
+        // `bootstrap-node` runs preflight again, on inputs that may have changed.
+        if let Err(rm) = BootstrapMarkStore::started(host.fs.clone()).delete() {
+            tracing::warn!(error = %rm, "could not remove the bootstrap-started mark");
+        }
+        anyhow::bail!("bootstrap failed: {e}");
+    }
     tracing::info!(
         operation = "bootstrap",
         duration_ms = started.elapsed().as_millis() as u64,
