@@ -25,11 +25,11 @@
 //!
 //! # Writing
 //!
-//! [`JsonStore::save`] writes the whole file under a temporary name in the same directory
-//! (`.<name>.new`, itself written and synced atomically), then renames it over the record and
-//! syncs the directory: at any instant the record is the old one or the new one, whole. The
-//! fault point `store.save-midway:<file name>` sits between the two, the new file complete and
-//! synced, the old record still in place.
+//! [`JsonStore::save`] is one [`HostFs::write_atomic_with`]: the whole file written and synced
+//! under a temporary name in the same directory, renamed over the record (which keeps the
+//! replaced file's SELinux label), the directory synced: at any instant the record is the old
+//! one or the new one, whole. The fault point `store.save-midway:<file name>` sits right before
+//! the rename, the new file complete and synced, the old record still in place.
 //!
 //! # The legacy format
 //!
@@ -243,7 +243,8 @@ impl<T: Serialize + serde::de::DeserializeOwned> JsonStore<T> {
         self.sibling("", ".sha256")
     }
 
-    /// Where a save writes the new file before renaming it over the record.
+    /// Where saves of this project's earlier builds wrote the new file before renaming it over
+    /// the record (a kill could leave it; [`Self::delete`] removes it).
     fn temp_path(&self) -> PathBuf {
         self.sibling(".", ".new")
     }
@@ -342,20 +343,25 @@ impl<T: Serialize + serde::de::DeserializeOwned> JsonStore<T> {
     /// Saves the value: the envelope, complete and synced under a temporary name, renamed over
     /// the record (mode 0600); then the legacy sidecar, if any, is removed.
     pub fn save(&self, value: &T) -> Result<(), StateError> {
-        let bytes = self.encode(value)?;
-        let temp = self.temp_path();
-        self.fs.write_atomic(&temp, &bytes, 0o600)?;
-        flex_host::fault::point(&format!(
+        let point = format!(
             "store.save-midway:{}",
             self.path.file_name().unwrap_or_default().to_string_lossy()
-        ));
-        self.fs.rename(&temp, &self.path)?;
+        );
+        self.save_with(value, &mut || flex_host::fault::point(&point))
+    }
+
+    /// [`Self::save`] with `before_rename` where the fault point goes (tests interrupt a real
+    /// save there).
+    fn save_with(&self, value: &T, before_rename: &mut dyn FnMut()) -> Result<(), StateError> {
+        let bytes = self.encode(value)?;
+        self.fs
+            .write_atomic_with(&self.path, &bytes, 0o600, before_rename)?;
         self.fs.remove_file(&self.checksum_path())?;
         Ok(())
     }
 
-    /// Removes the record (with a legacy sidecar and an unfinished save's temporary file;
-    /// missing files are fine).
+    /// Removes the record (with a legacy sidecar and an earlier build's unfinished save's
+    /// temporary file; missing files are fine).
     pub fn delete(&self) -> Result<(), StateError> {
         self.fs.remove_file(&self.path)?;
         self.fs.remove_file(&self.checksum_path())?;
@@ -446,8 +452,11 @@ mod tests {
         let fs = HostFs::new(d.path());
         assert_eq!(fs.mode(Path::new(STATE_PATH)), Some(0o600));
         // One file: no sidecar, no temporary left behind.
-        assert!(!fs.exists(Path::new(SIDECAR)));
-        assert!(!fs.exists(Path::new(TEMP)));
+        let names: Vec<_> = std::fs::read_dir(d.path().join("etc/aks-flex-node"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, ["daemon-state.json"]);
     }
 
     #[test]
@@ -592,29 +601,39 @@ mod tests {
         assert_eq!(s.load().unwrap(), Some(next));
     }
 
+    /// A real save interrupted where `store.save-midway` sits: the hook panics, which (like a
+    /// kill) leaves the save's temporary file and skips the rename. Real: the files in a
+    /// temporary root and the save itself; only the interruption is the test's.
     #[test]
     fn a_save_killed_between_temp_write_and_rename_leaves_the_old_record_loadable() {
-        // The instant of the `store.save-midway` fault point, reproduced by hand: the new file
-        // complete under its temporary name, not renamed.
-        let (d, s) = store();
-        s.save(&sample()).unwrap();
+        fn interrupted_save(s: &StateStore, value: &DaemonState) {
+            let mut kill = || panic!("killed at store.save-midway");
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                s.save_with(value, &mut kill)
+            }));
+            assert!(r.is_err(), "the hook was not reached");
+        }
         let mut next = sample();
         next.active_machine = "kube1".into();
-        let fs = HostFs::new(d.path());
-        fs.write_atomic(Path::new(TEMP), &s.encode(&next).unwrap(), 0o600)
-            .unwrap();
-        assert_eq!(s.load().unwrap(), Some(sample()));
-        // The next save replaces the leftover and completes.
-        s.save(&next).unwrap();
-        assert_eq!(s.load().unwrap(), Some(next.clone()));
-        assert!(!fs.exists(Path::new(TEMP)));
-        // Also for a legacy record being migrated.
-        let (d, s) = store();
-        write_legacy(&d, &sample());
-        let fs = HostFs::new(d.path());
-        fs.write_atomic(Path::new(TEMP), &s.encode(&next).unwrap(), 0o600)
-            .unwrap();
-        assert_eq!(s.load().unwrap(), Some(sample()));
+        for legacy in [false, true] {
+            let (d, s) = store();
+            if legacy {
+                write_legacy(&d, &sample());
+            } else {
+                s.save(&sample()).unwrap();
+            }
+            let before = std::fs::read(d.path().join(STATE_PATH.trim_start_matches('/'))).unwrap();
+            interrupted_save(&s, &next);
+            let after = std::fs::read(d.path().join(STATE_PATH.trim_start_matches('/'))).unwrap();
+            assert_eq!(
+                before, after,
+                "legacy={legacy}: the record was written in place"
+            );
+            assert_eq!(s.load().unwrap(), Some(sample()), "legacy={legacy}");
+            // The next save completes.
+            s.save(&next).unwrap();
+            assert_eq!(s.load().unwrap(), Some(next.clone()), "legacy={legacy}");
+        }
     }
 
     #[test]
