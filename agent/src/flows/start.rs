@@ -179,11 +179,15 @@ pub fn bootstrap_progress(marked: bool, state_saved: bool, started: bool) -> Boo
 
 /// The node's [`BootstrapProgress`] on `host`.
 pub fn progress_on(host: &Host) -> BootstrapProgress {
+    progress_in(&host.fs)
+}
+
+/// The [`BootstrapProgress`] of the node whose files `fs` holds (read-only).
+pub fn progress_in(fs: &crate::fs::HostFs) -> BootstrapProgress {
     bootstrap_progress(
-        BootstrapMarkStore::new(host.fs.clone()).is_marked(),
-        host.fs.exists(Path::new(crate::state::STATE_PATH)),
-        host.fs
-            .exists(Path::new(crate::state::BOOTSTRAP_STARTED_PATH)),
+        BootstrapMarkStore::new(fs.clone()).is_marked(),
+        fs.exists(Path::new(crate::state::STATE_PATH)),
+        fs.exists(Path::new(crate::state::BOOTSTRAP_STARTED_PATH)),
     )
 }
 
