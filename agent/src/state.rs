@@ -35,8 +35,9 @@
 //!
 //! Agents before this one wrote the JSON alone and its checksum in a sidecar `<path>.sha256`
 //! (lowercase hex of the JSON's bytes, plus `\n`), in two writes. A file that is not an envelope
-//! is read that way when its sidecar matches it (nodes in the field have such files); the next
-//! save writes the envelope and removes the sidecar. A sidecar left next to an envelope (a save
+//! is read that way when its sidecar matches it (nodes bootstrapped by this project's own
+//! earlier builds have such files; no agent of that format was released); the next save writes
+//! the envelope and removes the sidecar. A sidecar left next to an envelope (a save
 //! interrupted after its rename) is ignored.
 //!
 //! # Errors
