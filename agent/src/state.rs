@@ -213,10 +213,17 @@ struct Envelope<'a> {
     payload: &'a RawValue,
 }
 
-/// Just enough of a JSON object to tell an envelope from a legacy record.
+/// Just enough of a JSON object to tell an envelope from a legacy record: whether it has a
+/// `format` key at all (whatever its value: a `null` or damaged one is a damaged envelope, not a
+/// legacy record).
 #[derive(Deserialize)]
 struct Probe {
-    format: Option<serde_json::Value>,
+    #[serde(default, deserialize_with = "present")]
+    format: bool,
+}
+
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
+    serde::de::IgnoredAny::deserialize(d).map(|_| true)
 }
 
 impl<T: Serialize + serde::de::DeserializeOwned> JsonStore<T> {
@@ -263,8 +270,8 @@ impl<T: Serialize + serde::de::DeserializeOwned> JsonStore<T> {
             return Ok(None);
         };
         let payload: &[u8] = match serde_json::from_slice::<Probe>(&bytes) {
-            Ok(Probe { format: Some(_) }) => self.open_envelope(&bytes)?,
-            Ok(Probe { format: None }) => self.check_legacy(&bytes)?,
+            Ok(Probe { format: true }) => self.open_envelope(&bytes)?,
+            Ok(Probe { format: false }) => self.check_legacy(&bytes)?,
             // Not a JSON object at all: a legacy file with a matching sidecar would say so (and
             // fail to decode); anything else is a damaged record.
             Err(e) if self.fs.exists(&self.checksum_path()) => {
@@ -536,6 +543,22 @@ mod tests {
         let e = s.load().unwrap_err();
         assert!(e.to_string().contains("unknown record format"), "{e}");
         assert!(e.is_unreadable());
+        // A damaged envelope (its format null or not a string) is reported as one, not as a
+        // legacy record missing its sidecar.
+        for format in ["null", "7", "{}"] {
+            std::fs::write(
+                &path,
+                format!("{{\"format\": {format}, \"sha256\": \"\", \"payload\": {{}}}}"),
+            )
+            .unwrap();
+            let e = s.load().unwrap_err();
+            assert!(matches!(e, StateError::Corrupt { .. }), "{format}: {e}");
+            assert!(
+                e.to_string().contains("not a record envelope"),
+                "{format}: {e}"
+            );
+            assert!(!e.to_string().contains(".sha256"), "{format}: {e}");
+        }
     }
 
     #[test]

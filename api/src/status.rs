@@ -289,10 +289,17 @@ pub fn assess(facts: Facts) -> Report {
             );
             false
         }
-        (Read::Missing, _) => {
+        (Read::Missing, Read::Ok { .. }) => {
             p(
                 codes::STATE_UNREADABLE,
                 "no daemon state, though the bootstrap is marked complete".into(),
+            );
+            true
+        }
+        (Read::Missing, Read::Unreadable { error } | Read::Error { error }) => {
+            p(
+                codes::STATE_UNREADABLE,
+                format!("no daemon state, and the bootstrap mark is unreadable: {error}"),
             );
             true
         }
@@ -423,7 +430,7 @@ pub fn assess(facts: Facts) -> Report {
 /// The report as pretty JSON (the stable schema), with a final newline.
 pub fn render_json(r: &Report) -> String {
     let mut s = serde_json::to_string_pretty(r).unwrap_or_else(|e| {
-        format!("{{\"schema\":\"{SCHEMA}\",\"healthy\":false,\"error\":\"{e}\"}}")
+        serde_json::json!({"schema": SCHEMA, "healthy": false, "error": e.to_string()}).to_string()
     });
     s.push('\n');
     s
