@@ -188,7 +188,8 @@ pub struct Facts {
     pub containerd_error: Option<String>,
 }
 
-/// The agent's unit (what must be active).
+/// The agent's unit (what must be active). The one definition of the unit names: the harness
+/// uses these.
 pub const AGENT_UNIT: &str = "aks-flex-node-agent.service";
 /// The recovery unit (must not be failed).
 pub const RECOVERY_UNIT: &str = "aks-flex-node-recovery.service";

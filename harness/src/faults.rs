@@ -24,12 +24,9 @@ use crate::ssh::shell_quote;
 use crate::upgrade::candidates::Kind;
 use crate::upgrade::status::{self, Probe, short};
 
-/// The agent's unit.
-pub const AGENT_UNIT: &str = "aks-flex-node-agent.service";
+pub use flex_api::status::{AGENT_UNIT, RECOVERY_UNIT};
 /// The bootstrap unit (runs `start` through `aks-flex-node-bootstrap`).
 pub const BOOTSTRAP_UNIT: &str = "aks-flex-node-bootstrap.service";
-/// The recovery unit.
-pub const RECOVERY_UNIT: &str = "aks-flex-node-recovery.service";
 /// Where the arming env files live (cleared by a power cut).
 pub const FAULT_DIR: &str = "/run/aks-flex-faults";
 /// The drop-in's file name.

@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 
-use crate::config::{self, Config, DEFAULT_CONFIG_PATH};
+use crate::config::{Config, DEFAULT_CONFIG_PATH};
 use crate::flows::start::BootstrapProgress;
 use crate::machine::nodeconfig::{self, Entry};
 use crate::machine::nodegoal::{self, HostFacts};
@@ -26,7 +26,6 @@ use crate::systemd::{
 };
 
 use super::inputs::{CONFIG, Inputs};
-use super::render::render;
 
 /// Shown instead of a secret in [`show`]'s output.
 pub const REDACTED: &str = "<redacted>";
@@ -83,33 +82,15 @@ pub fn plan(
     resolv_conf: &[u8],
 ) -> anyhow::Result<Plan> {
     let hostname = || Ok(facts.hostname.clone());
-    let (config, bytes, source) = match (&inputs.config, config_file) {
-        (Some(path), Some(bytes)) => {
-            let set = inputs.render_inputs_set();
-            if !set.is_empty() {
-                anyhow::bail!(
-                    "{CONFIG} is set, so the config is not rendered and these inputs would be ignored: {}; unset them or {CONFIG}",
-                    set.join(", ")
-                );
-            }
-            let loaded = config::parse(bytes, &hostname)
-                .with_context(|| format!("{CONFIG}: {}", path.display()))?;
-            (
-                loaded.config,
-                bytes.to_vec(),
-                format!("{CONFIG} ({})", path.display()),
-            )
-        }
-        (Some(path), None) => anyhow::bail!("{CONFIG}: {} was not read", path.display()),
-        (None, _) => {
-            let r = render(inputs, &hostname).context("render the config")?;
-            (
-                r.config.clone(),
-                r.bytes().to_vec(),
-                "the bootstrap inputs".to_string(),
-            )
-        }
-    };
+    let (config, bytes, source) = super::flow::choose_config(
+        inputs,
+        &mut |path| {
+            config_file
+                .map(<[u8]>::to_vec)
+                .ok_or_else(|| anyhow::anyhow!("{CONFIG}: {} was not read", path.display()))
+        },
+        &hostname,
+    )?;
     let mut files = vec![
         PlannedFile {
             path: PathBuf::from(DEFAULT_CONFIG_PATH),

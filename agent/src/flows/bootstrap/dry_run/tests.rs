@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::flows::bootstrap::inputs as names;
+use crate::flows::bootstrap::render::render;
 use crate::flows::bootstrap::render::tests::{full, minimal};
 
 const TOKEN: &str = "abcdef.0123456789abcdef";
