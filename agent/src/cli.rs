@@ -626,11 +626,8 @@ fn bootstrap_dry_run(env_file: Option<&Path>, output_dir: Option<&Path>) -> anyh
         info.containerized(),
         &resolv,
     )?;
-    if fs.exists(Path::new(crate::state::STATE_PATH)) {
-        println!(
-            "[dry-run] note: this node is already bootstrapped ({} exists): the bootstrap would change nothing",
-            crate::state::STATE_PATH
-        );
+    if let Some(note) = dry_run::progress_note(crate::flows::start::progress_in(&fs)) {
+        print!("{note}");
     }
     match output_dir {
         None => print!("{}", dry_run::show(&plan)),

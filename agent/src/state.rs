@@ -25,18 +25,19 @@
 //!
 //! # Writing
 //!
-//! [`JsonStore::save`] writes the whole file under a temporary name in the same directory
-//! (`.<name>.new`, itself written and synced atomically), then renames it over the record and
-//! syncs the directory: at any instant the record is the old one or the new one, whole. The
-//! fault point `store.save-midway:<file name>` sits between the two, the new file complete and
-//! synced, the old record still in place.
+//! [`JsonStore::save`] is one [`HostFs::write_atomic_with`]: the whole file written and synced
+//! under a temporary name in the same directory, renamed over the record (which keeps the
+//! replaced file's SELinux label), the directory synced: at any instant the record is the old
+//! one or the new one, whole. The fault point `store.save-midway:<file name>` sits right before
+//! the rename, the new file complete and synced, the old record still in place.
 //!
 //! # The legacy format
 //!
 //! Agents before this one wrote the JSON alone and its checksum in a sidecar `<path>.sha256`
 //! (lowercase hex of the JSON's bytes, plus `\n`), in two writes. A file that is not an envelope
-//! is read that way when its sidecar matches it (nodes in the field have such files); the next
-//! save writes the envelope and removes the sidecar. A sidecar left next to an envelope (a save
+//! is read that way when its sidecar matches it (nodes bootstrapped by this project's own
+//! earlier builds have such files; no agent of that format was released); the next save writes
+//! the envelope and removes the sidecar. A sidecar left next to an envelope (a save
 //! interrupted after its rename) is ignored.
 //!
 //! # Errors
@@ -142,7 +143,8 @@ impl StateStore {
     }
 }
 
-/// Where `start` marks the bootstrap complete, as its very last step.
+/// Where `start` marks the bootstrap complete, as its very last step (`reset` removes it as its
+/// first).
 pub const BOOTSTRAP_MARK_PATH: &str = "/etc/aks-flex-node/bootstrap-complete.json";
 
 /// The "bootstrap complete" mark: written by `start` after the daemon state is saved and the
@@ -171,7 +173,8 @@ impl BootstrapMark {
 /// Where `start` marks that a bootstrap began, before it changes the host (same format as the
 /// complete mark). With no daemon state beside it, a `start` was cut short before its machine
 /// came up: its own machine may hold the ports preflight checks, so `bootstrap-node` runs
-/// `start` again without preflight (which that earlier run passed).
+/// `start` again without preflight (which that earlier run passed). A `start` that returns an
+/// error removes it (only a kill leaves it), and `reset` removes it first.
 pub const BOOTSTRAP_STARTED_PATH: &str = "/etc/aks-flex-node/bootstrap-started.json";
 
 /// The bootstrap mark's store.
@@ -210,10 +213,17 @@ struct Envelope<'a> {
     payload: &'a RawValue,
 }
 
-/// Just enough of a JSON object to tell an envelope from a legacy record.
+/// Just enough of a JSON object to tell an envelope from a legacy record: whether it has a
+/// `format` key at all (whatever its value: a `null` or damaged one is a damaged envelope, not a
+/// legacy record).
 #[derive(Deserialize)]
 struct Probe {
-    format: Option<serde_json::Value>,
+    #[serde(default, deserialize_with = "present")]
+    format: bool,
+}
+
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
+    serde::de::IgnoredAny::deserialize(d).map(|_| true)
 }
 
 impl<T: Serialize + serde::de::DeserializeOwned> JsonStore<T> {
@@ -241,7 +251,8 @@ impl<T: Serialize + serde::de::DeserializeOwned> JsonStore<T> {
         self.sibling("", ".sha256")
     }
 
-    /// Where a save writes the new file before renaming it over the record.
+    /// Where saves of this project's earlier builds wrote the new file before renaming it over
+    /// the record (a kill could leave it; [`Self::delete`] removes it).
     fn temp_path(&self) -> PathBuf {
         self.sibling(".", ".new")
     }
@@ -259,8 +270,8 @@ impl<T: Serialize + serde::de::DeserializeOwned> JsonStore<T> {
             return Ok(None);
         };
         let payload: &[u8] = match serde_json::from_slice::<Probe>(&bytes) {
-            Ok(Probe { format: Some(_) }) => self.open_envelope(&bytes)?,
-            Ok(Probe { format: None }) => self.check_legacy(&bytes)?,
+            Ok(Probe { format: true }) => self.open_envelope(&bytes)?,
+            Ok(Probe { format: false }) => self.check_legacy(&bytes)?,
             // Not a JSON object at all: a legacy file with a matching sidecar would say so (and
             // fail to decode); anything else is a damaged record.
             Err(e) if self.fs.exists(&self.checksum_path()) => {
@@ -340,20 +351,25 @@ impl<T: Serialize + serde::de::DeserializeOwned> JsonStore<T> {
     /// Saves the value: the envelope, complete and synced under a temporary name, renamed over
     /// the record (mode 0600); then the legacy sidecar, if any, is removed.
     pub fn save(&self, value: &T) -> Result<(), StateError> {
-        let bytes = self.encode(value)?;
-        let temp = self.temp_path();
-        self.fs.write_atomic(&temp, &bytes, 0o600)?;
-        flex_host::fault::point(&format!(
+        let point = format!(
             "store.save-midway:{}",
             self.path.file_name().unwrap_or_default().to_string_lossy()
-        ));
-        self.fs.rename(&temp, &self.path)?;
+        );
+        self.save_with(value, &mut || flex_host::fault::point(&point))
+    }
+
+    /// [`Self::save`] with `before_rename` where the fault point goes (tests interrupt a real
+    /// save there).
+    fn save_with(&self, value: &T, before_rename: &mut dyn FnMut()) -> Result<(), StateError> {
+        let bytes = self.encode(value)?;
+        self.fs
+            .write_atomic_with(&self.path, &bytes, 0o600, before_rename)?;
         self.fs.remove_file(&self.checksum_path())?;
         Ok(())
     }
 
-    /// Removes the record (with a legacy sidecar and an unfinished save's temporary file;
-    /// missing files are fine).
+    /// Removes the record (with a legacy sidecar and an earlier build's unfinished save's
+    /// temporary file; missing files are fine).
     pub fn delete(&self) -> Result<(), StateError> {
         self.fs.remove_file(&self.path)?;
         self.fs.remove_file(&self.checksum_path())?;
@@ -444,8 +460,11 @@ mod tests {
         let fs = HostFs::new(d.path());
         assert_eq!(fs.mode(Path::new(STATE_PATH)), Some(0o600));
         // One file: no sidecar, no temporary left behind.
-        assert!(!fs.exists(Path::new(SIDECAR)));
-        assert!(!fs.exists(Path::new(TEMP)));
+        let names: Vec<_> = std::fs::read_dir(d.path().join("etc/aks-flex-node"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, ["daemon-state.json"]);
     }
 
     #[test]
@@ -524,6 +543,22 @@ mod tests {
         let e = s.load().unwrap_err();
         assert!(e.to_string().contains("unknown record format"), "{e}");
         assert!(e.is_unreadable());
+        // A damaged envelope (its format null or not a string) is reported as one, not as a
+        // legacy record missing its sidecar.
+        for format in ["null", "7", "{}"] {
+            std::fs::write(
+                &path,
+                format!("{{\"format\": {format}, \"sha256\": \"\", \"payload\": {{}}}}"),
+            )
+            .unwrap();
+            let e = s.load().unwrap_err();
+            assert!(matches!(e, StateError::Corrupt { .. }), "{format}: {e}");
+            assert!(
+                e.to_string().contains("not a record envelope"),
+                "{format}: {e}"
+            );
+            assert!(!e.to_string().contains(".sha256"), "{format}: {e}");
+        }
     }
 
     #[test]
@@ -590,29 +625,39 @@ mod tests {
         assert_eq!(s.load().unwrap(), Some(next));
     }
 
+    /// A real save interrupted where `store.save-midway` sits: the hook panics, which (like a
+    /// kill) leaves the save's temporary file and skips the rename. Real: the files in a
+    /// temporary root and the save itself; only the interruption is the test's.
     #[test]
     fn a_save_killed_between_temp_write_and_rename_leaves_the_old_record_loadable() {
-        // The instant of the `store.save-midway` fault point, reproduced by hand: the new file
-        // complete under its temporary name, not renamed.
-        let (d, s) = store();
-        s.save(&sample()).unwrap();
+        fn interrupted_save(s: &StateStore, value: &DaemonState) {
+            let mut kill = || panic!("killed at store.save-midway");
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                s.save_with(value, &mut kill)
+            }));
+            assert!(r.is_err(), "the hook was not reached");
+        }
         let mut next = sample();
         next.active_machine = "kube1".into();
-        let fs = HostFs::new(d.path());
-        fs.write_atomic(Path::new(TEMP), &s.encode(&next).unwrap(), 0o600)
-            .unwrap();
-        assert_eq!(s.load().unwrap(), Some(sample()));
-        // The next save replaces the leftover and completes.
-        s.save(&next).unwrap();
-        assert_eq!(s.load().unwrap(), Some(next.clone()));
-        assert!(!fs.exists(Path::new(TEMP)));
-        // Also for a legacy record being migrated.
-        let (d, s) = store();
-        write_legacy(&d, &sample());
-        let fs = HostFs::new(d.path());
-        fs.write_atomic(Path::new(TEMP), &s.encode(&next).unwrap(), 0o600)
-            .unwrap();
-        assert_eq!(s.load().unwrap(), Some(sample()));
+        for legacy in [false, true] {
+            let (d, s) = store();
+            if legacy {
+                write_legacy(&d, &sample());
+            } else {
+                s.save(&sample()).unwrap();
+            }
+            let before = std::fs::read(d.path().join(STATE_PATH.trim_start_matches('/'))).unwrap();
+            interrupted_save(&s, &next);
+            let after = std::fs::read(d.path().join(STATE_PATH.trim_start_matches('/'))).unwrap();
+            assert_eq!(
+                before, after,
+                "legacy={legacy}: the record was written in place"
+            );
+            assert_eq!(s.load().unwrap(), Some(sample()), "legacy={legacy}");
+            // The next save completes.
+            s.save(&next).unwrap();
+            assert_eq!(s.load().unwrap(), Some(next.clone()), "legacy={legacy}");
+        }
     }
 
     #[test]

@@ -188,7 +188,8 @@ pub struct Facts {
     pub containerd_error: Option<String>,
 }
 
-/// The agent's unit (what must be active).
+/// The agent's unit (what must be active). The one definition of the unit names: the harness
+/// uses these.
 pub const AGENT_UNIT: &str = "aks-flex-node-agent.service";
 /// The recovery unit (must not be failed).
 pub const RECOVERY_UNIT: &str = "aks-flex-node-recovery.service";
@@ -289,10 +290,17 @@ pub fn assess(facts: Facts) -> Report {
             );
             false
         }
-        (Read::Missing, _) => {
+        (Read::Missing, Read::Ok { .. }) => {
             p(
                 codes::STATE_UNREADABLE,
                 "no daemon state, though the bootstrap is marked complete".into(),
+            );
+            true
+        }
+        (Read::Missing, Read::Unreadable { error } | Read::Error { error }) => {
+            p(
+                codes::STATE_UNREADABLE,
+                format!("no daemon state, and the bootstrap mark is unreadable: {error}"),
             );
             true
         }
@@ -423,7 +431,7 @@ pub fn assess(facts: Facts) -> Report {
 /// The report as pretty JSON (the stable schema), with a final newline.
 pub fn render_json(r: &Report) -> String {
     let mut s = serde_json::to_string_pretty(r).unwrap_or_else(|e| {
-        format!("{{\"schema\":\"{SCHEMA}\",\"healthy\":false,\"error\":\"{e}\"}}")
+        serde_json::json!({"schema": SCHEMA, "healthy": false, "error": e.to_string()}).to_string()
     });
     s.push('\n');
     s

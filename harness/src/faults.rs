@@ -24,12 +24,9 @@ use crate::ssh::shell_quote;
 use crate::upgrade::candidates::Kind;
 use crate::upgrade::status::{self, Probe, short};
 
-/// The agent's unit.
-pub const AGENT_UNIT: &str = "aks-flex-node-agent.service";
+pub use flex_api::status::{AGENT_UNIT, RECOVERY_UNIT};
 /// The bootstrap unit (runs `start` through `aks-flex-node-bootstrap`).
 pub const BOOTSTRAP_UNIT: &str = "aks-flex-node-bootstrap.service";
-/// The recovery unit.
-pub const RECOVERY_UNIT: &str = "aks-flex-node-recovery.service";
 /// Where the arming env files live (cleared by a power cut).
 pub const FAULT_DIR: &str = "/run/aks-flex-faults";
 /// The drop-in's file name.
@@ -362,11 +359,6 @@ pub fn parse_health(text: &str) -> Health {
             "machine" => h.machine = v,
             "machine_state" => h.machine_state = v,
             "kubelet" => h.kubelet = v,
-            "record" => {
-                if let Some((name, s)) = v.split_once(':') {
-                    h.records.push((name.to_string(), s.to_string()));
-                }
-            }
             "recordb64" => {
                 let mut parts = v.splitn(3, ':');
                 if let (Some(name), Some(file), Some(sidecar)) =
@@ -383,8 +375,9 @@ pub fn parse_health(text: &str) -> Health {
 }
 
 /// What is wrong with the node, empty when it is healthy: the agent's unit installed, active,
-/// its task running; every record loadable (an envelope whose payload matches its sha256, or a
-/// legacy JSON matching its `.sha256`); an active
+/// its task running; each record the probe reads (daemon state, repave journal, upgrade record)
+/// intact (an envelope whose payload matches its sha256, or a legacy JSON matching its
+/// `.sha256`); an active
 /// machine in the daemon state, running, with kubelet active inside it.
 pub fn verdict(h: &Health) -> Vec<String> {
     let mut bad = Vec::new();
@@ -972,10 +965,23 @@ mod tests {
         assert!(!selected(Some("upgrade"), "w2-agent-unit"));
     }
 
+    /// The probe's output on a healthy node: the daemon state an intact envelope, as the
+    /// probe emits it (`recordb64=`).
     fn healthy() -> Health {
-        parse_health(
-            "agent=active\nunit_file=yes\nbootstrap=active\ntask=RUNNING\nrecord=daemon-state.json:ok\nmachine=kube1\nmachine_state=running\nkubelet=active\n",
-        )
+        use sha2::Digest as _;
+        let payload = "{\"activeMachine\": \"kube1\"}";
+        let sum = hex::encode(sha2::Sha256::digest(payload.as_bytes()));
+        let record = base64::Engine::encode(
+            &base64::engine::general_purpose::STANDARD,
+            format!(
+                "{{\"format\": \"aks-flex-node.record/v1\", \"sha256\": \"{sum}\", \"payload\": {payload}}}\n"
+            ),
+        );
+        let h = parse_health(&format!(
+            "agent=active\nunit_file=yes\nbootstrap=active\ntask=RUNNING\nrecordb64=daemon-state.json:{record}:-\nmachine=kube1\nmachine_state=running\nkubelet=active\n"
+        ));
+        assert_eq!(h.records, [("daemon-state.json".into(), "ok".into())]);
+        h
     }
 
     #[test]

@@ -29,10 +29,7 @@ use crate::ssh::shell_quote;
 use candidates::{Kind, Record};
 use status::{OpResult, Probe, UpgradeRecord, short};
 
-/// The agent's unit.
-pub const AGENT_UNIT: &str = "aks-flex-node-agent.service";
-/// The recovery unit, started when an upgraded agent fails.
-pub const RECOVERY_UNIT: &str = "aks-flex-node-recovery.service";
+pub use flex_api::status::{AGENT_UNIT, RECOVERY_UNIT};
 
 /// Starts of the agent's unit the upgrade to the good candidate needs: the restart onto it.
 pub const STARTS_GOOD: u32 = 1;

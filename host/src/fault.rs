@@ -198,9 +198,13 @@ mod tests {
         assert_eq!(decide(&armed, "q", 2), None);
     }
 
+    /// Real: the process's points (no `AKS_FLEX_NODE_FAULT` names this one). An unarmed point
+    /// returns at once, without even counting its hits.
     #[test]
-    fn an_unarmed_point_returns() {
-        // The test process has no AKS_FLEX_NODE_FAULT naming this point.
+    fn an_unarmed_point_returns_without_counting() {
         point("tests.never-armed");
+        point("tests.never-armed");
+        let hits = points().hits.lock().unwrap();
+        assert_eq!(hits.get("tests.never-armed"), None);
     }
 }

@@ -11,6 +11,8 @@
 //! [`HostFs::write_atomic`]), link swap ([`HostFs::symlink`]) and removal of a file
 //! ([`HostFs::remove_file`]) syncs the parent directory afterwards ([`sync_dir`]), in
 //! [`ConfinedFs`] too; a failure to sync is an error (the change happened, but may not last).
+//! [`HostFs`] also syncs each directory it creates (for a write's missing parents) into its
+//! parent; [`ConfinedFs`] does not yet for the directories it creates.
 //!
 //! [`HostFs`] follows symlinks like any path-based call: right for the host's own files, wrong
 //! inside a tree someone else built. A machine's root file system comes from an image, and an
@@ -139,17 +141,32 @@ impl HostFs {
         self.create_dir_all_mode(p, DIR_MODE)
     }
 
-    /// Creates `p` and its missing parents; the directories it creates get `mode`.
+    /// Creates `p` and its missing parents; the directories it creates get `mode`. Each
+    /// directory created is synced into its parent ([`sync_dir`]), so a power cut cannot lose
+    /// it (and the first file written into it with it).
     pub fn create_dir_all_mode(&self, p: &Path, mode: u32) -> Result<(), FsError> {
         let real = self.path(p);
         if real.is_dir() {
             return Ok(());
         }
-        fs::DirBuilder::new()
-            .recursive(true)
-            .mode(mode)
-            .create(&real)
-            .map_err(|e| FsError::new("create directory", p, e))?;
+        // The missing directories, from `p` up to the first one that exists.
+        let mut missing = Vec::new();
+        let mut cur = Some(p);
+        while let Some(d) = cur
+            && !self.path(d).is_dir()
+        {
+            missing.push(d);
+            cur = d.parent();
+        }
+        for d in missing.into_iter().rev() {
+            let r = self.path(d);
+            match fs::DirBuilder::new().mode(mode).create(&r) {
+                Ok(()) => self.sync_parent(d, &r)?,
+                // Created meanwhile by someone else, who syncs it.
+                Err(e) if e.kind() == ErrorKind::AlreadyExists && r.is_dir() => {}
+                Err(e) => return Err(FsError::new("create directory", d, e)),
+            }
+        }
         // The umask may have narrowed the leaf's mode; set it exactly.
         fs::set_permissions(&real, fs::Permissions::from_mode(mode))
             .map_err(|e| FsError::new("chmod", p, e))
@@ -301,7 +318,11 @@ impl HostFs {
     /// under a temporary name itself and has something to do before it takes its place.
     pub fn rename(&self, from: &Path, to: &Path) -> Result<(), FsError> {
         let real = self.path(to);
-        fs::rename(self.path(from), &real).map_err(|e| FsError::new("rename", to, e))?;
+        fs::rename(self.path(from), &real).map_err(|e| FsError {
+            op: "rename",
+            path: to.to_path_buf(),
+            cause: std::io::Error::new(e.kind(), format!("from {}: {e}", from.display())),
+        })?;
         self.sync_parent(to, &real)
     }
 
@@ -424,17 +445,24 @@ pub fn write_new(path: &Path, contents: &[u8], mode: u32) -> Result<(), FsError>
 /// `ENOTSUP`: it has nothing to make durable) counts as synced.
 pub fn sync_dir(dir: &Path) -> std::io::Result<()> {
     let d = File::open(dir)?;
-    sync_dir_fd(d.as_fd())?;
-    #[cfg(test)]
-    synced::record(dir);
-    Ok(())
+    sync_dir_fd(d.as_fd())
 }
 
+/// Syncs the open directory `fd` ([`sync_dir`] and [`ConfinedFs`] both end here; tests record
+/// the directory's path in [`synced`]).
 fn sync_dir_fd(fd: std::os::fd::BorrowedFd<'_>) -> std::io::Result<()> {
     match rustix::fs::fsync(fd) {
-        Ok(()) | Err(Errno::INVAL) | Err(Errno::NOTSUP) => Ok(()),
-        Err(e) => Err(e.into()),
+        Ok(()) | Err(Errno::INVAL) | Err(Errno::NOTSUP) => {}
+        Err(e) => return Err(e.into()),
     }
+    #[cfg(test)]
+    {
+        use std::os::fd::AsRawFd;
+        if let Ok(path) = fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd())) {
+            synced::record(&path);
+        }
+    }
+    Ok(())
 }
 
 /// The directories this thread synced (tests only: how the guarantee is checked).
@@ -876,7 +904,8 @@ mod tests {
 
     fn tmp() -> (tempfile::TempDir, HostFs) {
         let d = tempfile::tempdir().unwrap();
-        let fs = HostFs::new(d.path());
+        // Canonical: the synced directories are recorded as the kernel names them.
+        let fs = HostFs::new(d.path().canonicalize().unwrap());
         (d, fs)
     }
 
@@ -941,6 +970,9 @@ mod tests {
         let (_d, fs) = tmp();
         let dir = fs.path(Path::new("/usr/local/lib/aks-flex-node"));
         let p = Path::new("/usr/local/lib/aks-flex-node/current");
+        fs.create_dir_all(Path::new("/usr/local/lib/aks-flex-node"))
+            .unwrap();
+        synced::take();
         fs.write_atomic(Path::new("/usr/local/lib/aks-flex-node/blue"), b"x", 0o644)
             .unwrap();
         assert_eq!(synced::take(), vec![dir.clone()], "write_atomic");
@@ -956,6 +988,84 @@ mod tests {
         assert_eq!(synced::take(), vec![dir.clone()], "remove_file");
         assert!(!fs.remove_file(p).unwrap());
         assert_eq!(synced::take(), Vec::<PathBuf>::new());
+    }
+
+    /// Real files in a temporary directory; recorded: the directories synced. A first write
+    /// into missing directories syncs each created directory into its parent, then the file's
+    /// own directory.
+    #[test]
+    fn directories_a_write_creates_are_synced_into_their_parents() {
+        let (_d, fs) = tmp();
+        fs.create_dir_all(Path::new("/etc")).unwrap();
+        synced::take();
+        fs.write_atomic(
+            Path::new("/etc/aks-flex-node/upgrade/pending.json"),
+            b"{}",
+            0o600,
+        )
+        .unwrap();
+        let p = |s: &str| fs.path(Path::new(s));
+        assert_eq!(
+            synced::take(),
+            vec![
+                p("/etc"),
+                p("/etc/aks-flex-node"),
+                p("/etc/aks-flex-node/upgrade")
+            ]
+        );
+        // Nothing created, nothing but the file's directory synced.
+        fs.write_atomic(
+            Path::new("/etc/aks-flex-node/upgrade/pending.json"),
+            b"{}",
+            0o600,
+        )
+        .unwrap();
+        assert_eq!(synced::take(), vec![p("/etc/aks-flex-node/upgrade")]);
+        assert_eq!(fs.mode(Path::new("/etc/aks-flex-node")), Some(DIR_MODE));
+    }
+
+    /// Real files; recorded: the directories synced. `rename` replaces the target, syncs its
+    /// directory, and its error names both paths.
+    #[test]
+    fn rename_replaces_syncs_and_names_both_paths() {
+        let (_d, fs) = tmp();
+        let (from, to) = (Path::new("/etc/.a.new"), Path::new("/etc/a"));
+        fs.write_atomic(to, b"old", 0o600).unwrap();
+        fs.write_atomic(from, b"new", 0o600).unwrap();
+        synced::take();
+        fs.rename(from, to).unwrap();
+        assert_eq!(fs.read(to).unwrap().unwrap(), b"new");
+        assert!(!fs.exists(from));
+        assert_eq!(synced::take(), vec![fs.path(Path::new("/etc"))]);
+        let e = fs.rename(from, to).unwrap_err();
+        assert_eq!(e.cause.kind(), ErrorKind::NotFound);
+        let msg = e.to_string();
+        assert!(
+            msg.starts_with("rename /etc/a: from /etc/.a.new: "),
+            "{msg}"
+        );
+        assert_eq!(synced::take(), Vec::<PathBuf>::new());
+    }
+
+    /// Real files in a tree under a temporary directory; recorded: the directories synced.
+    /// [`ConfinedFs`] syncs the directory of each write, link swap and removal too.
+    #[test]
+    fn confined_writes_link_swaps_and_removals_sync_their_directory() {
+        let (_d, fs) = tmp();
+        fs.create_dir_all(Path::new("/m/etc")).unwrap();
+        let c = fs.confined(Path::new("/m")).unwrap();
+        let dir = fs.path(Path::new("/m/etc"));
+        synced::take();
+        c.write_atomic(Path::new("/etc/hostname"), b"n\n", 0o644)
+            .unwrap();
+        assert_eq!(synced::take(), vec![dir.clone()], "write_atomic");
+        assert!(
+            c.symlink(Path::new("/etc/l"), Path::new("hostname"))
+                .unwrap()
+        );
+        assert_eq!(synced::take(), vec![dir.clone()], "symlink");
+        assert!(c.remove_file(Path::new("/etc/l")).unwrap());
+        assert_eq!(synced::take(), vec![dir.clone()], "remove_file");
     }
 
     #[test]

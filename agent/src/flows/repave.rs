@@ -389,19 +389,24 @@ async fn rollback(ops: &dyn NodeOps, stores: &Stores, j: &Journal) -> Result<(),
 }
 
 /// The journal, or `None` when there is none or an unreadable one was dealt with
-/// ([`recover_unreadable_journal`]).
+/// ([`recover_unreadable_journal`]). Only a journal whose content cannot be trusted
+/// ([`StateError::is_unreadable`]) is recovered from; a file-system error reading the journal or
+/// the daemon state (EIO, EACCES) is returned as it is, nothing stopped, removed or deleted: the
+/// caller retries.
 async fn load_journal(ops: &dyn NodeOps, stores: &Stores) -> Result<Option<Journal>, RepaveError> {
     let cause = match stores.journal.load() {
         Ok(j) => return Ok(j),
-        Err(e) => e,
+        Err(e) if e.is_unreadable() => e,
+        Err(e) => return Err(e.into()),
     };
     tracing::error!(error = %cause, path = JOURNAL_PATH, "repave journal is unreadable; recovering");
     let state_active = match stores.state.load() {
         Ok(s) => s.and_then(|s| s.active().ok().map(str::to_string)),
-        Err(e) => {
+        Err(e) if e.is_unreadable() => {
             tracing::warn!(error = %e, "daemon state is unreadable too");
             None
         }
+        Err(e) => return Err(e.into()),
     };
     let mut enabled = [None, None];
     if state_active.is_none() {

@@ -29,7 +29,11 @@ pub const WIREGUARD_KEYS: &[&str] = &["/etc/wireguard/server.priv", "/etc/wiregu
 pub const ROUTE_TABLES: std::ops::RangeInclusive<u32> = 51820..=51899;
 
 /// Runs `ResetNode` (the daemon keeps running; the `reset` command uninstalls the service first).
+///
+/// Its first step removes the bootstrap marks (complete, then started): a reset cut short after
+/// it removed a machine must not leave a node that `bootstrap-node` calls bootstrapped.
 pub async fn reset_node(host: &Host, t: Timings) -> Result<(), StepError> {
+    step("forget-bootstrap", async { forget_bootstrap(host) }).await?;
     for m in MACHINES {
         step(&format!("stop-node-{m}"), nspawn::stop_node(host, m, t)).await?;
     }
@@ -51,6 +55,13 @@ pub async fn reset_node(host: &Host, t: Timings) -> Result<(), StepError> {
     step("remove-runtime-dirs", remove_runtime_dirs(host)).await?;
     step("uninstall-arc", uninstall_arc(host)).await?;
     Ok(())
+}
+
+/// `forget-bootstrap`: removes the "bootstrap complete" mark, then the "bootstrap started" one
+/// (missing marks are fine).
+pub fn forget_bootstrap(host: &Host) -> Result<(), crate::state::StateError> {
+    crate::state::BootstrapMarkStore::new(host.fs.clone()).delete()?;
+    crate::state::BootstrapMarkStore::started(host.fs.clone()).delete()
 }
 
 /// Interface names from `ip -o link show` (`2: eth0: <...>`, `5: veth0@if4: <...>`).

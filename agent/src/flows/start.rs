@@ -179,11 +179,15 @@ pub fn bootstrap_progress(marked: bool, state_saved: bool, started: bool) -> Boo
 
 /// The node's [`BootstrapProgress`] on `host`.
 pub fn progress_on(host: &Host) -> BootstrapProgress {
+    progress_in(&host.fs)
+}
+
+/// The [`BootstrapProgress`] of the node whose files `fs` holds (read-only).
+pub fn progress_in(fs: &crate::fs::HostFs) -> BootstrapProgress {
     bootstrap_progress(
-        BootstrapMarkStore::new(host.fs.clone()).is_marked(),
-        host.fs.exists(Path::new(crate::state::STATE_PATH)),
-        host.fs
-            .exists(Path::new(crate::state::BOOTSTRAP_STARTED_PATH)),
+        BootstrapMarkStore::new(fs.clone()).is_marked(),
+        fs.exists(Path::new(crate::state::STATE_PATH)),
+        fs.exists(Path::new(crate::state::BOOTSTRAP_STARTED_PATH)),
     )
 }
 
@@ -253,8 +257,14 @@ pub async fn run_start(
         flex_host::fault::point("start.before-agent-unit");
         finish_bootstrap(host).await
     };
-    flow.await
-        .map_err(|e| anyhow::anyhow!("bootstrap failed: {e}"))?;
+    if let Err(e) = flow.await {
+        // A start that returned an error (not one killed) leaves no "started" mark: the next
+        // `bootstrap-node` runs preflight again, on inputs that may have changed.
+        if let Err(rm) = BootstrapMarkStore::started(host.fs.clone()).delete() {
+            tracing::warn!(error = %rm, "could not remove the bootstrap-started mark");
+        }
+        anyhow::bail!("bootstrap failed: {e}");
+    }
     tracing::info!(
         operation = "bootstrap",
         duration_ms = started.elapsed().as_millis() as u64,

@@ -176,7 +176,9 @@ impl CredentialStore {
         Self { fs }
     }
 
-    /// Creates the directory (0700) and narrows an existing one to 0700.
+    /// Creates the directory (0700) and narrows an existing one to 0700; removes the temporary
+    /// files that writes killed before their rename left there (`cert.save-midway` leaves the
+    /// new private key in one), except this process's own (a write in flight).
     pub fn prepare(&self) -> Result<(), KubeClientError> {
         let dir = Path::new(CREDENTIAL_DIR);
         if let Some(parent) = dir.parent() {
@@ -191,6 +193,31 @@ impl CredentialStore {
                     path: dir.to_path_buf(),
                     cause,
                 })?;
+        }
+        self.remove_stale_temps()
+    }
+
+    fn remove_stale_temps(&self) -> Result<(), KubeClientError> {
+        let dir = Path::new(CREDENTIAL_DIR);
+        let entries = std::fs::read_dir(self.fs.path(dir)).map_err(|cause| crate::fs::FsError {
+            op: "list",
+            path: dir.to_path_buf(),
+            cause,
+        })?;
+        for entry in entries {
+            let entry = entry.map_err(|cause| crate::fs::FsError {
+                op: "list",
+                path: dir.to_path_buf(),
+                cause,
+            })?;
+            let name = entry.file_name();
+            if let Some(name) = name.to_str()
+                && is_stale_temp(name, std::process::id())
+            {
+                let path = dir.join(name);
+                self.fs.remove_file(&path)?;
+                tracing::info!(path = %path.display(), "removed a temporary file an interrupted write left");
+            }
         }
         Ok(())
     }
@@ -306,12 +333,22 @@ impl CredentialStore {
     ///
     /// [`pending_key`]: Self::pending_key
     pub fn save(&self, issued: &Issued) -> Result<(), KubeClientError> {
+        self.save_with(issued, &mut || flex_host::fault::point("cert.save-midway"))
+    }
+
+    /// [`Self::save`] with `before_rename` where the fault point goes (tests interrupt a real
+    /// save there).
+    pub(super) fn save_with(
+        &self,
+        issued: &Issued,
+        before_rename: &mut dyn FnMut(),
+    ) -> Result<(), KubeClientError> {
         let pair = join_pair(&issued.key_pem, &issued.cert_pem);
         self.fs.write_atomic_with(
             Path::new(PAIR_FILE),
             pair.expose().as_bytes(),
             0o600,
-            &mut || flex_host::fault::point("cert.save-midway"),
+            before_rename,
         )?;
         for legacy in [CERT_FILE, KEY_FILE] {
             self.fs.remove_file(Path::new(legacy))?;
@@ -319,4 +356,17 @@ impl CredentialStore {
         self.fs.remove_file(Path::new(PENDING_KEY_FILE))?;
         Ok(())
     }
+}
+
+/// Whether `name` is a temporary file of [`HostFs`]'s atomic writes (`.<file>.tmp-<pid>-<n>`)
+/// left by another process than `own_pid` (one of this process's is a write in flight).
+pub(crate) fn is_stale_temp(name: &str, own_pid: u32) -> bool {
+    let Some((file, tail)) = name.strip_prefix('.').and_then(|n| n.rsplit_once(".tmp-")) else {
+        return false;
+    };
+    let Some((pid, n)) = tail.split_once('-') else {
+        return false;
+    };
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    !file.is_empty() && digits(pid) && digits(n) && pid.parse::<u32>().ok() != Some(own_pid)
 }

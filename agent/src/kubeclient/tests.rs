@@ -986,10 +986,13 @@ fn a_consistent_legacy_pair_loads_and_the_next_save_replaces_it() {
     assert_eq!(store.load(NODE, SystemTime::now()).unwrap().cert_pem, c2);
 }
 
-/// Real files; the crash is simulated by leaving what `cert.save-midway` leaves (the new pair
-/// complete in its temporary file, not renamed; the pending key still there). The old pair,
-/// in the pair file or in the legacy files, still loads. (With the old two-file save the same
-/// instant left the new key beside the old certificate, which did not load.)
+/// A real save interrupted where `cert.save-midway` sits: the hook panics, which (like a kill)
+/// leaves the new pair in its temporary file and skips the rename. Real: the files in a
+/// temporary root and the save itself; only the interruption is the test's. The old pair, in
+/// the pair file or in the legacy files, still loads, and the pending key is still there; the
+/// next `prepare` removes the leftover temporary file (the new private key). (With the old
+/// two-file save the same instant left the new key beside the old certificate, which did not
+/// load.)
 #[test]
 fn a_kill_midway_through_a_rotation_leaves_the_old_pair_loadable() {
     let ca = test_ca();
@@ -1006,17 +1009,95 @@ fn a_kill_midway_through_a_rotation_leaves_the_old_pair_loadable() {
         }
         let (k2, c2) = pair(&ca);
         store.save_pending_key(&k2).unwrap();
-        // Killed after the temporary file was written, before the rename.
-        let tmp = fs
-            .path(Path::new(CREDENTIAL_DIR))
-            .join(".client-current.pem.tmp-4242-0");
-        std::fs::write(&tmp, join_pair(&k2, &c2).expose()).unwrap();
+        let files = || -> Vec<(String, Vec<u8>)> {
+            let mut v: Vec<_> = std::fs::read_dir(fs.path(Path::new(CREDENTIAL_DIR)))
+                .unwrap()
+                .map(|e| {
+                    let e = e.unwrap();
+                    (
+                        e.file_name().to_string_lossy().into_owned(),
+                        std::fs::read(e.path()).unwrap(),
+                    )
+                })
+                .collect();
+            v.sort();
+            v
+        };
+        let before = files();
+        let mut kill = || panic!("killed at cert.save-midway");
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            store.save_with(&issued(&k2, &c2), &mut kill)
+        }));
+        assert!(r.is_err(), "the hook was not reached");
+        // Every file there before is unchanged; the only new one is the temporary file.
+        let after = files();
+        let new: Vec<_> = after.iter().filter(|f| !before.contains(f)).collect();
+        assert_eq!(new.len(), 1, "legacy={old_in_legacy_files}: {new:?}");
+        assert!(
+            new[0].0.starts_with(".client-current.pem.tmp-"),
+            "{}",
+            new[0].0
+        );
 
         let loaded = store.load(NODE, SystemTime::now()).unwrap();
         assert_eq!(loaded.cert_pem, c1, "legacy={old_in_legacy_files}");
         assert_eq!(loaded.key_pem.expose(), k1.expose());
         // The interrupted request resumes with its key.
         assert_eq!(store.pending_key().unwrap().0.expose(), k2.expose());
+    }
+}
+
+/// Real files: the temporary files killed writes left in the credentials directory (one holds
+/// a private key) are removed by `prepare`, except this process's own (a write in flight) and
+/// files that only look alike.
+#[test]
+fn prepare_removes_temporary_files_interrupted_writes_left() {
+    let ca = test_ca();
+    let root = tempfile::tempdir().unwrap();
+    let fs = HostFs::new(root.path());
+    let store = CredentialStore::new(fs.clone());
+    store.prepare().unwrap();
+    let (k, c) = pair(&ca);
+    store.save(&issued(&k, &c)).unwrap();
+    let own = format!(".client-current.pem.tmp-{}-0", std::process::id());
+    let dir = fs.path(Path::new(CREDENTIAL_DIR));
+    let stale = [
+        ".client-current.pem.tmp-4242-0",
+        ".pending-key.pem.tmp-17-3",
+    ];
+    let kept = [
+        own.as_str(),
+        "client-current.pem",
+        "notes.tmp-1-2",
+        ".x.tmp-1",
+    ];
+    for name in stale.iter().chain(&kept[..1]).chain(&kept[2..]) {
+        std::fs::write(dir.join(name), k.expose()).unwrap();
+    }
+    store.prepare().unwrap();
+    for name in stale {
+        assert!(!dir.join(name).exists(), "{name} is left");
+    }
+    for name in kept {
+        assert!(dir.join(name).exists(), "{name} was removed");
+    }
+    assert_eq!(store.load(NODE, SystemTime::now()).unwrap().cert_pem, c);
+}
+
+#[test]
+fn stale_temp_names_table() {
+    for (name, want) in [
+        (".client-current.pem.tmp-4242-0", true),
+        (".pending-key.pem.tmp-1-99", true),
+        (".client-current.pem.tmp-7-0", false), // this process's (own pid 7)
+        ("client-current.pem.tmp-4242-0", false), // no leading dot
+        (".tmp-4242-0", false),                 // no file name
+        (".client-current.pem.tmp-4242", false), // no attempt number
+        (".client-current.pem.tmp-x-0", false),
+        (".client-current.pem.tmp-1-", false),
+        (".client-current.pem", false),
+    ] {
+        assert_eq!(super::store::is_stale_temp(name, 7), want, "{name}");
     }
 }
 

@@ -319,3 +319,37 @@ fn json_round_trips() {
     let back: Report = serde_json::from_str(&render_json(&r)).unwrap();
     assert_eq!(back, r);
 }
+
+/// No daemon state: the message says what the bootstrap mark is (pure).
+#[test]
+fn a_missing_state_is_described_by_the_mark() {
+    for (mark, want) in [
+        (
+            healthy().bootstrap_mark,
+            "no daemon state, though the bootstrap is marked complete",
+        ),
+        (
+            Read::Unreadable {
+                error: "record checksum mismatch".into(),
+            },
+            "no daemon state, and the bootstrap mark is unreadable: record checksum mismatch",
+        ),
+        (
+            Read::Error {
+                error: "read: Permission denied".into(),
+            },
+            "no daemon state, and the bootstrap mark is unreadable: read: Permission denied",
+        ),
+    ] {
+        let mut f = healthy();
+        f.state = Read::Missing;
+        f.bootstrap_mark = mark;
+        let r = assess(f);
+        let p = r
+            .problems
+            .iter()
+            .find(|p| p.code == codes::STATE_UNREADABLE)
+            .unwrap();
+        assert_eq!(p.message, want);
+    }
+}

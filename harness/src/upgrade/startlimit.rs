@@ -209,7 +209,7 @@ pub fn parse_uptime(text: &str) -> anyhow::Result<Duration> {
 }
 
 /// The unit whose journal records the agent's start-limit resets.
-pub const RECOVERY_UNIT: &str = "aks-flex-node-recovery.service";
+pub use flex_api::status::RECOVERY_UNIT;
 
 /// The times (monotonic, since boot) of the recovery's start-limit resets in
 /// `journalctl -o json` lines: entries whose `MESSAGE` contains

@@ -153,34 +153,13 @@ pub async fn run(
         BootstrapProgress::NotStarted | BootstrapProgress::Interrupted => {}
     }
 
-    let (config, bytes, source) = match &inputs.config {
-        Some(path) => {
-            let set = inputs.render_inputs_set();
-            if !set.is_empty() {
-                anyhow::bail!(
-                    "{CONFIG} is set, so the config is not rendered and these inputs would be ignored: {}; unset them or {CONFIG}",
-                    set.join(", ")
-                );
-            }
-            let bytes = std::fs::read(path)
-                .with_context(|| format!("{CONFIG}: read {}", path.display()))?;
-            let loaded = config::parse(&bytes, &|| host.info.hostname())
-                .with_context(|| format!("{CONFIG}: {}", path.display()))?;
-            for k in &loaded.unknown_keys {
-                tracing::warn!(key = %k, "ignoring unknown config key");
-            }
-            (
-                loaded.config,
-                bytes,
-                format!("{CONFIG} ({})", path.display()),
-            )
-        }
-        None => {
-            let r = render(inputs, &|| host.info.hostname()).context("render the config")?;
-            let bytes = r.bytes().to_vec();
-            (r.config, bytes, "the bootstrap inputs".to_string())
-        }
-    };
+    let (config, bytes, source) = choose_config(
+        inputs,
+        &mut |path| {
+            std::fs::read(path).with_context(|| format!("{CONFIG}: read {}", path.display()))
+        },
+        &|| host.info.hostname(),
+    )?;
     host.fs
         .write_atomic(Path::new(DEFAULT_CONFIG_PATH), &bytes, 0o600)
         .context("write the config")?;
@@ -205,6 +184,44 @@ pub async fn run(
     starter.start(host, &config).await?;
     write!(out, "{}", crate::flows::start::START_SUCCESS)?;
     Ok(Outcome::Started)
+}
+
+/// The config a bootstrap writes, its bytes and where it comes from: `AKS_FLEX_NODE_CONFIG`'s
+/// file (read with `read`, validated and kept byte for byte; no render input may be set beside
+/// it), or the config rendered from the inputs. The real bootstrap and its dry run both take
+/// it from here.
+pub(super) fn choose_config(
+    inputs: &Inputs,
+    read: &mut dyn FnMut(&Path) -> anyhow::Result<Vec<u8>>,
+    hostname: &dyn Fn() -> std::io::Result<String>,
+) -> anyhow::Result<(Config, Vec<u8>, String)> {
+    match &inputs.config {
+        Some(path) => {
+            let set = inputs.render_inputs_set();
+            if !set.is_empty() {
+                anyhow::bail!(
+                    "{CONFIG} is set, so the config is not rendered and these inputs would be ignored: {}; unset them or {CONFIG}",
+                    set.join(", ")
+                );
+            }
+            let bytes = read(path)?;
+            let loaded = config::parse(&bytes, hostname)
+                .with_context(|| format!("{CONFIG}: {}", path.display()))?;
+            for k in &loaded.unknown_keys {
+                tracing::warn!(key = %k, "ignoring unknown config key");
+            }
+            Ok((
+                loaded.config,
+                bytes,
+                format!("{CONFIG} ({})", path.display()),
+            ))
+        }
+        None => {
+            let r = render(inputs, hostname).context("render the config")?;
+            let bytes = r.bytes().to_vec();
+            Ok((r.config, bytes, "the bootstrap inputs".to_string()))
+        }
+    }
 }
 
 #[cfg(test)]

@@ -463,3 +463,96 @@ async fn a_failed_recovery_start_keeps_the_journal_for_the_next_attempt() {
     assert_eq!(resume_pending(&ops, &stores).await.unwrap(), None);
     assert_eq!(stores.journal.load().unwrap(), None);
 }
+
+/// How a recovery test leaves one record file.
+#[derive(Clone, Copy, Debug)]
+enum Damage {
+    /// As `setup` saved it.
+    Intact,
+    /// The old agent's torn write: JSON without its sidecar (an unreadable record).
+    Torn,
+    /// A directory where the file should be: reading it fails in the file system (EISDIR), as
+    /// EIO or EACCES would; the content is not known to be bad.
+    ReadFails,
+}
+
+/// A file-system error reading the journal (or, with an unreadable journal, the daemon state)
+/// is passed up with nothing stopped, removed or deleted; only an unreadable journal is
+/// recovered from. Real: the journal and state files in a temporary root (a directory in a
+/// file's place makes the real read fail). Faked: the machines (recording ops).
+#[tokio::test]
+async fn only_an_unreadable_journal_is_recovered_from_not_a_read_error() {
+    let rows: [(&str, Damage, Damage, Option<Vec<&str>>); 4] = [
+        (
+            "torn journal, state readable: recovered",
+            Damage::Torn,
+            Damage::Intact,
+            Some(vec!["stop kube2", "cleanup kube2", "start kube1"]),
+        ),
+        (
+            "torn journal, state torn: recovered by enablement",
+            Damage::Torn,
+            Damage::Torn,
+            Some(vec![
+                "is-enabled kube1",
+                "is-enabled kube2",
+                "stop kube2",
+                "start kube1",
+            ]),
+        ),
+        (
+            "journal read fails: passed up",
+            Damage::ReadFails,
+            Damage::Intact,
+            None,
+        ),
+        (
+            "torn journal, state read fails: passed up",
+            Damage::Torn,
+            Damage::ReadFails,
+            None,
+        ),
+    ];
+    for (name, journal, state, want) in rows {
+        let (d, stores, st, goal) = setup();
+        let fs = HostFs::new(d.path());
+        let mut j = begin(&st, &goal).unwrap();
+        j.phase = Phase::Starting;
+        for (damage, path) in [
+            (journal, std::path::Path::new(JOURNAL_PATH)),
+            (state, std::path::Path::new(crate::state::STATE_PATH)),
+        ] {
+            match damage {
+                Damage::Intact => {}
+                Damage::Torn => {
+                    let mut json = serde_json::to_vec_pretty(&j).unwrap();
+                    json.push(b'\n');
+                    fs.write_atomic(path, &json, 0o600).unwrap();
+                }
+                Damage::ReadFails => {
+                    fs.remove_file(path).unwrap();
+                    fs.create_dir_all(path).unwrap();
+                }
+            }
+        }
+        let ops = RecordingOps::default().with_enabled(&["kube1"]);
+        let got = resume_pending(&ops, &stores).await;
+        match want {
+            Some(calls) => {
+                assert_eq!(got.unwrap(), None, "{name}");
+                assert_eq!(ops.calls(), calls, "{name}");
+                assert!(!fs.exists(stores.journal.path()), "{name}: journal deleted");
+            }
+            None => {
+                let e = got.unwrap_err();
+                assert!(
+                    matches!(&e, RepaveError::State(StateError::Fs(_))),
+                    "{name}: {e}"
+                );
+                assert!(!e.is_permanent(), "{name}");
+                assert!(ops.calls().is_empty(), "{name}: {:?}", ops.calls());
+                assert!(fs.exists(stores.journal.path()), "{name}: journal kept");
+            }
+        }
+    }
+}

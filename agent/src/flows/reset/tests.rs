@@ -239,3 +239,38 @@ async fn containerized_runtime_dirs_are_emptied_and_removed_on_the_host() {
         "the host's directory remains"
     );
 }
+
+/// A reset cut short (here: `machinectl list` fails at its first machine step) has already
+/// removed both bootstrap marks, so `bootstrap-node` no longer calls the node bootstrapped.
+/// Real: the mark and state files in a temporary root. Faked: the runner (`machinectl` fails).
+#[tokio::test]
+async fn an_interrupted_reset_has_removed_the_bootstrap_marks() {
+    use crate::flows::start::{BootstrapProgress, progress_on};
+    use crate::state::{BootstrapMark, BootstrapMarkStore, DaemonState, StateStore};
+    let f = FakeHost::new().unwrap();
+    let fs = &f.host.fs;
+    BootstrapMarkStore::started(fs.clone())
+        .save(&BootstrapMark::now())
+        .unwrap();
+    StateStore::new(fs.clone())
+        .save(&DaemonState {
+            active_machine: "kube1".into(),
+            ..Default::default()
+        })
+        .unwrap();
+    BootstrapMarkStore::new(fs.clone())
+        .save(&BootstrapMark::now())
+        .unwrap();
+    assert_eq!(progress_on(&f.host), BootstrapProgress::Complete);
+    f.runner
+        .on("machinectl list", Output::failed(1, "Failed to connect"));
+    let e = reset_node(&f.host, Timings::instant()).await.unwrap_err();
+    assert!(e.to_string().starts_with("stop-node-kube1: "), "{e}");
+    for mark in [
+        crate::state::BOOTSTRAP_MARK_PATH,
+        crate::state::BOOTSTRAP_STARTED_PATH,
+    ] {
+        assert!(!fs.exists(Path::new(mark)), "{mark} is left");
+    }
+    assert_ne!(progress_on(&f.host), BootstrapProgress::Complete);
+}

@@ -130,6 +130,27 @@ async fn node_failure_saves_no_state_and_installs_no_service() {
     assert!(!f.host.fs.exists(Path::new(crate::systemd::AGENT_UNIT_PATH)));
 }
 
+/// A `start` that returns an error removes its "started" mark (a kill, which is not an error,
+/// leaves it): the next `bootstrap-node` starts afresh, with preflight. Real: files in a
+/// temporary root. Faked: the node starter (fails), systemd.
+#[tokio::test]
+async fn a_start_that_fails_removes_its_started_mark() {
+    let f = FakeHost::new().unwrap();
+    let node = RecordingNode {
+        calls: Default::default(),
+        fail: true,
+    };
+    run_start(&f.host, &config(), &NoRegistry("x".into()), &node)
+        .await
+        .unwrap_err();
+    assert!(
+        !f.host
+            .fs
+            .exists(Path::new(crate::state::BOOTSTRAP_STARTED_PATH))
+    );
+    assert_eq!(progress_on(&f.host), BootstrapProgress::NotStarted);
+}
+
 #[tokio::test]
 async fn required_registration_failure_is_fatal() {
     let f = FakeHost::new().unwrap();
@@ -219,8 +240,8 @@ fn bootstrap_progress_table() {
         (false, true, false, Unfinished),
         (false, true, true, Unfinished),
         (true, true, true, Complete),
-        // A mark without a state (a reset interrupted after it removed the state): the mark
-        // wins; reset removes the whole directory.
+        // A mark without a state: the mark wins (reset removes the marks first, so an
+        // interrupted reset does not leave this).
         (true, false, false, Complete),
         (true, false, true, Complete),
     ] {

@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::flows::bootstrap::inputs as names;
+use crate::flows::bootstrap::render::render;
 use crate::flows::bootstrap::render::tests::{full, minimal};
 
 const TOKEN: &str = "abcdef.0123456789abcdef";
@@ -106,5 +107,103 @@ fn write_under_puts_files_below_the_directory_only() {
     assert_eq!(
         std::fs::metadata(&cfg).unwrap().permissions().mode() & 0o7777,
         0o600
+    );
+}
+
+/// A config given through `AKS_FLEX_NODE_CONFIG` may spell a secret with any JSON escape, and
+/// a client secret may hold `"` or `\` (escaped in the JSON and YAML files rendered from it):
+/// neither reaches the output. Pure: real rendering, fake host facts.
+#[test]
+fn show_redacts_secrets_however_the_files_escape_them() {
+    let fixture = include_str!("../../../../tests/fixtures/config-token.json");
+    // The token with every `a` as `\u0061` and its `.` as `\u002e`.
+    let escaped_token = fixture.replace(
+        TOKEN,
+        &TOKEN.replace('a', "\\u0061").replace('.', "\\u002e"),
+    );
+    const SECRET: &str = "s3cr\"t\\v/lue";
+    let sp = fixture.replace(
+        &format!("\"bootstrapToken\": {{ \"token\": \"{TOKEN}\" }}"),
+        // `/` escaped as `\/`, `l` as `\u006c`.
+        "\"servicePrincipal\": { \"tenantId\": \"t\", \"clientId\": \"c\", \"clientSecret\": \"s3cr\\\"t\\\\v\\/\\u006cue\" }",
+    );
+    let mut inputs = Inputs::default();
+    assert!(inputs.set(names::CONFIG, "/etc/given.json"));
+    for (name, file, secret) in [
+        ("escaped token", escaped_token, TOKEN),
+        ("client secret", sp, SECRET),
+    ] {
+        let plan = plan(&inputs, Some(file.as_bytes()), &facts(), false, b"").unwrap();
+        assert_eq!(plan.secrets(), vec![secret], "{name}");
+        let shown = show(&plan);
+        let json = serde_json::to_string(secret).unwrap();
+        for form in [
+            secret,
+            &json[1..json.len() - 1],
+            "0123456789",
+            "3cr",
+            "lue\"",
+        ] {
+            assert!(!shown.contains(form), "{name}: {form} in\n{shown}");
+        }
+        assert!(shown.contains(REDACTED), "{name}");
+        // The config shown is still the config (re-serialized), with the secret replaced.
+        let cfg = shown
+            .split("==> ")
+            .find(|s| s.starts_with(DEFAULT_CONFIG_PATH))
+            .unwrap();
+        let body = cfg.split_once("<==\n").unwrap().1;
+        let v: serde_json::Value = serde_json::from_str(body).unwrap();
+        assert_eq!(v["agent"]["nodeName"], "flex-node-1", "{name}");
+    }
+}
+
+/// What the dry run says the real bootstrap would do, stage by stage (pure).
+#[test]
+fn progress_note_table() {
+    use crate::flows::start::BootstrapProgress::*;
+    for (progress, want) in [
+        (NotStarted, None),
+        (Complete, Some("already bootstrapped")),
+        (Unfinished, Some("would only finish it")),
+        (Interrupted, Some("run start again without preflight")),
+    ] {
+        let note = progress_note(progress);
+        match want {
+            None => assert_eq!(note, None),
+            Some(w) => assert!(note.as_deref().is_some_and(|n| n.contains(w)), "{note:?}"),
+        }
+    }
+}
+
+/// Links among the planned files are written as links (not as 0777 regular files) and shown
+/// as links. Real files under a temporary directory.
+#[test]
+fn links_are_written_and_shown_as_links() {
+    let d = tempfile::tempdir().unwrap();
+    let mut plan = plan(&minimal(), None, &facts(), false, b"").unwrap();
+    plan.files.push(PlannedFile {
+        path: PathBuf::from("/var/lib/machines/kube1/etc/localtime"),
+        content: b"-> /usr/share/zoneinfo/UTC\n".to_vec(),
+        mode: 0o777,
+        link: Some(PathBuf::from("/usr/share/zoneinfo/UTC")),
+    });
+    let links: Vec<_> = plan.files.iter().filter(|f| f.link.is_some()).collect();
+    write_under(&plan, d.path()).unwrap();
+    for f in &links {
+        let real = d.path().join(f.path.strip_prefix("/").unwrap());
+        assert_eq!(
+            std::fs::read_link(&real).unwrap(),
+            *f.link.as_ref().unwrap(),
+            "{}",
+            f.path.display()
+        );
+    }
+    let shown = show(&plan);
+    assert!(
+        shown.contains(
+            "==> /var/lib/machines/kube1/etc/localtime (symlink to /usr/share/zoneinfo/UTC) <=="
+        ),
+        "{shown}"
     );
 }
