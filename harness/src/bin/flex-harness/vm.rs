@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use flex_harness::acl::gallery::{self, GalleryOptions};
+use flex_harness::hostmode::AgentMode;
 use flex_harness::vm::{OsImage, Progress, UpOptions};
 use flex_host::runner::ProcessRunner;
 
@@ -77,6 +78,12 @@ pub struct UpArgs {
     /// downloading Kubernetes)
     #[arg(long, env = "ACLC_K8S_BIN_DIR", value_name = "DIR")]
     pub k8s_bin_dir: Option<PathBuf>,
+    /// How the agent runs: `image` (in its container, pulled from the local registry) or
+    /// `host` (installed on the dev host by scripts/bootstrap.sh from a release archive the
+    /// local registry serves, the daemon as the host unit, binaries in the blue/green slots;
+    /// docs/host-mode.md)
+    #[arg(long, value_name = "image|host", default_value = "image", value_parser = parse_mode)]
+    pub mode: AgentMode,
     /// vCPUs
     #[arg(long, default_value_t = 2)]
     pub cpus: u32,
@@ -123,10 +130,29 @@ impl UpArgs {
             cluster: false,
             kubeconfig: None,
             k8s_bin_dir: None,
+            mode: AgentMode::Image,
             cpus: 2,
             memory: 3072,
         }
     }
+}
+
+fn parse_mode(s: &str) -> Result<AgentMode, String> {
+    AgentMode::parse(s).ok_or_else(|| format!("{s:?} is not a mode: image or host"))
+}
+
+/// Host mode runs on the dev host, offline: ACL has no bash for bootstrap.sh and its agent
+/// runs in the container, and the cluster groups run the agent's tools in its container.
+fn check_mode(a: &UpArgs, source: &OsSource) -> anyhow::Result<()> {
+    if a.mode == AgentMode::Host {
+        if !matches!(source, OsSource::DevHost) {
+            anyhow::bail!("--mode host runs on the dev host only (not with ACL)");
+        }
+        if a.cluster {
+            anyhow::bail!("--mode host runs offline only (not with --cluster)");
+        }
+    }
+    Ok(())
 }
 
 /// Where the OS image comes from.
@@ -168,6 +194,7 @@ fn os_source(a: &UpArgs, version_env: Option<&str>) -> anyhow::Result<(OsSource,
 pub async fn up(a: UpArgs) -> anyhow::Result<()> {
     let work = work_dir();
     let (source, note) = os_source(&a, std::env::var("ACL_IMAGE_VERSION").ok().as_deref())?;
+    check_mode(&a, &source)?;
     let runner = ProcessRunner::new();
     let progress = Progress::new();
     if let Some(n) = note {
@@ -179,7 +206,7 @@ pub async fn up(a: UpArgs) -> anyhow::Result<()> {
         OsSource::Image(p) => Some(p),
         OsSource::Gallery(g) => Some(gallery::export(&runner, &g, &progress).await?),
     };
-    let (info, _, _) = progress
+    let (info, binary, _) = progress
         .try_wait(
             "xtask up: building the agent image",
             crate::image::build(&crate::project_root().join("target/image")),
@@ -208,6 +235,8 @@ pub async fn up(a: UpArgs) -> anyhow::Result<()> {
         boot_timeout: Duration::from_secs(900),
         bootstrap_timeout: Duration::from_secs(1800),
         kubernetes_bin: a.k8s_bin_dir.clone(),
+        mode: a.mode,
+        agent_binary: Some(binary),
     };
     let state = flex_harness::run::up(
         &runner,
@@ -219,7 +248,8 @@ pub async fn up(a: UpArgs) -> anyhow::Result<()> {
     )
     .await?;
     println!(
-        "VM up ({}: {}); ssh -i {} -p {} flexadm@127.0.0.1",
+        "VM up ({} mode, {}: {}); ssh -i {} -p {} flexadm@127.0.0.1",
+        state.mode.name(),
         state.accel,
         state.accel_reason,
         state.ssh.key.display(),
@@ -372,6 +402,22 @@ mod tests {
         assert!(n.unwrap().contains("ACL_IMAGE"));
 
         assert!(os_source(&args(&["--acl-gallery=nonsense"]), None).is_err());
+    }
+
+    #[test]
+    fn mode_flag() {
+        assert_eq!(UpArgs::defaults().mode, AgentMode::Image);
+        assert_eq!(args(&[]).mode, AgentMode::Image, "image mode by default");
+        assert_eq!(args(&["--mode", "host"]).mode, AgentMode::Host);
+        assert_eq!(args(&["--mode=image"]).mode, AgentMode::Image);
+        let mut v = vec!["up", "--mode", "ubuntu"];
+        assert!(Cli::try_parse_from(&v).is_err());
+        v.truncate(1);
+        let host = args(&["--mode", "host"]);
+        assert!(check_mode(&host, &OsSource::DevHost).is_ok());
+        assert!(check_mode(&host, &OsSource::Image("/x".into())).is_err());
+        assert!(check_mode(&args(&["--mode", "host", "--cluster"]), &OsSource::DevHost).is_err());
+        assert!(check_mode(&args(&["--cluster"]), &OsSource::DevHost).is_ok());
     }
 
     #[test]
