@@ -320,11 +320,7 @@ async fn machinectl_shell_from_container(c: &Ctx<'_>) -> anyhow::Result<Checked>
         if attempt > 0 {
             tokio::time::sleep(Duration::from_secs(2)).await;
         }
-        let out = c
-            .in_agent(&format!(
-                "machinectl shell -q root@{m} /bin/sh -c 'echo machine-shell-ok; sleep 1'"
-            ))
-            .await?;
+        let out = c.sh(&machinectl_shell_command(c.state.mode, &m)).await?;
         if out.contains("machine-shell-ok") {
             return Ok(if attempt == 0 {
                 Outcome::Passed.into()
@@ -337,6 +333,21 @@ async fn machinectl_shell_from_container(c: &Ctx<'_>) -> anyhow::Result<Checked>
     Err(anyhow::anyhow!(
         "machinectl shell printed {seen:?} in {ATTEMPTS} attempts"
     ))
+}
+
+/// The `machinectl shell` of [`machinectl_shell_from_container`] where the agent runs. On the
+/// host its standard input is the SSH session's, which is at its end at once, and machinectl
+/// closes the shell at its input's end before the machine's output is forwarded (seen in host
+/// mode: nothing printed in six attempts); an input that stays open a few seconds without data
+/// (`sleep 5 |`) gives the command its time. In the container `ctr tasks exec` holds the input
+/// open.
+pub fn machinectl_shell_command(mode: AgentMode, machine: &str) -> String {
+    let shell =
+        format!("machinectl shell -q root@{machine} /bin/sh -c 'echo machine-shell-ok; sleep 1'");
+    match mode {
+        AgentMode::Image => agent_command(mode, &shell),
+        AgentMode::Host => format!("sleep 5 | {shell}"),
+    }
 }
 
 async fn leader_survives_restart(c: &Ctx<'_>) -> anyhow::Result<Outcome> {

@@ -252,27 +252,23 @@ mod tests {
         assert!(good_candidate(&elf).starts_with(b"\x7fELF"));
     }
 
-    /// Real: `sh` running the broken candidate's script.
-    #[test]
-    fn the_broken_candidate_answers_version_and_fails_as_a_daemon() {
+    /// Real: `sh` running the broken candidate's script (through the runner), and the
+    /// agent's own version parser on its answer.
+    #[tokio::test]
+    async fn the_broken_candidate_answers_version_and_fails_as_a_daemon() {
+        use flex_host::runner::{Cmd, ProcessRunner, Runner};
         let d = tempfile::tempdir().unwrap();
         let p = d.path().join("aks-flex-node");
         std::fs::write(&p, broken_agent_script()).unwrap();
-        let run = |arg: &str| {
-            std::process::Command::new("sh")
-                .arg(&p)
-                .arg(arg)
-                .output()
-                .unwrap()
-        };
-        let v = run("version");
-        assert!(v.status.success());
+        let r = ProcessRunner::new();
+        let cmd = |arg: &str| Cmd::new("sh").arg(p.display().to_string()).arg(arg);
+        let v = r.output(&cmd("version")).await.unwrap();
+        assert!(v.success());
         assert_eq!(
-            aks_flex_node::flows::upgrade::flow::parse_version(&String::from_utf8_lossy(&v.stdout))
-                .as_deref(),
+            aks_flex_node::flows::upgrade::flow::parse_version(&v.stdout).as_deref(),
             Some("harness-broken-candidate")
         );
-        assert_eq!(run("agent").status.code(), Some(1));
+        assert_eq!(r.output(&cmd("agent")).await.unwrap().code, Some(1));
     }
 
     #[test]

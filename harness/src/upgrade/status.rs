@@ -524,27 +524,30 @@ mod tests {
 
     /// Real: `sh` running the host probe's slot extraction on the paths `/proc/<pid>/exe`
     /// shows (a replaced binary shows ` (deleted)`).
-    #[test]
-    fn host_probe_slot_extraction_in_sh() {
+    #[tokio::test]
+    async fn host_probe_slot_extraction_in_sh() {
+        use flex_host::runner::{Cmd, ProcessRunner, Runner};
+        let r = ProcessRunner::new();
         for (exe, want) in [
-            ("/usr/local/lib/aks-flex-node/green/aks-flex-node", "green"),
+            (
+                "/usr/local/lib/aks-flex-node/green/aks-flex-node",
+                "image=green",
+            ),
             (
                 "/usr/local/lib/aks-flex-node/blue/aks-flex-node (deleted)",
-                "blue",
+                "image=blue",
             ),
+            // A script's process shows its interpreter: no slot.
+            ("/usr/bin/dash", "image="),
         ] {
-            let out = std::process::Command::new("sh")
-                .arg("-c")
-                .arg(format!(
+            let out = r
+                .run(&Cmd::new("sh").arg("-c").arg(format!(
                     "exe='{exe}'; slot=${{exe#{}/}}; echo \"image=${{slot%%/*}}\"",
                     crate::hostmode::LIB_DIR
-                ))
-                .output()
+                )))
+                .await
                 .unwrap();
-            assert_eq!(
-                String::from_utf8_lossy(&out.stdout).trim(),
-                format!("image={want}")
-            );
+            assert_eq!(out.stdout.trim(), want);
         }
     }
 }
