@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use crate::check::{Ctx, Group, Needs, check, ensure};
 use crate::guest_json::{self, AgentConfig, DaemonState};
+use crate::hostmode::AgentMode;
 use crate::provision::{PWNED_MARKER, hostile_location};
 use crate::report::{Checked, Outcome};
 use crate::vm;
@@ -36,6 +37,39 @@ pub const MACHINES: Group = Group {
         ),
         check!(
             "operation run NodeReboot restarts it from the agent's container",
+            node_reboot_operation
+        ),
+        check!("it is back after a VM reboot", back_after_reboot),
+    ],
+};
+
+/// The `machines` group in host mode (`up --mode host`): the same checks, the agent's tools
+/// run on the host (where the agent runs), and first, that the agent runs as the host unit from
+/// a blue/green slot.
+pub const HOST_MACHINES: Group = Group {
+    name: "machines",
+    description: "host mode: the agent runs as the host unit from a blue/green slot; the active machine runs in machine.slice, is reachable from the host, keeps running across an agent restart and comes back after a reboot",
+    needs: Needs::Host,
+    checks: &[
+        check!(
+            "the agent runs as the host unit from a blue/green slot",
+            agent_runs_from_a_slot
+        ),
+        check!("active machine runs in machine.slice", machine_in_slice),
+        check!(
+            "systemd-run --machine reaches it from the host",
+            systemd_run_from_container
+        ),
+        check!(
+            "machinectl shell reaches it from the host",
+            machinectl_shell_from_container
+        ),
+        check!(
+            "it keeps its leader while the agent's unit restarts",
+            leader_survives_restart
+        ),
+        check!(
+            "operation run NodeReboot restarts it from the host",
             node_reboot_operation
         ),
         check!("it is back after a VM reboot", back_after_reboot),
@@ -118,12 +152,9 @@ impl Ctx<'_> {
         Ok(self.run(script, t).await?.trim().to_string())
     }
 
-    /// Runs a command in the agent's container.
+    /// Runs a command where the agent runs: in its container, or on the host in host mode.
     async fn in_agent(&self, cmd: &str) -> anyhow::Result<String> {
-        self.sh(&format!(
-            "ctr -n aks-flex tasks exec --exec-id check-$$-$(date +%s%N) aks-flex-agent {cmd}"
-        ))
-        .await
+        self.sh(&agent_command(self.state.mode, cmd)).await
     }
 
     /// The daemon's active machine, from its state file.
@@ -168,11 +199,84 @@ impl Ctx<'_> {
     async fn wait_agent_active(&self) -> anyhow::Result<()> {
         self.wait_for(
             "aks-flex-node-agent.service active",
-            "systemctl is-active --quiet aks-flex-node-agent.service && ctr -n aks-flex tasks ls | grep -q '^aks-flex-agent .*RUNNING'",
+            agent_running_script(self.state.mode),
             Duration::from_secs(300),
         )
         .await
     }
+}
+
+/// The shell command that runs `cmd` (a command line starting with `aks-flex-node` or a host
+/// tool) where the agent runs: through `ctr tasks exec` in its container (image mode), or as
+/// it is on the host, where `aks-flex-node` is the link through the `current` slot (host mode).
+pub fn agent_command(mode: AgentMode, cmd: &str) -> String {
+    match mode {
+        AgentMode::Image => format!(
+            "ctr -n aks-flex tasks exec --exec-id check-$$-$(date +%s%N) aks-flex-agent {cmd}"
+        ),
+        AgentMode::Host => match cmd.strip_prefix("aks-flex-node ") {
+            Some(rest) => format!("{} {rest}", crate::hostmode::AGENT),
+            None => cmd.to_string(),
+        },
+    }
+}
+
+/// A guest script that succeeds when the agent's unit is active and its process runs: the
+/// container's task (image mode), or the unit's main process running a slot's binary (host
+/// mode).
+pub fn agent_running_script(mode: AgentMode) -> &'static str {
+    match mode {
+        AgentMode::Image => {
+            "systemctl is-active --quiet aks-flex-node-agent.service && ctr -n aks-flex tasks ls | grep -q '^aks-flex-agent .*RUNNING'"
+        }
+        AgentMode::Host => {
+            "systemctl is-active --quiet aks-flex-node-agent.service && pid=$(systemctl show -p MainPID --value aks-flex-node-agent.service) && test \"$pid\" != 0 && readlink /proc/$pid/exe | grep -Eq '^/usr/local/lib/aks-flex-node/(blue|green)/aks-flex-node$'"
+        }
+    }
+}
+
+async fn agent_runs_from_a_slot(c: &Ctx<'_>) -> anyhow::Result<Checked> {
+    let exec = c
+        .sh("systemctl show aks-flex-node-agent.service -p ExecStart --value")
+        .await?;
+    ensure(
+        exec.contains("/usr/local/lib/aks-flex-node/current/aks-flex-node")
+            && !exec.contains("ctr "),
+        || format!("aks-flex-node-agent.service runs {exec:?}, not the current slot"),
+    )?;
+    c.wait_agent_active().await?;
+    let links = c
+        .sh(&format!(
+            "echo current=$(readlink {lib}/current); echo last-good=$(readlink {lib}/last-good); echo bin=$(readlink {bin}); \
+             echo exe=$(readlink /proc/$(systemctl show -p MainPID --value aks-flex-node-agent.service)/exe); \
+             echo recovery=$(systemctl show aks-flex-node-recovery.service -p ExecStart --value)",
+            lib = crate::hostmode::LIB_DIR,
+            bin = crate::hostmode::AGENT
+        ))
+        .await?;
+    let get = |k: &str| {
+        links
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{k}=")))
+            .unwrap_or_default()
+            .trim()
+            .to_string()
+    };
+    let current = get("current");
+    ensure(
+        matches!(current.as_str(), "blue" | "green") && get("last-good") == current,
+        || format!("the slots are not one proven slot: {links}"),
+    )?;
+    ensure(
+        get("exe") == format!("{}/{current}/aks-flex-node", crate::hostmode::LIB_DIR)
+            && get("bin") == format!("{}/current/aks-flex-node", crate::hostmode::LIB_DIR),
+        || format!("the agent does not run through the current slot: {links}"),
+    )?;
+    ensure(
+        get("recovery").contains("/usr/local/lib/aks-flex-node/last-good/aks-flex-node recover"),
+        || format!("the recovery unit does not run the last-good slot: {links}"),
+    )?;
+    Ok(Checked::passed_with(format!("slot {current}")))
 }
 
 async fn machine_in_slice(c: &Ctx<'_>) -> anyhow::Result<Outcome> {
@@ -216,11 +320,7 @@ async fn machinectl_shell_from_container(c: &Ctx<'_>) -> anyhow::Result<Checked>
         if attempt > 0 {
             tokio::time::sleep(Duration::from_secs(2)).await;
         }
-        let out = c
-            .in_agent(&format!(
-                "machinectl shell -q root@{m} /bin/sh -c 'echo machine-shell-ok; sleep 1'"
-            ))
-            .await?;
+        let out = c.sh(&machinectl_shell_command(c.state.mode, &m)).await?;
         if out.contains("machine-shell-ok") {
             return Ok(if attempt == 0 {
                 Outcome::Passed.into()
@@ -233,6 +333,21 @@ async fn machinectl_shell_from_container(c: &Ctx<'_>) -> anyhow::Result<Checked>
     Err(anyhow::anyhow!(
         "machinectl shell printed {seen:?} in {ATTEMPTS} attempts"
     ))
+}
+
+/// The `machinectl shell` of [`machinectl_shell_from_container`] where the agent runs. On the
+/// host its standard input is the SSH session's, which is at its end at once, and machinectl
+/// closes the shell at its input's end before the machine's output is forwarded (seen in host
+/// mode: nothing printed in six attempts); an input that stays open a few seconds without data
+/// (`sleep 5 |`) gives the command its time. In the container `ctr tasks exec` holds the input
+/// open.
+pub fn machinectl_shell_command(mode: AgentMode, machine: &str) -> String {
+    let shell =
+        format!("machinectl shell -q root@{machine} /bin/sh -c 'echo machine-shell-ok; sleep 1'");
+    match mode {
+        AgentMode::Image => agent_command(mode, &shell),
+        AgentMode::Host => format!("sleep 5 | {shell}"),
+    }
 }
 
 async fn leader_survives_restart(c: &Ctx<'_>) -> anyhow::Result<Outcome> {
@@ -262,7 +377,7 @@ async fn node_reboot_operation(c: &Ctx<'_>) -> anyhow::Result<Outcome> {
         .await?;
     let out = c
         .run(
-            "ctr -n aks-flex tasks exec --exec-id check-reboot-$$ aks-flex-agent aks-flex-node operation run NodeReboot",
+            &agent_command(c.state.mode, "aks-flex-node operation run NodeReboot"),
             Duration::from_secs(600),
         )
         .await?;
@@ -464,12 +579,14 @@ async fn start_ran_once(c: &Ctx<'_>) -> anyhow::Result<Outcome> {
     Ok(Outcome::Passed)
 }
 
+/// Resets the host: the container's reset unit (image mode), or `aks-flex-node reset` on the
+/// host as an operator runs it (host mode, which has no reset unit).
 async fn run_reset(c: &Ctx<'_>) -> anyhow::Result<()> {
-    c.sh_t(
-        "systemctl start aks-flex-node-reset.service",
-        Duration::from_secs(900),
-    )
-    .await?;
+    let script = match c.state.mode {
+        AgentMode::Image => "systemctl start aks-flex-node-reset.service".to_string(),
+        AgentMode::Host => format!("{} reset", crate::hostmode::AGENT),
+    };
+    c.sh_t(&script, Duration::from_secs(900)).await?;
     Ok(())
 }
 
@@ -566,6 +683,8 @@ mod tests {
             snapshot: None,
             timings: Vec::new(),
             cluster: None,
+            mode: crate::hostmode::AgentMode::Image,
+            served: None,
         }
     }
 

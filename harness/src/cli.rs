@@ -176,6 +176,12 @@ pub struct UpArgs {
     /// downloading Kubernetes)
     #[arg(long, env = "ACLC_K8S_BIN_DIR", value_name = "DIR")]
     pub k8s_bin_dir: Option<PathBuf>,
+    /// How the agent runs: `image` (in its container, pulled from the local registry) or
+    /// `host` (installed on the dev host by scripts/bootstrap.sh from a release archive the
+    /// local registry serves, the daemon as the host unit, binaries in the blue/green slots;
+    /// docs/host-mode.md)
+    #[arg(long, value_name = "image|host", default_value = "image", value_parser = parse_mode)]
+    pub mode: crate::hostmode::AgentMode,
     /// vCPUs
     #[arg(long, default_value_t = 2)]
     pub cpus: u32,
@@ -205,6 +211,11 @@ pub struct CheckArgs {
     pub rerun_failed: bool,
 }
 
+fn parse_mode(s: &str) -> Result<crate::hostmode::AgentMode, String> {
+    crate::hostmode::AgentMode::parse(s)
+        .ok_or_else(|| format!("{s:?} is not a mode: image or host"))
+}
+
 impl UpArgs {
     /// The defaults, as `cargo xtask up` with no flags.
     pub fn defaults() -> Self {
@@ -225,6 +236,7 @@ impl UpArgs {
             cluster: false,
             kubeconfig: None,
             k8s_bin_dir: None,
+            mode: crate::hostmode::AgentMode::Image,
             cpus: 2,
             memory: 3072,
         }

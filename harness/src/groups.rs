@@ -6,6 +6,7 @@
 use std::time::{Duration, Instant};
 
 pub use crate::check::{Check, Ctx, Group, Needs};
+use crate::hostmode::AgentMode;
 use crate::report::{CheckReport, Checked, GroupReport, Outcome};
 
 /// Every group, in run order; each is defined once, beside its checks. `machines` runs first:
@@ -91,12 +92,51 @@ pub fn render_list() -> String {
         .collect()
 }
 
-/// Runs one group: restores the snapshot first when asked, then its checks in order; a failed
-/// check ends the group (later checks build on it) and the rest are reported skipped. A failed
-/// check's report carries the guest's journal as it was right after the failure.
+/// The groups whose checks only mean something with the agent in its container: in host mode
+/// they are reported skipped with this reason.
+const IMAGE_MODE_ONLY: &str =
+    "the agent runs on the host (up --mode host): this group checks the agent's container";
+
+/// `group` as it runs in `mode`: itself in image mode; in host mode its host variant (the
+/// `machines` and `upgrade` groups), itself where its checks choose by mode (`mounts`,
+/// `bootstrap`, `reset`; the cluster groups, which host mode's offline VM skips), or, for
+/// the groups about the container, `Err` with the reason they are skipped.
+pub fn for_mode(group: &Group, mode: AgentMode) -> Result<Group, &'static str> {
+    match (mode, group.name) {
+        (AgentMode::Image, _) => Ok(*group),
+        (AgentMode::Host, "machines") => Ok(crate::checks::HOST_MACHINES),
+        (AgentMode::Host, "upgrade") => Ok(crate::upgrade::host::GROUP),
+        (AgentMode::Host, "container" | "faults") => Err(IMAGE_MODE_ONLY),
+        (AgentMode::Host, _) => Ok(*group),
+    }
+}
+
+/// Runs one group (its variant for the VM's mode, [`for_mode`]): restores the snapshot first
+/// when asked, then its checks in order; a failed check ends the group (later checks build on
+/// it) and the rest are reported skipped. A failed check's report carries the guest's journal
+/// as it was right after the failure.
 pub async fn run_group(ctx: &Ctx<'_>, group: &Group, restore: bool) -> GroupReport {
     let start = Instant::now();
     let mut checks = Vec::new();
+    let group = &match for_mode(group, ctx.state.mode) {
+        Ok(g) => g,
+        Err(why) => {
+            for name in list_or_placeholder(group, group.checks) {
+                checks.push(CheckReport {
+                    name,
+                    outcome: Outcome::Skipped(why.into()),
+                    duration: Duration::ZERO,
+                    detail: None,
+                    journal: None,
+                });
+            }
+            return GroupReport {
+                name: group.name.into(),
+                checks,
+                duration: start.elapsed(),
+            };
+        }
+    };
     let list = group.checks;
     if group.needs == Needs::Cluster && !ctx.cluster {
         let why = crate::cluster::skip_reason(&ctx.state.work);
@@ -242,6 +282,37 @@ mod tests {
             GROUPS[1].name, "upgrade",
             "upgrade runs right after machines"
         );
+    }
+
+    /// Host mode runs the host variants of machines and upgrade (same names, so `--only`
+    /// and the reports are the same), skips the container's groups with the reason, and
+    /// image mode runs every group as it is.
+    #[test]
+    fn groups_by_mode() {
+        for g in GROUPS {
+            let same = for_mode(g, AgentMode::Image).unwrap();
+            assert_eq!(same.checks.len(), g.checks.len(), "{}", g.name);
+            assert_eq!(same.description, g.description, "{}", g.name);
+            match for_mode(g, AgentMode::Host) {
+                Ok(h) => assert_eq!(h.name, g.name),
+                Err(why) => {
+                    assert!(["container", "faults"].contains(&g.name), "{}", g.name);
+                    assert!(why.contains("--mode host"));
+                }
+            }
+        }
+        let find = |n: &str| GROUPS.iter().find(|g| g.name == n).unwrap();
+        let host_machines = for_mode(find("machines"), AgentMode::Host).unwrap();
+        assert!(host_machines.checks[0].name.contains("blue/green slot"));
+        assert!(
+            host_machines
+                .checks
+                .iter()
+                .all(|c| !c.name.contains("container")),
+            "no host-mode check names the container"
+        );
+        let host_upgrade = for_mode(find("upgrade"), AgentMode::Host).unwrap();
+        assert!(host_upgrade.description.contains("downloadURL"));
     }
 
     #[test]

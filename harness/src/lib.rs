@@ -11,7 +11,8 @@
 //! (every group in run order, selection, running a group), [`guest_json`] (the guest's JSON
 //! files, typed), [`report`] (timing table, JUnit), [`registry`] (the local registry), [`ssh`]
 //! (commands in the guest), [`upgrade`] (the AgentUpgrade group, its candidate images and the
-//! start-limit wait), [`cluster`] (the kind cluster of `up --cluster` and the cluster groups).
+//! start-limit wait), [`hostmode`] (`up --mode host`: the agent installed on the host by
+//! `scripts/bootstrap.sh`, and what the registry serves it), [`cluster`] (the kind cluster of `up --cluster` and the cluster groups).
 
 pub mod acl;
 pub mod artefacts;
@@ -26,6 +27,7 @@ pub mod faults;
 pub mod fixtures;
 pub mod groups;
 pub mod guest_json;
+pub mod hostmode;
 pub mod images;
 pub mod kvm;
 pub mod node_status;

@@ -193,6 +193,34 @@ pub fn render(repo: &Path, a: &Additions, spec: SpecVersion) -> anyhow::Result<S
     Ok(to_ignition_json(&config, spec))
 }
 
+/// Renders the Ignition JSON for a VM in host mode (`up --mode host`): the harness's additions
+/// merged with [`crate::hostmode::butane`] (`scripts/bootstrap.sh` and the host bootstrap
+/// unit) instead of `image/agent-container.bu`: no container settings, no container units.
+pub fn render_host(repo: &Path, a: &Additions, spec: SpecVersion) -> anyhow::Result<String> {
+    let p = repo.join("scripts/bootstrap.sh");
+    let script =
+        std::fs::read_to_string(&p).map_err(|e| anyhow::anyhow!("read {}: {e}", p.display()))?;
+    let base = parse_butane(&crate::hostmode::butane(&script), None)
+        .map_err(|e| anyhow::anyhow!("host mode provisioning: {e}"))?;
+    let mut config = merge(
+        &base,
+        &parse_butane(&additions_butane(a), None)
+            .map_err(|e| anyhow::anyhow!("harness additions: {e}"))?,
+    )?;
+    // bootstrap.sh's inputs include the install's (download URL, sha256), which `aks-flex-node
+    // ignition` refuses (it provisions the container): the file is written as given.
+    if let Some(env) = &a.bootstrap_env {
+        config
+            .add_file(
+                flex_ignition::File::new(flex_ignition::node::ENV_FILE)
+                    .with_mode(0o600)
+                    .with_data(env.as_bytes().to_vec()),
+            )
+            .map_err(|e| anyhow::anyhow!("host mode bootstrap.env: {e}"))?;
+    }
+    Ok(to_ignition_json(&config, spec))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -466,6 +494,44 @@ mod tests {
             })
             .unwrap();
         assert_eq!(harness, command);
+    }
+
+    /// Real: the ignition crate's Butane parser and merge, the repository's bootstrap.sh.
+    /// Host mode provisions bootstrap.sh and the host bootstrap unit, and nothing of the
+    /// container (no container settings, no container units, no /usr/local overlay unit).
+    #[test]
+    fn host_mode_provisions_bootstrap_sh_and_no_container() {
+        let json = render_host(&repo(), &additions(), SpecVersion::V3_3_0).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+        let units: Vec<&str> = v["systemd"]["units"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|u| u["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(units, ["aks-flex-node-bootstrap.service"]);
+        assert!(
+            v["systemd"]["units"][0]["contents"]
+                .as_str()
+                .unwrap()
+                .contains(crate::hostmode::BOOTSTRAP_SH)
+        );
+        let files: Vec<&str> = v["storage"]["files"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| f["path"].as_str().unwrap())
+            .collect();
+        assert!(files.contains(&crate::hostmode::BOOTSTRAP_SH), "{files:?}");
+        assert!(
+            files.contains(&"/etc/aks-flex-node/bootstrap.env"),
+            "{files:?}"
+        );
+        assert!(
+            !files.contains(&"/etc/sysconfig/aks-flex-node-container"),
+            "{files:?}"
+        );
+        assert!(!json.contains("ctr "), "no container command: {json}");
     }
 
     #[test]

@@ -13,6 +13,7 @@ use crate::cluster::Availability;
 use crate::devhost::{self, Suite};
 use crate::fixtures;
 use crate::groups::{self, Needs};
+use crate::hostmode::{self, AgentMode};
 use crate::images;
 use crate::provision::{self, Additions};
 use crate::qemu::{Accel, Boot};
@@ -132,7 +133,8 @@ impl Laps {
     }
 }
 
-/// `up`: boots the VM with the agent bootstrapped in its container, every command through `r`.
+/// `up`: boots the VM with the agent bootstrapped in its container (or, in host mode, installed
+/// on the host by `scripts/bootstrap.sh`: [`hostmode`]), every command through `r`.
 /// `agent_layout` is the agent's OCI image layout (`cargo xtask image`). With `cluster` (`up
 /// --cluster`), the VM joins a kind cluster made first ([`crate::cluster`]); where none can be
 /// made, it boots offline and the reason is recorded for `check`.
@@ -187,9 +189,18 @@ pub async fn up(
     if cluster.is_some() {
         laps.lap("kind cluster");
     }
-    let env = cluster_env.unwrap_or_else(|| {
+    let mut env = cluster_env.unwrap_or_else(|| {
         offline_bootstrap_env(&images.machine, &images.bundle, &images.kubernetes)
     });
+    let served = match opts.mode {
+        AgentMode::Image => None,
+        AgentMode::Host => {
+            let served = push_host_files(&p, &images.registry, opts).await?;
+            env.push_str(&hostmode::install_env(&served.release));
+            laps.lap("host mode files");
+            Some(served)
+        }
+    };
     write_ignition(repo, work, opts, &os, &images, pubkey, &env)?;
     vm::create_overlay(r, &os.base, &work.join("disk.qcow2")).await?;
     let (accel, reason) = accelerator(r, &p, work, &os, opts).await;
@@ -197,6 +208,8 @@ pub async fn up(
     let later_append = os.later_append.clone();
     let (mut state, mut qspec) =
         first_boot(r, &p, work, opts, os, accel, reason, images, env).await?;
+    state.served = served;
+    state.save()?;
     laps.lap("first boot");
     wait_first_bootstrap(r, &p, &state, opts).await?;
     laps.lap("bootstrap");
@@ -220,11 +233,41 @@ pub async fn up(
     state.save()?;
     crate::cluster::record(work, &availability)?;
     guard.armed = false;
-    p.say("up: the host is bootstrapped and the agent runs in its container");
+    p.say(match opts.mode {
+        AgentMode::Image => "up: the host is bootstrapped and the agent runs in its container",
+        AgentMode::Host => {
+            "up: the host is bootstrapped by bootstrap.sh and the agent runs as its host unit from the blue/green slots"
+        }
+    });
     for (n, s) in &state.timings {
         eprintln!("  {n:<22} {s:>7.1}s");
     }
     Ok(state)
+}
+
+/// Host mode: pushes the agent's release binary (as the release archive `bootstrap.sh`
+/// installs, itself, and the upgrade group's candidates) to the registry, which serves them to
+/// the guest ([`hostmode`]).
+async fn push_host_files(
+    p: &Progress,
+    registry: &Registry,
+    opts: &UpOptions,
+) -> anyhow::Result<hostmode::Served> {
+    let binary = opts.agent_binary.as_deref().ok_or_else(|| {
+        anyhow::anyhow!("host mode needs the agent's release binary (cargo xtask image builds it)")
+    })?;
+    p.say(&format!(
+        "host mode: serving the agent's release archive and upgrade candidates made from {}",
+        binary.display()
+    ));
+    let client = vm::registry_client(&registry.host_addr())?;
+    hostmode::push_all(
+        &client,
+        &registry.host_addr(),
+        &registry.guest_addr(),
+        binary,
+    )
+    .await
 }
 
 /// Stops the VM, registry and kind cluster of an earlier `up`, if any, and makes `work`.
@@ -611,7 +654,11 @@ fn write_ignition(
     ssh_public_key: String,
     env: &str,
 ) -> anyhow::Result<()> {
-    let json = provision::render(
+    let render = match opts.mode {
+        AgentMode::Image => provision::render,
+        AgentMode::Host => provision::render_host,
+    };
+    let json = render(
         repo,
         &Additions {
             ssh_public_key,
@@ -689,6 +736,8 @@ async fn first_boot(
         snapshot: None,
         timings: Vec::new(),
         cluster: None,
+        mode: opts.mode,
+        served: None,
     };
     state.save()?;
     p.try_wait(

@@ -17,6 +17,7 @@
 //! agent's units, the recovery unit's included.
 
 pub mod candidates;
+pub mod host;
 pub mod startlimit;
 pub mod status;
 
@@ -134,7 +135,7 @@ async fn explain(c: &Ctx<'_>, r: anyhow::Result<Checked>) -> anyhow::Result<Chec
 }
 
 async fn probe(c: &Ctx<'_>) -> anyhow::Result<Probe> {
-    let o = c.output(&status::probe_script(), T).await?;
+    let o = c.output(&status::probe_script_for(c.state.mode), T).await?;
     Ok(status::parse_probe(&o.stdout))
 }
 

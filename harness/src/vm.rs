@@ -65,6 +65,10 @@ pub struct UpOptions {
     /// Real kubelet, kubectl and kube-proxy for the component bundle (`--k8s-bin-dir`); `None`:
     /// the bundle's stand-ins.
     pub kubernetes_bin: Option<PathBuf>,
+    /// How the agent runs.
+    pub mode: crate::hostmode::AgentMode,
+    /// The agent's release binary, which host mode installs (`cargo xtask image` builds it).
+    pub agent_binary: Option<PathBuf>,
 }
 
 impl Default for UpOptions {
@@ -79,6 +83,8 @@ impl Default for UpOptions {
             boot_timeout: Duration::from_secs(600),
             bootstrap_timeout: Duration::from_secs(1500),
             kubernetes_bin: None,
+            mode: crate::hostmode::AgentMode::Image,
+            agent_binary: None,
         }
     }
 }
@@ -114,6 +120,12 @@ pub struct State {
     /// save of the state keeps it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cluster: Option<serde_json::Value>,
+    /// How the agent runs (`up --mode`; a state from before the flag is image mode).
+    #[serde(default)]
+    pub mode: crate::hostmode::AgentMode,
+    /// In host mode, what the registry serves for the guest to download.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub served: Option<crate::hostmode::Served>,
 }
 
 impl State {
@@ -697,10 +709,24 @@ mod tests {
             snapshot: Some(READY_SNAPSHOT.into()),
             timings: vec![("boot".into(), 12.5)],
             cluster: None,
+            mode: crate::hostmode::AgentMode::Host,
+            served: None,
         };
         s.save().unwrap();
         let back = State::load(d.path()).unwrap().unwrap();
         assert_eq!(back.qemu_pid, Some(42));
+        assert_eq!(
+            back.mode,
+            crate::hostmode::AgentMode::Host,
+            "check knows the mode"
+        );
+        // A state saved before `--mode` existed is image mode.
+        let mut v: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(State::path(d.path())).unwrap()).unwrap();
+        v.as_object_mut().unwrap().remove("mode");
+        std::fs::write(State::path(d.path()), v.to_string()).unwrap();
+        let old = State::load(d.path()).unwrap().unwrap();
+        assert_eq!(old.mode, crate::hostmode::AgentMode::Image);
         assert_eq!(back.snapshot.as_deref(), Some(READY_SNAPSHOT));
         assert!(State::load(&d.path().join("nope")).unwrap().is_none());
     }

@@ -218,6 +218,34 @@ pub fn probe_script() -> String {
     )
 }
 
+/// [`probe_script`] in host mode (`up --mode host`), where the agent runs on the host: its
+/// unit's main process stands for the task (`task=RUNNING` while there is one) and the slot its
+/// binary runs from (`blue`, `green`) for the image, as the upgrade record names slots; the
+/// record as the host's `aks-flex-node operation status` prints it, and the host's file.
+pub fn host_probe_script() -> String {
+    format!(
+        "echo \"active=$(systemctl is-active aks-flex-node-agent.service)\"; \
+         echo \"invocation=$(systemctl show -p InvocationID --value aks-flex-node-agent.service)\"; \
+         pid=$(systemctl show -p MainPID --value aks-flex-node-agent.service); \
+         if [ -n \"$pid\" ] && [ \"$pid\" != 0 ]; then \
+           echo \"pid=$pid\"; echo task=RUNNING; \
+           exe=$(readlink /proc/$pid/exe); slot=${{exe#{lib}/}}; echo \"image=${{slot%%/*}}\"; \
+         fi; \
+         echo '---status'; timeout 30 {agent} operation status 2>/dev/null; \
+         echo '---pending'; cat {PENDING_JSON} 2>/dev/null; true",
+        lib = crate::hostmode::LIB_DIR,
+        agent = crate::hostmode::AGENT,
+    )
+}
+
+/// The probe script for `mode`.
+pub fn probe_script_for(mode: crate::hostmode::AgentMode) -> String {
+    match mode {
+        crate::hostmode::AgentMode::Image => probe_script(),
+        crate::hostmode::AgentMode::Host => host_probe_script(),
+    }
+}
+
 /// One look at the agent and its upgrade record.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Probe {
@@ -289,16 +317,18 @@ pub fn parse_probe(text: &str) -> Probe {
     }
     let section = |k: &str| sections.get(k).map(String::as_str).unwrap_or_default();
     let mut p = Probe::default();
+    let mut slot = None;
     for line in section("head").lines() {
         match line.split_once('=') {
             Some(("active", v)) => p.active = v.trim().to_string(),
             Some(("invocation", v)) => p.invocation = v.trim().to_string(),
             Some(("pid", v)) => p.pid = v.trim().to_string(),
             Some(("task", v)) => p.task = v.trim().to_string(),
+            Some(("image", v)) if !v.trim().is_empty() => slot = Some(v.trim().to_string()),
             _ => {}
         }
     }
-    p.image = parse_container_image(section("info")).ok();
+    p.image = parse_container_image(section("info")).ok().or(slot);
     p.record = parse_status(section("status"))
         .or_else(|_| parse_pending_json(section("pending")))
         .ok();
@@ -469,5 +499,55 @@ mod tests {
         let p = parse_probe("active=inactive\n---info\n---status\n---pending\n");
         assert_eq!(p.record, None);
         assert!(probe_script().contains(PENDING_JSON));
+    }
+
+    /// Host mode: the slot the unit's main process runs from stands for the image, as the
+    /// binary upgrade record names slots (`candidate: green`, `previous: blue`).
+    #[test]
+    fn host_probe_output() {
+        let text = "active=active\ninvocation=abc\npid=77\ntask=RUNNING\nimage=green\n---status\nstage: finished\nphase: Complete\nreason: Succeeded\nmessage: ok\ncandidate: green\nprevious: blue\n---pending\n";
+        let p = parse_probe(text);
+        assert!(p.runs("green") && !p.runs("blue"), "{p}");
+        assert_eq!(p.record.unwrap().expected_image(), Some("green"));
+        // The candidate died: no main process, no slot.
+        let p = parse_probe("active=activating\ninvocation=d\n---status\n---pending\n");
+        assert!(!p.running());
+        assert_eq!(p.image, None);
+        let script = probe_script_for(crate::hostmode::AgentMode::Host);
+        assert!(script.contains("/usr/local/bin/aks-flex-node operation status"));
+        assert!(!script.contains("ctr "), "{script}");
+        assert_eq!(
+            probe_script_for(crate::hostmode::AgentMode::Image),
+            probe_script()
+        );
+    }
+
+    /// Real: `sh` running the host probe's slot extraction on the paths `/proc/<pid>/exe`
+    /// shows (a replaced binary shows ` (deleted)`).
+    #[tokio::test]
+    async fn host_probe_slot_extraction_in_sh() {
+        use flex_host::runner::{Cmd, ProcessRunner, Runner};
+        let r = ProcessRunner::new();
+        for (exe, want) in [
+            (
+                "/usr/local/lib/aks-flex-node/green/aks-flex-node",
+                "image=green",
+            ),
+            (
+                "/usr/local/lib/aks-flex-node/blue/aks-flex-node (deleted)",
+                "image=blue",
+            ),
+            // A script's process shows its interpreter: no slot.
+            ("/usr/bin/dash", "image="),
+        ] {
+            let out = r
+                .run(&Cmd::new("sh").arg("-c").arg(format!(
+                    "exe='{exe}'; slot=${{exe#{}/}}; echo \"image=${{slot%%/*}}\"",
+                    crate::hostmode::LIB_DIR
+                )))
+                .await
+                .unwrap();
+            assert_eq!(out.stdout.trim(), want);
+        }
     }
 }

@@ -7,12 +7,27 @@ use std::time::Duration;
 
 use flex_harness::acl::gallery::{self, GalleryOptions};
 pub use flex_harness::cli::{CheckArgs, ConsoleArgs, JournalArgs, SshArgs, UpArgs};
+use flex_harness::hostmode::AgentMode;
 use flex_harness::vm::{OsImage, Progress, UpOptions};
 use flex_host::runner::{ProcessRunner, run_inherited};
 
 /// The harness's work directory.
 pub fn work_dir() -> PathBuf {
     crate::project_root().join("target/harness")
+}
+
+/// Host mode runs on the dev host, offline: ACL has no bash for bootstrap.sh and its agent
+/// runs in the container, and the cluster groups run the agent's tools in its container.
+fn check_mode(a: &UpArgs, source: &OsSource) -> anyhow::Result<()> {
+    if a.mode == AgentMode::Host {
+        if !matches!(source, OsSource::DevHost) {
+            anyhow::bail!("--mode host runs on the dev host only (not with ACL)");
+        }
+        if a.cluster {
+            anyhow::bail!("--mode host runs offline only (not with --cluster)");
+        }
+    }
+    Ok(())
 }
 
 /// Where the OS image comes from.
@@ -54,6 +69,7 @@ fn os_source(a: &UpArgs, version_env: Option<&str>) -> anyhow::Result<(OsSource,
 pub async fn up(a: UpArgs) -> anyhow::Result<()> {
     let work = work_dir();
     let (source, note) = os_source(&a, std::env::var("ACL_IMAGE_VERSION").ok().as_deref())?;
+    check_mode(&a, &source)?;
     let runner = ProcessRunner::new();
     let progress = Progress::new();
     if let Some(n) = note {
@@ -65,7 +81,7 @@ pub async fn up(a: UpArgs) -> anyhow::Result<()> {
         OsSource::Image(p) => Some(p),
         OsSource::Gallery(g) => Some(gallery::export(&runner, &g, &progress).await?),
     };
-    let (info, _, _) = progress
+    let (info, binary, _) = progress
         .try_wait(
             "xtask up: building the agent image",
             crate::image::build(&crate::project_root().join("target/image")),
@@ -94,6 +110,8 @@ pub async fn up(a: UpArgs) -> anyhow::Result<()> {
         boot_timeout: Duration::from_secs(900),
         bootstrap_timeout: Duration::from_secs(1800),
         kubernetes_bin: a.k8s_bin_dir.clone(),
+        mode: a.mode,
+        agent_binary: Some(binary),
     };
     let state = flex_harness::run::up(
         &runner,
@@ -105,7 +123,8 @@ pub async fn up(a: UpArgs) -> anyhow::Result<()> {
     )
     .await?;
     println!(
-        "VM up ({}: {}); ssh -i {} -p {} flexadm@127.0.0.1",
+        "VM up ({} mode, {}: {}); ssh -i {} -p {} flexadm@127.0.0.1",
+        state.mode.name(),
         state.accel,
         state.accel_reason,
         state.ssh.key.display(),
@@ -314,6 +333,22 @@ mod tests {
         assert!(n.unwrap().contains("ACL_IMAGE"));
 
         assert!(os_source(&args(&["--acl-gallery=nonsense"]), None).is_err());
+    }
+
+    #[test]
+    fn mode_flag() {
+        assert_eq!(UpArgs::defaults().mode, AgentMode::Image);
+        assert_eq!(args(&[]).mode, AgentMode::Image, "image mode by default");
+        assert_eq!(args(&["--mode", "host"]).mode, AgentMode::Host);
+        assert_eq!(args(&["--mode=image"]).mode, AgentMode::Image);
+        let mut v = vec!["up", "--mode", "ubuntu"];
+        assert!(Cli::try_parse_from(&v).is_err());
+        v.truncate(1);
+        let host = args(&["--mode", "host"]);
+        assert!(check_mode(&host, &OsSource::DevHost).is_ok());
+        assert!(check_mode(&host, &OsSource::Image("/x".into())).is_err());
+        assert!(check_mode(&args(&["--mode", "host", "--cluster"]), &OsSource::DevHost).is_err());
+        assert!(check_mode(&args(&["--cluster"]), &OsSource::DevHost).is_ok());
     }
 
     #[test]
