@@ -363,11 +363,25 @@ pub fn describe(u: &AgentUnit<'_>) -> String {
     s
 }
 
-/// What the recovery unit does (it runs when the agent's unit fails: `OnFailure=`).
+/// Whether the agent's unit is still stopping (`deactivating`: its `ExecStop=`/`ExecStopPost=`
+/// run, among them the stop guard that starts recovery at once). Its state says nothing yet:
+/// a stop on purpose (an upgrade's restart) and a failure both pass through it, and only the
+/// state after it (`activating`, `auto-restart`, `failed`, `inactive`) tells them apart.
+pub fn stopping(u: &AgentUnit<'_>) -> bool {
+    u.active_state == "deactivating"
+}
+
+/// What the recovery unit does. It runs when the agent's unit fails: at once, started by the
+/// agent unit's stop guard (`ExecStopPost=` when the service did not succeed), and by systemd
+/// (`OnFailure=`), which on older systemd fires only once the unit's start limit is reached.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum RecoveryAction {
     /// Nothing: the agent runs or is restarting by itself, and no candidate failed.
     Nothing,
+    /// The agent's unit is still stopping ([`stopping`]): look again once it has stopped (an
+    /// unproven candidate that failed is then rolled back at once, without waiting out the
+    /// unit's automatic restarts).
+    Wait,
     /// The agent's unit failed with no unproven agent selected (e.g. it crashed past its
     /// start limit): reset its failed state (which resets the start limit) and restart it
     /// after [`super::RECOVERY_RESTART_DELAY`].
@@ -404,9 +418,10 @@ pub enum RecoveryAction {
 ///
 /// | record | selection | unit | action |
 /// |---|---|---|---|
+/// | any | any | `deactivating` (still stopping) | wait, and decide once it has stopped |
 /// | `switched` | any | running, or activating (not auto-restart) | nothing (the candidate is starting) |
 /// | `switched` | any | `start-limit-hit` with no automatic restart, first time | retry the candidate |
-/// | `switched` | any | any other failure, or the retry already used | roll back to `previous` |
+/// | `switched` | any | any other failure (among them auto-restart: at the candidate's first failure, not after its restarts), or the retry already used | roll back to `previous` |
 /// | `switched` | any | inactive without failure (stopped on purpose) | nothing |
 /// | missing, unreadable, `staged`, `finished` | `current` ≠ `last-good` | failed (or auto-restart) | roll back to last-good (writing a record when there was no readable one) |
 /// | missing, unreadable, `staged`, `finished` | `current` = `last-good`, or unknown | failed | restart (resets the start limit) |
@@ -416,6 +431,9 @@ pub fn recovery(
     selection: Selection<'_>,
     unit: &AgentUnit<'_>,
 ) -> RecoveryAction {
+    if stopping(unit) {
+        return RecoveryAction::Wait;
+    }
     match record.record() {
         Some(r) if r.unproven() => {
             if recovering_by_itself(unit) {
@@ -642,6 +660,30 @@ mod tests {
                 "roll back",
             ),
             (
+                "candidate exited, its stop guard started recovery before the stop finished",
+                Some(record(Stage::Switched)),
+                unit("deactivating", "stop-post", "exit-code", 0),
+                "wait",
+            ),
+            (
+                "previous agent stopping for the handoff's restart (on purpose)",
+                Some(record(Stage::Switched)),
+                unit("deactivating", "stop-sigterm", "success", 0),
+                "wait",
+            ),
+            (
+                "handoff restart: the candidate's start under way",
+                Some(record(Stage::Switched)),
+                unit("activating", "start-pre", "success", 0),
+                "nothing",
+            ),
+            (
+                "no upgrade, a proven agent failed and is stopping",
+                None,
+                unit("deactivating", "stop-post", "exit-code", 0),
+                "wait",
+            ),
+            (
                 "candidate exhausted the start limit after restarts",
                 Some(record(Stage::Switched)),
                 unit("failed", "failed", "start-limit-hit", 4),
@@ -719,6 +761,7 @@ mod tests {
             };
             let got = match recovery(recorded, sel, &u) {
                 RecoveryAction::Nothing => "nothing",
+                RecoveryAction::Wait => "wait",
                 RecoveryAction::Restart => "restart",
                 RecoveryAction::RetryCandidate => "retry",
                 RecoveryAction::RollBack { message } => {
@@ -804,6 +847,7 @@ mod tests {
             for (name, s, u, want) in cases {
                 let got = match recovery(rec, s, &u) {
                     RecoveryAction::Nothing => "nothing",
+                    RecoveryAction::Wait => "wait",
                     RecoveryAction::Restart => "restart",
                     RecoveryAction::RetryCandidate => "retry",
                     RecoveryAction::RollBack { .. } => "roll back",
@@ -1041,7 +1085,11 @@ mod tests {
 
         /// What recovery writes after the unit failed (`result`, automatic restarts).
         fn recover(&self, result: &'static str, restarts: u32) -> Result<Vec<Write>, String> {
-            let u = unit("failed", "failed", result, restarts);
+            self.recover_unit(unit("failed", "failed", result, restarts))
+        }
+
+        /// What recovery writes when it finds the agent's unit in state `u`.
+        fn recover_unit(&self, u: AgentUnit<'_>) -> Result<Vec<Write>, String> {
             let a = recovery(self.recorded(), self.selection(), &u);
             Ok(match &a {
                 RecoveryAction::RollBack { message } => {
@@ -1055,6 +1103,7 @@ mod tests {
                 }
                 RecoveryAction::Restart => Vec::new(),
                 RecoveryAction::Nothing => return Err("recovery does nothing".into()),
+                RecoveryAction::Wait => return Err("recovery waits".into()),
             })
         }
 
@@ -1126,6 +1175,10 @@ mod tests {
         Works,
         /// Fails at start.
         Broken,
+        /// Fails at start, and its unit's stop guard starts recovery at once: recovery finds
+        /// the unit still stopping (and waits), then waiting for its automatic restart (and
+        /// rolls back there, without waiting out the restarts).
+        BrokenCaughtByStopGuard,
         /// Starts, then fails before its first reconcile (cannot reach the cluster, crashes).
         DiesBeforeReconciling,
         /// The start limit refuses it once; then it works.
@@ -1162,6 +1215,17 @@ mod tests {
             }
             Candidate::Broken => {
                 let ws = run.w.recover("exit-code", 0)?;
+                run.write(ws);
+            }
+            Candidate::BrokenCaughtByStopGuard => {
+                assert_eq!(
+                    run.w
+                        .recover_unit(unit("deactivating", "stop-post", "exit-code", 0)),
+                    Err("recovery waits".to_string())
+                );
+                let ws = run
+                    .w
+                    .recover_unit(unit("activating", "auto-restart", "exit-code", 0))?;
                 run.write(ws);
             }
             Candidate::DiesBeforeReconciling => {
@@ -1205,6 +1269,7 @@ mod tests {
         for c in [
             Candidate::Works,
             Candidate::Broken,
+            Candidate::BrokenCaughtByStopGuard,
             Candidate::DiesBeforeReconciling,
             Candidate::RefusedOnceThenWorks,
             Candidate::RefusedOnceThenBroken,

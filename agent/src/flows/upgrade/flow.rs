@@ -703,8 +703,29 @@ impl Upgrader {
         plan::resume(self.record().as_ref(), uid)
     }
 
-    /// The recovery unit's work (`aks-flex-node recover`): see [`plan::recovery`].
+    /// The recovery unit's work (`aks-flex-node recover`): see [`plan::recovery`]. While the
+    /// agent's unit is still stopping (recovery started by its stop guard), it looks again
+    /// every [`super::RECOVERY_POLL`], for up to [`super::RECOVERY_STOP_WAIT`].
     pub async fn recover(&self) -> anyhow::Result<RecoveryAction> {
+        let deadline = tokio::time::Instant::now() + super::RECOVERY_STOP_WAIT;
+        loop {
+            let action = self.recover_once().await?;
+            if action != RecoveryAction::Wait {
+                return Ok(action);
+            }
+            if tokio::time::Instant::now() >= deadline {
+                tracing::warn!(
+                    waited_s = super::RECOVERY_STOP_WAIT.as_secs(),
+                    "the agent's unit is still stopping; leaving it to its restarts and OnFailure="
+                );
+                return Ok(action);
+            }
+            tokio::time::sleep(super::RECOVERY_POLL).await;
+        }
+    }
+
+    /// One look at the record, the selection and the agent's unit, and what follows from it.
+    async fn recover_once(&self) -> anyhow::Result<RecoveryAction> {
         let loaded = self.loaded();
         let recorded = match &loaded {
             Ok(Some(r)) => Recorded::Read(r),
@@ -727,10 +748,14 @@ impl Upgrader {
                 exec_main_status: unit.exec_main_status,
             },
         );
-        tracing::info!(?action, unit = ?unit, current = ?current, last_good = ?last_good, "recovery");
+        if action == RecoveryAction::Wait {
+            tracing::debug!(unit = ?unit, "recovery: the agent's unit is still stopping");
+        } else {
+            tracing::info!(?action, unit = ?unit, current = ?current, last_good = ?last_good, "recovery");
+        }
         let rec = loaded.ok().flatten();
         match (&action, rec) {
-            (RecoveryAction::Nothing, _) => {}
+            (RecoveryAction::Nothing | RecoveryAction::Wait, _) => {}
             (RecoveryAction::Restart, _) => {
                 self.reset_agent_unit().await?;
                 self.schedule_restart(RECOVERY_RESTART_DELAY).await?;
