@@ -174,6 +174,32 @@ pub fn on_start(record: Option<&UpgradeRecord>, running: Option<&str>) -> StartA
     }
 }
 
+/// Decides, at the candidate's own proof deadline, whether the daemon running `running` gives
+/// up: `Some(message)` while `record` still waits for this agent's proof (`switched`, this agent
+/// the candidate: [`on_start`] would still answer [`StartAction::AwaitProof`]). The daemon then
+/// exits with a failure, and its unit's stop guard has recovery roll it back at once. A
+/// candidate that hangs, or reaches its cluster but never reconciles successfully, is so never
+/// left selected and unproven (the host keeps an agent: recovery restarts the last good one).
+///
+/// | record at the deadline | running | gives up |
+/// |---|---|---|
+/// | `switched` | the candidate | yes |
+/// | `switched` | `previous`, something else, unknown | no (another path finishes it) |
+/// | none, `staged`, `finished` (proven, or rolled back) | any | no |
+pub fn on_prove_deadline(
+    record: Option<&UpgradeRecord>,
+    running: Option<&str>,
+    after_s: u64,
+) -> Option<String> {
+    match (record, on_start(record, running)) {
+        (Some(r), StartAction::AwaitProof) => Some(format!(
+            "the upgraded agent {} did not prove itself within {after_s} s of its start (no successful reconcile, and its cluster was reachable); exiting so that recovery rolls it back to {}",
+            r.candidate, r.previous
+        )),
+        _ => None,
+    }
+}
+
 /// What is selected on the host: `current` (what the agent's unit runs: the `current` link's
 /// slot, or `AKS_FLEX_NODE_IMAGE` in `agent-image.env`) and `last-good` (what recovery runs
 /// and rolls back to: the `last-good` link's slot, or `AKS_FLEX_NODE_LAST_GOOD_IMAGE`).
@@ -644,6 +670,48 @@ mod tests {
                 }
             };
             assert_eq!(got, want, "{name}");
+        }
+    }
+
+    #[test]
+    fn on_prove_deadline_table() {
+        let old = "reg.example/agent@sha256:old";
+        let new = "reg.example/agent@sha256:new";
+        let mut complete = record(Stage::Finished);
+        complete.result = Some(OperationResult::complete("done"));
+        type Case<'a> = (&'a str, Option<UpgradeRecord>, Option<&'a str>, bool);
+        let cases: Vec<Case> = vec![
+            ("no record", None, Some(new), false),
+            ("proven in time", Some(complete), Some(new), false),
+            ("staged", Some(record(Stage::Staged)), Some(new), false),
+            (
+                "still switched, the candidate runs",
+                Some(record(Stage::Switched)),
+                Some(new),
+                true,
+            ),
+            (
+                "switched, the previous agent runs",
+                Some(record(Stage::Switched)),
+                Some(old),
+                false,
+            ),
+            (
+                "switched, running unknown",
+                Some(record(Stage::Switched)),
+                None,
+                false,
+            ),
+        ];
+        for (name, rec, running, want) in cases {
+            let got = on_prove_deadline(rec.as_ref(), running, 300);
+            assert_eq!(got.is_some(), want, "{name}: {got:?}");
+            if let Some(m) = got {
+                assert!(
+                    m.contains(new) && m.contains(old) && m.contains("300 s"),
+                    "{m}"
+                );
+            }
         }
     }
 

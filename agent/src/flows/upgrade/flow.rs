@@ -663,6 +663,18 @@ impl Upgrader {
         }
     }
 
+    /// Whether the daemon running `running` is an upgrade's candidate that has yet to prove
+    /// itself ([`plan::on_start`] answers [`plan::StartAction::AwaitProof`]).
+    pub fn awaits_proof(&self, running: Option<&str>) -> bool {
+        plan::on_start(self.record().as_ref(), running) == plan::StartAction::AwaitProof
+    }
+
+    /// At the candidate's own proof deadline (`after`): why the daemon running `running` gives
+    /// up, when the record still waits for its proof ([`plan::on_prove_deadline`]).
+    pub fn proof_overdue(&self, running: Option<&str>, after: Duration) -> Option<String> {
+        plan::on_prove_deadline(self.record().as_ref(), running, after.as_secs())
+    }
+
     /// After the daemon's first successful reconcile: the running agent (`running`) has
     /// proven itself. Makes it last-good and finishes the upgrade that switched to it `Complete`
     /// ([`plan::on_reconciled`]); idempotent. Returns the upgrade's result and its
