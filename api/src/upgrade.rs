@@ -174,6 +174,32 @@ pub fn on_start(record: Option<&UpgradeRecord>, running: Option<&str>) -> StartA
     }
 }
 
+/// Decides, at the candidate's own proof deadline, whether the daemon running `running` gives
+/// up: `Some(message)` while `record` still waits for this agent's proof (`switched`, this agent
+/// the candidate: [`on_start`] would still answer [`StartAction::AwaitProof`]). The daemon then
+/// exits with a failure, and its unit's stop guard has recovery roll it back at once. A
+/// candidate that hangs, or reaches its cluster but never reconciles successfully, is so never
+/// left selected and unproven (the host keeps an agent: recovery restarts the last good one).
+///
+/// | record at the deadline | running | gives up |
+/// |---|---|---|
+/// | `switched` | the candidate | yes |
+/// | `switched` | `previous`, something else, unknown | no (another path finishes it) |
+/// | none, `staged`, `finished` (proven, or rolled back) | any | no |
+pub fn on_prove_deadline(
+    record: Option<&UpgradeRecord>,
+    running: Option<&str>,
+    after_s: u64,
+) -> Option<String> {
+    match (record, on_start(record, running)) {
+        (Some(r), StartAction::AwaitProof) => Some(format!(
+            "the upgraded agent {} did not prove itself within {after_s} s of its start (no successful reconcile, and its cluster was reachable); exiting so that recovery rolls it back to {}",
+            r.candidate, r.previous
+        )),
+        _ => None,
+    }
+}
+
 /// What is selected on the host: `current` (what the agent's unit runs: the `current` link's
 /// slot, or `AKS_FLEX_NODE_IMAGE` in `agent-image.env`) and `last-good` (what recovery runs
 /// and rolls back to: the `last-good` link's slot, or `AKS_FLEX_NODE_LAST_GOOD_IMAGE`).
@@ -363,11 +389,25 @@ pub fn describe(u: &AgentUnit<'_>) -> String {
     s
 }
 
-/// What the recovery unit does (it runs when the agent's unit fails: `OnFailure=`).
+/// Whether the agent's unit is still stopping (`deactivating`: its `ExecStop=`/`ExecStopPost=`
+/// run, among them the stop guard that starts recovery at once). Its state says nothing yet:
+/// a stop on purpose (an upgrade's restart) and a failure both pass through it, and only the
+/// state after it (`activating`, `auto-restart`, `failed`, `inactive`) tells them apart.
+pub fn stopping(u: &AgentUnit<'_>) -> bool {
+    u.active_state == "deactivating"
+}
+
+/// What the recovery unit does. It runs when the agent's unit fails: at once, started by the
+/// agent unit's stop guard (`ExecStopPost=` when the service did not succeed), and by systemd
+/// (`OnFailure=`), which on older systemd fires only once the unit's start limit is reached.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum RecoveryAction {
     /// Nothing: the agent runs or is restarting by itself, and no candidate failed.
     Nothing,
+    /// The agent's unit is still stopping ([`stopping`]): look again once it has stopped (an
+    /// unproven candidate that failed is then rolled back at once, without waiting out the
+    /// unit's automatic restarts).
+    Wait,
     /// The agent's unit failed with no unproven agent selected (e.g. it crashed past its
     /// start limit): reset its failed state (which resets the start limit) and restart it
     /// after [`super::RECOVERY_RESTART_DELAY`].
@@ -404,9 +444,10 @@ pub enum RecoveryAction {
 ///
 /// | record | selection | unit | action |
 /// |---|---|---|---|
+/// | any | any | `deactivating` (still stopping) | wait, and decide once it has stopped |
 /// | `switched` | any | running, or activating (not auto-restart) | nothing (the candidate is starting) |
 /// | `switched` | any | `start-limit-hit` with no automatic restart, first time | retry the candidate |
-/// | `switched` | any | any other failure, or the retry already used | roll back to `previous` |
+/// | `switched` | any | any other failure (among them auto-restart: at the candidate's first failure, not after its restarts), or the retry already used | roll back to `previous` |
 /// | `switched` | any | inactive without failure (stopped on purpose) | nothing |
 /// | missing, unreadable, `staged`, `finished` | `current` ≠ `last-good` | failed (or auto-restart) | roll back to last-good (writing a record when there was no readable one) |
 /// | missing, unreadable, `staged`, `finished` | `current` = `last-good`, or unknown | failed | restart (resets the start limit) |
@@ -416,6 +457,9 @@ pub fn recovery(
     selection: Selection<'_>,
     unit: &AgentUnit<'_>,
 ) -> RecoveryAction {
+    if stopping(unit) {
+        return RecoveryAction::Wait;
+    }
     match record.record() {
         Some(r) if r.unproven() => {
             if recovering_by_itself(unit) {
@@ -630,6 +674,48 @@ mod tests {
     }
 
     #[test]
+    fn on_prove_deadline_table() {
+        let old = "reg.example/agent@sha256:old";
+        let new = "reg.example/agent@sha256:new";
+        let mut complete = record(Stage::Finished);
+        complete.result = Some(OperationResult::complete("done"));
+        type Case<'a> = (&'a str, Option<UpgradeRecord>, Option<&'a str>, bool);
+        let cases: Vec<Case> = vec![
+            ("no record", None, Some(new), false),
+            ("proven in time", Some(complete), Some(new), false),
+            ("staged", Some(record(Stage::Staged)), Some(new), false),
+            (
+                "still switched, the candidate runs",
+                Some(record(Stage::Switched)),
+                Some(new),
+                true,
+            ),
+            (
+                "switched, the previous agent runs",
+                Some(record(Stage::Switched)),
+                Some(old),
+                false,
+            ),
+            (
+                "switched, running unknown",
+                Some(record(Stage::Switched)),
+                None,
+                false,
+            ),
+        ];
+        for (name, rec, running, want) in cases {
+            let got = on_prove_deadline(rec.as_ref(), running, 300);
+            assert_eq!(got.is_some(), want, "{name}: {got:?}");
+            if let Some(m) = got {
+                assert!(
+                    m.contains(new) && m.contains(old) && m.contains("300 s"),
+                    "{m}"
+                );
+            }
+        }
+    }
+
+    #[test]
     fn recovery_table() {
         let mut retried = record(Stage::Switched);
         retried.recovery_restarts = 1;
@@ -640,6 +726,30 @@ mod tests {
                 Some(record(Stage::Switched)),
                 unit("activating", "auto-restart", "exit-code", 0),
                 "roll back",
+            ),
+            (
+                "candidate exited, its stop guard started recovery before the stop finished",
+                Some(record(Stage::Switched)),
+                unit("deactivating", "stop-post", "exit-code", 0),
+                "wait",
+            ),
+            (
+                "previous agent stopping for the handoff's restart (on purpose)",
+                Some(record(Stage::Switched)),
+                unit("deactivating", "stop-sigterm", "success", 0),
+                "wait",
+            ),
+            (
+                "handoff restart: the candidate's start under way",
+                Some(record(Stage::Switched)),
+                unit("activating", "start-pre", "success", 0),
+                "nothing",
+            ),
+            (
+                "no upgrade, a proven agent failed and is stopping",
+                None,
+                unit("deactivating", "stop-post", "exit-code", 0),
+                "wait",
             ),
             (
                 "candidate exhausted the start limit after restarts",
@@ -719,6 +829,7 @@ mod tests {
             };
             let got = match recovery(recorded, sel, &u) {
                 RecoveryAction::Nothing => "nothing",
+                RecoveryAction::Wait => "wait",
                 RecoveryAction::Restart => "restart",
                 RecoveryAction::RetryCandidate => "retry",
                 RecoveryAction::RollBack { message } => {
@@ -804,6 +915,7 @@ mod tests {
             for (name, s, u, want) in cases {
                 let got = match recovery(rec, s, &u) {
                     RecoveryAction::Nothing => "nothing",
+                    RecoveryAction::Wait => "wait",
                     RecoveryAction::Restart => "restart",
                     RecoveryAction::RetryCandidate => "retry",
                     RecoveryAction::RollBack { .. } => "roll back",
@@ -1041,7 +1153,11 @@ mod tests {
 
         /// What recovery writes after the unit failed (`result`, automatic restarts).
         fn recover(&self, result: &'static str, restarts: u32) -> Result<Vec<Write>, String> {
-            let u = unit("failed", "failed", result, restarts);
+            self.recover_unit(unit("failed", "failed", result, restarts))
+        }
+
+        /// What recovery writes when it finds the agent's unit in state `u`.
+        fn recover_unit(&self, u: AgentUnit<'_>) -> Result<Vec<Write>, String> {
             let a = recovery(self.recorded(), self.selection(), &u);
             Ok(match &a {
                 RecoveryAction::RollBack { message } => {
@@ -1055,6 +1171,7 @@ mod tests {
                 }
                 RecoveryAction::Restart => Vec::new(),
                 RecoveryAction::Nothing => return Err("recovery does nothing".into()),
+                RecoveryAction::Wait => return Err("recovery waits".into()),
             })
         }
 
@@ -1126,6 +1243,10 @@ mod tests {
         Works,
         /// Fails at start.
         Broken,
+        /// Fails at start, and its unit's stop guard starts recovery at once: recovery finds
+        /// the unit still stopping (and waits), then waiting for its automatic restart (and
+        /// rolls back there, without waiting out the restarts).
+        BrokenCaughtByStopGuard,
         /// Starts, then fails before its first reconcile (cannot reach the cluster, crashes).
         DiesBeforeReconciling,
         /// The start limit refuses it once; then it works.
@@ -1162,6 +1283,17 @@ mod tests {
             }
             Candidate::Broken => {
                 let ws = run.w.recover("exit-code", 0)?;
+                run.write(ws);
+            }
+            Candidate::BrokenCaughtByStopGuard => {
+                assert_eq!(
+                    run.w
+                        .recover_unit(unit("deactivating", "stop-post", "exit-code", 0)),
+                    Err("recovery waits".to_string())
+                );
+                let ws = run
+                    .w
+                    .recover_unit(unit("activating", "auto-restart", "exit-code", 0))?;
                 run.write(ws);
             }
             Candidate::DiesBeforeReconciling => {
@@ -1205,6 +1337,7 @@ mod tests {
         for c in [
             Candidate::Works,
             Candidate::Broken,
+            Candidate::BrokenCaughtByStopGuard,
             Candidate::DiesBeforeReconciling,
             Candidate::RefusedOnceThenWorks,
             Candidate::RefusedOnceThenBroken,

@@ -143,6 +143,10 @@ struct FakeSystemdState {
     fail: BTreeSet<String>,
     active: BTreeSet<String>,
     states: std::collections::BTreeMap<String, flex_host::systemd::UnitState>,
+    queued: std::collections::BTreeMap<
+        String,
+        std::collections::VecDeque<flex_host::systemd::UnitState>,
+    >,
 }
 
 impl FakeSystemd {
@@ -166,6 +170,21 @@ impl FakeSystemd {
     /// Makes [`SystemdManager::unit_state`] answer `state` for `unit`.
     pub fn set_unit_state(&self, unit: &str, state: flex_host::systemd::UnitState) -> &Self {
         lock(&self.inner).states.insert(unit.to_string(), state);
+        self
+    }
+
+    /// Makes [`SystemdManager::unit_state`] answer `states` for `unit`, one per call, before
+    /// it answers what [`Self::set_unit_state`] set (a unit that changes while it is watched).
+    pub fn queue_unit_states(
+        &self,
+        unit: &str,
+        states: impl IntoIterator<Item = flex_host::systemd::UnitState>,
+    ) -> &Self {
+        lock(&self.inner)
+            .queued
+            .entry(unit.to_string())
+            .or_default()
+            .extend(states);
         self
     }
 
@@ -232,7 +251,10 @@ impl SystemdManager for FakeSystemd {
     }
     async fn unit_state(&self, unit: &str) -> Result<flex_host::systemd::UnitState, SystemdError> {
         self.record(format!("show {unit}"))?;
-        let st = lock(&self.inner);
+        let mut st = lock(&self.inner);
+        if let Some(u) = st.queued.get_mut(unit).and_then(|q| q.pop_front()) {
+            return Ok(u);
+        }
         if let Some(u) = st.states.get(unit) {
             return Ok(u.clone());
         }

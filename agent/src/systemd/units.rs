@@ -11,12 +11,22 @@ pub const RECOVERY_UNIT: &str = "aks-flex-node-recovery.service";
 /// Where the recovery unit is installed.
 pub const RECOVERY_UNIT_PATH: &str = "/etc/systemd/system/aks-flex-node-recovery.service";
 
+/// The agent units' stop guard: when the service did not succeed (`$SERVICE_RESULT`, which
+/// systemd gives `ExecStopPost=`; `$$` is a literal `$` to systemd, so the shell reads it), it
+/// starts the recovery unit at once, without waiting for it (`--no-block`: recovery restarts
+/// this unit). `OnFailure=` alone fires on systemd < 254 only once the start limit is reached,
+/// after every `RestartSec=30` retry (115–127 s for a candidate that exits at once); recovery
+/// decides what a failure means ([`crate::flows::upgrade::plan::recovery`]: an unproven
+/// candidate is rolled back now, a proven agent is left to its own restarts). The `-` keeps a
+/// failed guard (e.g. during shutdown) from changing the unit's result.
+pub const STOP_GUARD: &str = "ExecStopPost=-/bin/sh -c 'test \"$$SERVICE_RESULT\" = success || exec systemctl start --no-block aks-flex-node-recovery.service'\n";
+
 /// The host variant of the agent's unit: runs the `current` slot of the blue/green layout
 /// ([`crate::flows::upgrade::layout`]) as the daemon, and the recovery unit when it fails. It may start
 /// 5 times in 5 minutes (`StartLimitIntervalSec=300`, `StartLimitBurst=5`);
-/// `Restart=on-failure` every 30 s.
+/// `Restart=on-failure` every 30 s; a failure starts recovery at once ([`STOP_GUARD`]).
 pub fn render_agent_unit() -> String {
-    "\
+    format!("\
 [Unit]
 Description=AKS Flex Node Agent
 After=network-online.target
@@ -29,6 +39,7 @@ OnFailure=aks-flex-node-recovery.service
 Type=simple
 RemainAfterExit=no
 ExecStart=/usr/local/lib/aks-flex-node/current/aks-flex-node agent --config /etc/aks-flex-node/config.json
+{STOP_GUARD}\
 TimeoutStartSec=300
 TimeoutStopSec=60
 Restart=on-failure
@@ -38,8 +49,7 @@ StandardError=journal
 
 [Install]
 WantedBy=multi-user.target
-"
-    .to_string()
+")
 }
 
 /// The host variant of the recovery unit: runs `recover` from the `last-good` slot.
@@ -220,6 +230,7 @@ pub fn render_container_unit(unit: ContainerUnit) -> String {
         s.push_str(&format!(
             "ExecStop=/usr/bin/ctr -n {CTR_NAMESPACE} tasks kill -s SIGTERM {id}\n"
         ));
+        s.push_str(STOP_GUARD);
     }
     s.push_str(service_extra);
     if !install.is_empty() {
@@ -285,6 +296,40 @@ mod tests {
             .collect::<Vec<_>>()
             .join("\n");
         assert!(!script.replace("$$", "").contains('$'), "{script}");
+    }
+
+    /// Both agent units (host and container) start recovery from `ExecStopPost=` when the
+    /// service did not succeed, without blocking, and the shell (not systemd) reads
+    /// `SERVICE_RESULT`. Rendering only: systemd's behaviour is covered by the upgrade group.
+    #[test]
+    fn the_agent_units_start_recovery_at_once_when_the_service_did_not_succeed() {
+        for agent in [
+            render_agent_unit(),
+            render_container_unit(ContainerUnit::Agent),
+        ] {
+            let guards: Vec<&str> = agent
+                .lines()
+                .filter(|l| l.starts_with("ExecStopPost="))
+                .collect();
+            assert_eq!(guards.len(), 1, "{agent}");
+            let g = guards[0];
+            assert!(g.starts_with("ExecStopPost=-/bin/sh -c '"), "{g}");
+            assert!(g.contains("test \"$$SERVICE_RESULT\" = success ||"), "{g}");
+            assert!(
+                g.contains("systemctl start --no-block aks-flex-node-recovery.service'"),
+                "{g}"
+            );
+            // A restart loop stays systemd's: the guard only adds the early start.
+            assert!(agent.contains("\nRestart=on-failure\n"));
+        }
+        for other in [
+            render_recovery_unit(),
+            render_container_recovery_unit(),
+            render_container_unit(ContainerUnit::Bootstrap),
+            render_container_unit(ContainerUnit::Reset),
+        ] {
+            assert!(!other.contains("ExecStopPost="), "{other}");
+        }
     }
 
     #[test]

@@ -411,6 +411,15 @@ pub async fn run(config: &Config, shutdown: CancellationToken) -> anyhow::Result
     let host = Host::real().await?;
     let upgrader = crate::flows::upgrade::Upgrader::for_host(host.clone()).await;
     upgrade_at_start(&upgrader).await;
+    watch_proof_deadline(
+        upgrader.clone(),
+        upgrader.running(),
+        PROVE_DEADLINE,
+        |message| {
+            tracing::error!("{message}");
+            std::process::exit(PROOF_OVERDUE_EXIT)
+        },
+    );
     let proven = Arc::new(ProveUpgrade {
         upgrader: upgrader.clone(),
         running: upgrader.running(),
@@ -441,6 +450,50 @@ pub async fn upgrade_at_start(upgrader: &crate::flows::upgrade::Upgrader) {
     let running = upgrader.running();
     if let Some(r) = upgrader.on_daemon_start(running.as_deref()) {
         tracing::info!(phase = %r.phase, reason = %r.reason, message = %r.message, "AgentUpgrade finished");
+    }
+}
+
+/// How long an upgraded agent has to prove itself from its start (a successful reconcile, or
+/// [`PROVE_UNREACHABLE_AFTER`] up without its cluster) before it gives up: the candidate's own
+/// deadline ([`watch_proof_deadline`]), as long as the unit's `TimeoutStartSec=`.
+pub const PROVE_DEADLINE: Duration = Duration::from_secs(300);
+/// The exit status of a candidate that gave up at [`PROVE_DEADLINE`] (a failure: its unit's stop
+/// guard starts recovery, which rolls it back).
+pub const PROOF_OVERDUE_EXIT: i32 = 75;
+
+/// Arms the candidate's own deadline when the daemon running `running` is an upgrade's
+/// unproven candidate ([`crate::flows::upgrade::Upgrader::awaits_proof`]): a plain thread (it
+/// fires even if the async runtime hangs) that sleeps `deadline`, then calls `give_up` with the
+/// reason when the record still waits for this agent's proof
+/// ([`crate::flows::upgrade::Upgrader::proof_overdue`]). The real `give_up` exits the process
+/// with [`PROOF_OVERDUE_EXIT`]. Returns the thread, when armed.
+pub fn watch_proof_deadline(
+    upgrader: crate::flows::upgrade::Upgrader,
+    running: Option<String>,
+    deadline: Duration,
+    give_up: impl FnOnce(String) + Send + 'static,
+) -> Option<std::thread::JoinHandle<()>> {
+    if !upgrader.awaits_proof(running.as_deref()) {
+        return None;
+    }
+    tracing::info!(
+        deadline_s = deadline.as_secs(),
+        "the upgraded agent must prove itself within its deadline, or it exits and is rolled back"
+    );
+    let spawned = std::thread::Builder::new()
+        .name("proof-deadline".into())
+        .spawn(move || {
+            std::thread::sleep(deadline);
+            if let Some(message) = upgrader.proof_overdue(running.as_deref(), deadline) {
+                give_up(message);
+            }
+        });
+    match spawned {
+        Ok(h) => Some(h),
+        Err(e) => {
+            tracing::warn!(error = %e, "could not arm the upgraded agent's proof deadline");
+            None
+        }
     }
 }
 

@@ -1615,3 +1615,56 @@ async fn a_failed_node_write_is_retried_and_does_not_fail_the_reconcile() {
     );
     h.stop().await;
 }
+
+/// Real: the proof-deadline thread and the [`crate::flows::upgrade::Upgrader`] reading the
+/// upgrade record on a temporary root. Faked: the process exit (a channel takes the message
+/// instead) and the deadline (a few milliseconds instead of PROVE_DEADLINE). A candidate whose
+/// record is still `switched` at its deadline gives up, naming itself and the agent recovery
+/// returns to; one that proved itself meanwhile, or is not the candidate, does not.
+#[test]
+fn an_upgraded_agent_unproven_at_its_deadline_gives_up() {
+    use crate::flows::upgrade::{Mode, RECORD_PATH, Stage, UpgradeRecord, Upgrader};
+    let f = FakeHost::new().unwrap();
+    let store = JsonStore::<UpgradeRecord>::at(f.host.fs.clone(), RECORD_PATH);
+    let switched = UpgradeRecord {
+        version: 1,
+        operation: None,
+        mode: Mode::Binary,
+        previous: "blue".into(),
+        candidate: "green".into(),
+        candidate_version: None,
+        stage: Stage::Switched,
+        started_at: "2026-12-02T10:00:00Z".into(),
+        recovery_restarts: 0,
+        remove_candidate_on_rollback: false,
+        result: None,
+    };
+    store.save(&switched).unwrap();
+    let upgrader = Upgrader::new(f.host.clone());
+    let watch = |running: &str, deadline: Duration| {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let h = watch_proof_deadline(upgrader.clone(), Some(running.into()), deadline, move |m| {
+            let _ = tx.send(m);
+        });
+        (h, rx)
+    };
+
+    // Still unproven at the deadline: gives up.
+    let (h, rx) = watch("green", Duration::from_millis(20));
+    h.expect("armed for the candidate").join().unwrap();
+    let m = rx.try_recv().expect("gave up");
+    assert!(m.contains("green") && m.contains("blue"), "{m}");
+
+    // Not the candidate: not armed.
+    let (h, _) = watch("blue", Duration::from_millis(20));
+    assert!(h.is_none());
+
+    // Proven before the deadline (a second away; the save takes microseconds): armed, but
+    // does not give up.
+    let (h, rx) = watch("green", Duration::from_secs(1));
+    let mut done = switched.clone();
+    done.finish(flex_api::operations::OperationResult::complete("proven"));
+    store.save(&done).unwrap();
+    h.expect("armed").join().unwrap();
+    assert!(rx.try_recv().is_err(), "a proven agent keeps running");
+}

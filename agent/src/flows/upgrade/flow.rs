@@ -663,6 +663,18 @@ impl Upgrader {
         }
     }
 
+    /// Whether the daemon running `running` is an upgrade's candidate that has yet to prove
+    /// itself ([`plan::on_start`] answers [`plan::StartAction::AwaitProof`]).
+    pub fn awaits_proof(&self, running: Option<&str>) -> bool {
+        plan::on_start(self.record().as_ref(), running) == plan::StartAction::AwaitProof
+    }
+
+    /// At the candidate's own proof deadline (`after`): why the daemon running `running` gives
+    /// up, when the record still waits for its proof ([`plan::on_prove_deadline`]).
+    pub fn proof_overdue(&self, running: Option<&str>, after: Duration) -> Option<String> {
+        plan::on_prove_deadline(self.record().as_ref(), running, after.as_secs())
+    }
+
     /// After the daemon's first successful reconcile: the running agent (`running`) has
     /// proven itself. Makes it last-good and finishes the upgrade that switched to it `Complete`
     /// ([`plan::on_reconciled`]); idempotent. Returns the upgrade's result and its
@@ -703,8 +715,29 @@ impl Upgrader {
         plan::resume(self.record().as_ref(), uid)
     }
 
-    /// The recovery unit's work (`aks-flex-node recover`): see [`plan::recovery`].
+    /// The recovery unit's work (`aks-flex-node recover`): see [`plan::recovery`]. While the
+    /// agent's unit is still stopping (recovery started by its stop guard), it looks again
+    /// every [`super::RECOVERY_POLL`], for up to [`super::RECOVERY_STOP_WAIT`].
     pub async fn recover(&self) -> anyhow::Result<RecoveryAction> {
+        let deadline = tokio::time::Instant::now() + super::RECOVERY_STOP_WAIT;
+        loop {
+            let action = self.recover_once().await?;
+            if action != RecoveryAction::Wait {
+                return Ok(action);
+            }
+            if tokio::time::Instant::now() >= deadline {
+                tracing::warn!(
+                    waited_s = super::RECOVERY_STOP_WAIT.as_secs(),
+                    "the agent's unit is still stopping; leaving it to its restarts and OnFailure="
+                );
+                return Ok(action);
+            }
+            tokio::time::sleep(super::RECOVERY_POLL).await;
+        }
+    }
+
+    /// One look at the record, the selection and the agent's unit, and what follows from it.
+    async fn recover_once(&self) -> anyhow::Result<RecoveryAction> {
         let loaded = self.loaded();
         let recorded = match &loaded {
             Ok(Some(r)) => Recorded::Read(r),
@@ -727,10 +760,14 @@ impl Upgrader {
                 exec_main_status: unit.exec_main_status,
             },
         );
-        tracing::info!(?action, unit = ?unit, current = ?current, last_good = ?last_good, "recovery");
+        if action == RecoveryAction::Wait {
+            tracing::debug!(unit = ?unit, "recovery: the agent's unit is still stopping");
+        } else {
+            tracing::info!(?action, unit = ?unit, current = ?current, last_good = ?last_good, "recovery");
+        }
         let rec = loaded.ok().flatten();
         match (&action, rec) {
-            (RecoveryAction::Nothing, _) => {}
+            (RecoveryAction::Nothing | RecoveryAction::Wait, _) => {}
             (RecoveryAction::Restart, _) => {
                 self.reset_agent_unit().await?;
                 self.schedule_restart(RECOVERY_RESTART_DELAY).await?;

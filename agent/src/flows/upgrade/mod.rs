@@ -80,5 +80,12 @@ pub const RESTART_ACCURACY: Duration = Duration::from_millis(100);
 pub const RECOVERY_RESTART_DELAY: Duration = Duration::from_secs(30);
 /// How long a candidate's `version` check may take.
 pub const CHECK_TIMEOUT: Duration = Duration::from_secs(120);
+/// How often recovery looks at the agent's unit again while it is still stopping
+/// ([`plan::RecoveryAction::Wait`]).
+pub const RECOVERY_POLL: Duration = Duration::from_millis(250);
+/// How long recovery waits for the agent's unit to finish stopping (beyond the unit's
+/// `TimeoutStopSec=60`, after which systemd kills it); then it leaves the unit to systemd's
+/// own restarts and `OnFailure=`.
+pub const RECOVERY_STOP_WAIT: Duration = Duration::from_secs(90);
 /// The binary inside the agent's image that the check runs.
 pub const IMAGE_AGENT_BINARY: &str = "/opt/aks-flex-node/bin/aks-flex-node";

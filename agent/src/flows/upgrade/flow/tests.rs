@@ -294,6 +294,87 @@ async fn recovery_rolls_a_failed_binary_back_and_restarts_it() {
     assert_eq!(u.on_daemon_start(Some("blue")), None);
 }
 
+fn unit_state(active: &str, sub: &str, result: &str) -> UnitState {
+    UnitState {
+        active_state: active.into(),
+        sub_state: sub.into(),
+        result: result.into(),
+        n_restarts: 0,
+        exec_main_status: 1,
+    }
+}
+
+/// Real: the files of the layout and the record under a temporary root. Faked: systemd, whose
+/// agent unit is still stopping (`deactivating/stop-post`: the stop guard started recovery from
+/// its `ExecStopPost=`) for two looks, then waits for its automatic restart. Recovery waits it
+/// out and rolls the candidate back at its first failure, with no restarts counted.
+#[tokio::test]
+async fn recovery_started_by_the_stop_guard_waits_for_the_stop_then_rolls_back_at_once() {
+    let f = host_fake();
+    start_binary_upgrade(&f, ELF_V2, &sha(ELF_V2))
+        .await
+        .unwrap();
+    tokio::time::pause();
+    let handoff = timers(&f).len();
+    f.systemd.queue_unit_states(
+        AGENT_UNIT,
+        [
+            unit_state("deactivating", "stop-post", "exit-code"),
+            unit_state("deactivating", "stop-post", "exit-code"),
+        ],
+    );
+    f.systemd.set_unit_state(
+        AGENT_UNIT,
+        unit_state("activating", "auto-restart", "exit-code"),
+    );
+    let u = Upgrader::new(f.host.clone()).with_clock(clock());
+    let action = u.recover().await.unwrap();
+    assert!(
+        matches!(action, RecoveryAction::RollBack { .. }),
+        "{action:?}"
+    );
+    assert_eq!(read(&f, CURRENT_EXEC), b"\x7fELF-agent-v1");
+    let shows = f
+        .systemd
+        .calls()
+        .iter()
+        .filter(|c| c.starts_with("show "))
+        .count();
+    assert_eq!(shows, 3, "{:?}", f.systemd.calls());
+    let t = timers(&f);
+    assert_eq!(t.len(), handoff + 1, "{t:?}");
+    assert!(t[handoff].contains("on-active=1000ms"), "{t:?}");
+}
+
+/// Real: the layout's files. Faked: systemd, whose agent unit stays `deactivating` (a stop
+/// that hangs): recovery gives up after RECOVERY_STOP_WAIT (virtual time) and changes nothing,
+/// leaving the unit to systemd's own restarts and `OnFailure=`.
+#[tokio::test]
+async fn recovery_leaves_a_unit_that_never_finishes_stopping_to_systemd() {
+    let f = host_fake();
+    start_binary_upgrade(&f, ELF_V2, &sha(ELF_V2))
+        .await
+        .unwrap();
+    tokio::time::pause();
+    let handoff = timers(&f).len();
+    f.systemd.set_unit_state(
+        AGENT_UNIT,
+        unit_state("deactivating", "stop-sigterm", "success"),
+    );
+    let u = Upgrader::new(f.host.clone()).with_clock(clock());
+    assert_eq!(u.recover().await.unwrap(), RecoveryAction::Wait);
+    assert_eq!(read(&f, CURRENT_EXEC), ELF_V2, "still on the candidate");
+    assert_eq!(timers(&f).len(), handoff, "no restart scheduled");
+    assert!(
+        !f.systemd
+            .calls()
+            .iter()
+            .any(|c| c.starts_with("reset-failed")),
+        "{:?}",
+        f.systemd.calls()
+    );
+}
+
 #[tokio::test]
 async fn recovery_retries_a_candidate_the_start_limit_refused_once() {
     let f = host_fake();
