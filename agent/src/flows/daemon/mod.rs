@@ -500,6 +500,34 @@ pub fn watch_proof_deadline(
 /// How long a daemon that cannot reach its cluster must stay up to prove the running agent.
 pub const PROVE_UNREACHABLE_AFTER: Duration = Duration::from_secs(30);
 
+/// How long the reachability probe of the early proof waits for a TCP connection.
+pub const REACHABILITY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Whether the API server at `url` (`https://host[:port]`, port 443 by default) accepts a TCP
+/// connection within `timeout`. A URL that does not parse counts as not accepting (the
+/// daemon's client fails on it for good anyway).
+pub async fn api_server_accepts(url: &str, timeout: Duration) -> bool {
+    let Ok(uri) = url.trim().parse::<http::Uri>() else {
+        return false;
+    };
+    let Some(host) = uri.host() else {
+        return false;
+    };
+    let host = host
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_string();
+    let port = uri.port_u16().unwrap_or(443);
+    matches!(
+        tokio::time::timeout(
+            timeout,
+            tokio::net::TcpStream::connect((host.as_str(), port))
+        )
+        .await,
+        Ok(Ok(_))
+    )
+}
+
 /// The first delay between start attempts that could not reach the cluster.
 pub const START_RETRY_BASE: Duration = Duration::from_secs(5);
 /// The largest delay between start attempts.
@@ -568,14 +596,24 @@ pub async fn run_with(
     // A daemon that cannot reach its cluster (a disconnected site, the offline harness) proves
     // itself by staying up PROVE_UNREACHABLE_AFTER instead: otherwise an upgrade there would
     // never finish and every later one would be refused. Reaching the cluster first cancels it.
+    // Only a cluster that cannot be reached at all counts: an API server that accepts
+    // connections (a certificate still waiting for approval, a TLS or credential failure) leaves
+    // the proof to the first successful reconcile, or to the candidate's deadline.
     let early_proof = proven.clone().map(|p| {
         let token = shutdown.clone();
+        let url = config.api_server_url();
         tokio::spawn(async move {
             tokio::select! {
-                () = tokio::time::sleep(PROVE_UNREACHABLE_AFTER) => match p.reconciled() {
-                    Ok(_) => tracing::info!(after_s = PROVE_UNREACHABLE_AFTER.as_secs(), "the running agent stayed up without reaching its cluster: proven"),
-                    Err(e) => tracing::error!(error = %format!("{e:#}"), "could not make the running agent last-good"),
-                },
+                () = tokio::time::sleep(PROVE_UNREACHABLE_AFTER) => {
+                    if api_server_accepts(&url, REACHABILITY_TIMEOUT).await {
+                        tracing::info!(after_s = PROVE_UNREACHABLE_AFTER.as_secs(), "the API server accepts connections but the daemon has not reached it yet: the running agent is proven by its first successful reconcile");
+                    } else {
+                        match p.reconciled() {
+                            Ok(_) => tracing::info!(after_s = PROVE_UNREACHABLE_AFTER.as_secs(), "the running agent stayed up while its cluster cannot be reached: proven"),
+                            Err(e) => tracing::error!(error = %format!("{e:#}"), "could not make the running agent last-good"),
+                        }
+                    }
+                }
                 () = token.cancelled() => {}
             }
         })

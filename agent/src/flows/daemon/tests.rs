@@ -1668,3 +1668,22 @@ fn an_upgraded_agent_unproven_at_its_deadline_gives_up() {
     h.expect("armed").join().unwrap();
     assert!(rx.try_recv().is_err(), "a proven agent keeps running");
 }
+
+/// Real: TCP on loopback. The early proof's probe: a listening API server accepts (the agent
+/// then waits for a real reconcile to be proven), a closed port and a URL without a host do
+/// not (the cluster cannot be reached: staying up proves the agent).
+#[tokio::test]
+async fn the_early_proof_probe_tells_a_listening_api_server_from_an_unreachable_one() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let open = listener.local_addr().unwrap().port();
+    let closed = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let t = Duration::from_secs(2);
+    assert!(api_server_accepts(&format!("https://127.0.0.1:{open}"), t).await);
+    assert!(api_server_accepts(&format!(" https://[::ffff:127.0.0.1]:{open}/ "), t).await);
+    assert!(!api_server_accepts(&format!("https://127.0.0.1:{closed}"), t).await);
+    assert!(!api_server_accepts("not a url", t).await);
+    assert!(!api_server_accepts("", t).await);
+}
