@@ -252,7 +252,7 @@ async fn controller_image_size(out: &Path) -> anyhow::Result<f64> {
 /// fixture (packed once with `tar -czf`), each into a fresh directory.
 async fn unpack_ratio(r: &dyn Runner, tries: usize) -> anyhow::Result<Vec<f64>> {
     let cache = flex_harness::devhost::default_cache_root();
-    let tree = flex_harness::fixtures::machine_rootfs_dir(&cache).join("rootfs");
+    let tree = flex_harness::fixtures::machine_rootfs_dir(&cache);
     if !tree.is_dir() {
         anyhow::bail!(
             "no machine rootfs fixture at {} (`cargo xtask up` builds it)",
