@@ -21,8 +21,7 @@ fuzz_target!(|data: &[u8]| {
         Ok(a) => {
             assert_eq!(a.entries().len(), args.len());
             let read = parse(&a.env_file()).unwrap_or_else(|e| panic!("written file refused: {e}"));
-            let pairs: Vec<(String, String)> =
-                read.into_iter().map(|e| (e.key, e.value)).collect();
+            let pairs: Vec<(String, String)> = read.into_iter().map(|e| (e.key, e.value)).collect();
             assert_eq!(pairs, a.entries(), "not read back the same");
         }
         Err(e) => {

@@ -16,8 +16,12 @@ fuzz_target!(|data: &[u8]| {
     };
     for version in [SpecVersion::V3_4_0, SpecVersion::V3_3_0] {
         let out = to_ignition_json(&config, version);
-        let again =
-            parse_ignition(&out).unwrap_or_else(|e| panic!("its own rendering refused: {e}\n{out}"));
-        assert_eq!(to_ignition_json(&again, version), out, "not read back the same");
+        let again = parse_ignition(&out)
+            .unwrap_or_else(|e| panic!("its own rendering refused: {e}\n{out}"));
+        assert_eq!(
+            to_ignition_json(&again, version),
+            out,
+            "not read back the same"
+        );
     }
 });
