@@ -134,6 +134,20 @@ async fn explain(c: &Ctx<'_>, r: anyhow::Result<Checked>) -> anyhow::Result<Chec
     r
 }
 
+/// After a refused upgrade: the agent, watched [`NO_RESTART_WATCH`], is still the same
+/// running invocation, process and image as `before`.
+async fn unchanged_after_refusal(c: &Ctx<'_>, before: &Probe) -> anyhow::Result<()> {
+    tokio::time::sleep(NO_RESTART_WATCH).await;
+    let after = probe(c).await?;
+    ensure(
+        after.running()
+            && after.invocation == before.invocation
+            && after.pid == before.pid
+            && after.image == before.image,
+        || format!("the agent changed after a refused upgrade: before {before}; after {after}"),
+    )
+}
+
 async fn probe(c: &Ctx<'_>) -> anyhow::Result<Probe> {
     let o = c.output(&status::probe_script_for(c.state.mode), T).await?;
     Ok(status::parse_probe(&o.stdout))
@@ -366,15 +380,7 @@ async fn tag_alone_rejected(c: &Ctx<'_>) -> anyhow::Result<Checked> {
             out.stderr.trim()
         )
     })?;
-    tokio::time::sleep(NO_RESTART_WATCH).await;
-    let after = probe(c).await?;
-    ensure(
-        after.running()
-            && after.invocation == before.invocation
-            && after.pid == before.pid
-            && after.image == before.image,
-        || format!("the agent changed after a refused upgrade: before {before}; after {after}"),
-    )?;
+    unchanged_after_refusal(c, &before).await?;
     Ok(Checked::passed_with(format!(
         "refused: {}",
         r.map(|r| r.message).unwrap_or_default()

@@ -19,8 +19,8 @@ use std::time::Instant;
 
 use super::status::{Probe, UpgradeRecord};
 use super::{
-    AGENT_UNIT, NO_RESTART_WATCH, OPERATION_TIMEOUT, RECOVERY_UNIT, STARTS_BACK, STARTS_BROKEN,
-    STARTS_GOOD, STARTS_REBOOT, T, expect_scheduled, explained, probe, running_agent,
+    AGENT_UNIT, OPERATION_TIMEOUT, RECOVERY_UNIT, STARTS_BACK, STARTS_BROKEN, STARTS_GOOD,
+    STARTS_REBOOT, T, expect_scheduled, explained, running_agent, unchanged_after_refusal,
     wait_new_boot, wait_settled, wait_start_limit, waited_note,
 };
 use crate::check::{Ctx, Group, Needs, check, ensure, secs};
@@ -204,15 +204,7 @@ async fn wrong_checksum_refused(c: &Ctx<'_>) -> anyhow::Result<Checked> {
             out.stderr.trim()
         )
     })?;
-    tokio::time::sleep(NO_RESTART_WATCH).await;
-    let after = probe(c).await?;
-    ensure(
-        after.running()
-            && after.invocation == before.invocation
-            && after.pid == before.pid
-            && after.image == before.image,
-        || format!("the agent changed after a refused upgrade: before {before}; after {after}"),
-    )?;
+    unchanged_after_refusal(c, &before).await?;
     let other_after = slot_sha256(c, other).await.unwrap_or_default();
     ensure(
         other_after == other_before && other_after != s.good.sha256,
