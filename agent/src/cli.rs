@@ -1,5 +1,6 @@
 //! The command line: `start` (`bootstrap`), `daemon` (`agent`), `reset` (`unbootstrap`),
-//! `preflight`, `status`, `version` and `token kubelogin`, with upstream's messages and exit
+//! `preflight`, `status`, `version`, `token kubelogin`, and the node-local `operation` and
+//! `repave`, with upstream's messages and exit
 //! codes: on failure `Command execution failed: <error>` on stderr and exit code 1; usage errors
 //! also exit 1.
 
@@ -84,6 +85,21 @@ pub struct IgnitionArgs {
     pub bootstrap_args: Vec<String>,
 }
 
+/// `repave` flags.
+#[derive(Debug, Args)]
+pub struct RepaveArgs {
+    /// The settings version to apply: 1 to 64 characters of A-Z a-z 0-9 . _ : - (default
+    /// local-<unix seconds>)
+    #[arg(long, value_name = "VERSION")]
+    pub settings_version: Option<String>,
+    /// Path to configuration JSON file
+    #[arg(long, value_name = "PATH", default_value = config::DEFAULT_CONFIG_PATH)]
+    pub config: PathBuf,
+    /// How long to wait for the daemon's current work (seconds)
+    #[arg(long, value_name = "SECONDS", default_value_t = 300)]
+    pub wait: u64,
+}
+
 /// `status` flags.
 #[derive(Debug, Args)]
 pub struct StatusArgs {
@@ -149,6 +165,12 @@ pub enum Command {
     /// MachineOperations run on this node, without a cluster
     #[command(subcommand)]
     Operation(OperationCommand),
+    /// Repave this node to its other machine side with the goal it has applied, at a new
+    /// settings version, without a cluster (root only)
+    #[command(
+        long_about = "Repave this node blue/green to its other machine side (kube1 <-> kube2) with the goal it has applied (the daemon state's Kubernetes version), at a new settings version (--settings-version, or local-<unix seconds>), without a cluster: the daemon's own repave, journaled in /etc/aks-flex-node/repave-state.json. It holds the node's work lock (/run/aks-flex-node/work.lock) as the daemon does around its work, so the two never run side by side; it waits --wait seconds for the daemon to finish what it is doing. Refused, changing nothing, on a settings version in the wrong format, a node never bootstrapped, the applied settings version, or a repave already in progress (the daemon finishes that at its start). In a cluster the daemon's next reconcile repaves back to the cluster's goal."
+    )]
+    Repave(RepaveArgs),
     /// Recover the agent after its unit failed (run by aks-flex-node-recovery.service)
     #[command(
         long_about = "Recover the agent after its unit failed: roll back an AgentUpgrade whose new agent did not start (to the last good binary or image), finish the upgrade as Failed/DaemonFailed, reset the unit's failed state and start limit, and restart it. systemd runs this from aks-flex-node-recovery.service (the agent unit's OnFailure=)."
@@ -272,6 +294,32 @@ async fn run_operation(cmd: OperationCommand) -> anyhow::Result<()> {
         Some(r) if !r.succeeded() => anyhow::bail!("{}: {}", r.reason, r.message),
         _ => Ok(()),
     }
+}
+
+/// `repave`: [`crate::flows::repave::local`] over the real machines.
+async fn run_repave(a: RepaveArgs) -> anyhow::Result<()> {
+    use crate::flows::repave::{Stores, local};
+    require_root("repave")?;
+    if let Some(v) = &a.settings_version {
+        local::check_settings_version(v)?;
+    }
+    let loaded = load_config(&a.config)?;
+    crate::logging::init(&loaded.config.agent.log_level, None);
+    log_loaded(&loaded);
+    let host = Host::real().await?;
+    let node = crate::machine::node::NodeMachines::new(host.clone(), loaded.config.clone())?;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or_default();
+    let req = local::Request {
+        settings_version: a.settings_version,
+        wait: std::time::Duration::from_secs(a.wait),
+        poll: std::time::Duration::from_secs(1),
+    };
+    let done = local::request(&node, &Stores::new(host.fs.clone()), &host.fs, &req, now).await?;
+    print!("{}", local::render(&done));
+    Ok(())
 }
 
 /// Hidden diagnostics, used by the image tests to prove the binary works inside its image.
@@ -488,6 +536,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Token(TokenCommand::Kubelogin(a)) => run_kubelogin(a).await,
         Command::Debug(d) => run_debug(d).await,
         Command::Operation(o) => run_operation(o).await,
+        Command::Repave(a) => run_repave(a).await,
         Command::Ignition(a) => run_ignition(&a),
         Command::Recover => {
             require_root("recover")?;

@@ -220,6 +220,7 @@ fn root_commands_refuse_other_users_and_write_nothing() {
         vec!["start", "--config", cfg.to_str().unwrap()],
         vec!["daemon", "--config", cfg.to_str().unwrap()],
         vec!["reset"],
+        vec!["repave", "--settings-version", "v2"],
     ] {
         let before: Vec<_> = std::fs::read_dir(d.path())
             .unwrap()

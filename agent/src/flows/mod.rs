@@ -4,7 +4,9 @@
 //! - [`bootstrap`]: `bootstrap.sh`'s and `aks-flex-node-bootstrap`'s flow (inputs, config,
 //!   preflight, start once);
 //! - [`daemon`]: the daemon's work queue (goal applies, the Node watch, MachineOperations);
-//! - [`repave`]: blue/green repave (`ApplyGoalState`) in journaled phases;
+//! - [`repave`]: blue/green repave (`ApplyGoalState`) in journaled phases, and its node-local
+//!   request ([`repave::local`], `aks-flex-node repave`);
+//! - [`worklock`]: the host-wide lock the daemon and node-local requests serialise on;
 //! - [`reboot`]: NodeReboot (stop and start the active machine);
 //! - [`reset`]: node reset;
 //! - [`operations`]: MachineOperations: records, handlers, the reconciler, local runs;
@@ -27,3 +29,4 @@ pub mod start;
 pub mod status;
 pub mod token;
 pub mod upgrade;
+pub mod worklock;

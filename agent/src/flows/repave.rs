@@ -508,5 +508,7 @@ pub async fn resume_pending(
     run(ops, stores, &base, j).await.map(Some)
 }
 
+pub mod local;
+
 #[cfg(test)]
 mod tests;

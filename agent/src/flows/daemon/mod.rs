@@ -5,8 +5,9 @@
 //! backoff while the cluster cannot be reached, a wrong config fails at once) and the machine
 //! client over them, decides whether to run MachineOperations ([`operations::enabled`]:
 //! `agent.machineOperationMode` and API discovery, retried like the client while the cluster
-//! cannot be reached), resumes an interrupted repave ([`crate::flows::repave::resume_pending`]), queues a
-//! seed reconcile and tells systemd it is ready (`sd_notify READY=1`, a no-op outside a
+//! cannot be reached), resumes an interrupted repave ([`crate::flows::repave::resume_pending`];
+//! [`run_with`] does that first, before the cluster is reached, so a node that cannot reach it
+//! is not left half-repaved), queues a seed reconcile and tells systemd it is ready (`sd_notify READY=1`, a no-op outside a
 //! `Type=notify` unit). Then one loop takes work from one [`WorkQueue`]: all host work runs one
 //! item at a time. Work comes from
 //!
@@ -24,6 +25,11 @@
 //! its cause and retried with exponential backoff; nothing is done to the host until the reads
 //! it depends on succeeded. On SIGTERM/SIGINT the loop finishes the current item, stops the
 //! watches and returns.
+//!
+//! Each item, and the resume at start, runs under the node's work lock
+//! ([`crate::flows::worklock`]), which a node-local request (`aks-flex-node repave`) holds for
+//! its whole run: the daemon waits for such a request to finish, and the request for the
+//! daemon's item.
 //!
 //! The first item that succeeds proves the running agent ([`Proven`]): it reached the cluster
 //! and did its work, so it becomes last-good and an upgrade that switched to it finishes
@@ -56,6 +62,7 @@ pub use work::{FAILED, RECONCILING, SUCCEEDED};
 use crate::config::Config;
 use crate::context::Host;
 use crate::flows::repave::Stores;
+use crate::flows::worklock::WorkLock;
 use crate::goalclient::MachineClient;
 use crate::kubeclient::KubeClients;
 use crate::machine::nspawn::Timings;
@@ -238,17 +245,10 @@ impl Daemon {
             interval = %crate::config::format_go_duration(interval),
             "daemon reconcilers starting"
         );
-        match crate::flows::repave::resume_pending(ctx.ops.as_ref(), &ctx.stores).await {
-            Ok(Some(s)) => tracing::info!(
-                active_machine = %s.active_machine,
-                settings_version = %s.applied_settings_version,
-                "resumed an interrupted repave"
-            ),
-            Ok(None) => {}
-            Err(e) => tracing::error!(
-                error = %e,
-                "resuming an interrupted repave failed; the next goal-state apply retries it"
-            ),
+        if !resume_interrupted_repave(ctx.ops.as_ref(), &ctx.stores, &ctx.host.fs, &shutdown).await
+        {
+            tracing::info!("daemon shutting down before it was ready");
+            return Ok(());
         }
 
         let mut queue = WorkQueue::new(backoff);
@@ -279,6 +279,10 @@ impl Daemon {
         drop(sender);
 
         while let Some(item) = queue.next(&shutdown).await {
+            // Held to the end of the item: a node-local request never runs beside it.
+            let Some(_lock) = work_lock(&ctx.host.fs, &shutdown).await else {
+                break;
+            };
             let at = Instant::now();
             let result = match &item {
                 Item::Repave { source } => ctx
@@ -402,6 +406,66 @@ impl Daemon {
         tracing::info!("daemon shutting down");
         Ok(())
     }
+}
+
+/// How long the daemon waits for the work lock before it says so again.
+const WORK_LOCK_WAIT: Duration = Duration::from_secs(60);
+/// How often it tries the lock meanwhile.
+const WORK_LOCK_POLL: Duration = Duration::from_millis(500);
+
+/// The node's work lock ([`crate::flows::worklock`]) for one piece of the daemon's host work,
+/// waiting as long as a node-local request holds it. `None`: `shutdown` came first. A lock that
+/// cannot be taken at all (its file cannot be created) is logged and the work goes on without
+/// it: the daemon's own work is serialised by its queue, and the node must not stop for a lock.
+pub(crate) async fn work_lock(
+    fs: &crate::fs::HostFs,
+    shutdown: &CancellationToken,
+) -> Option<Option<WorkLock>> {
+    loop {
+        let taken = tokio::select! {
+            r = WorkLock::acquire(fs, WORK_LOCK_WAIT, WORK_LOCK_POLL) => r,
+            _ = shutdown.cancelled() => return None,
+        };
+        match taken {
+            Ok(Some(l)) => return Some(Some(l)),
+            Ok(None) => tracing::warn!(
+                path = crate::flows::worklock::WORK_LOCK_PATH,
+                waited_s = WORK_LOCK_WAIT.as_secs(),
+                "a node-local request still holds the work lock; waiting on"
+            ),
+            Err(e) => {
+                tracing::error!(error = %e, "could not take the work lock; working without it");
+                return Some(None);
+            }
+        }
+    }
+}
+
+/// Resumes an interrupted repave ([`crate::flows::repave::resume_pending`]) under the work
+/// lock; a failure is logged (the next goal-state apply, or the next start, retries it).
+/// `false`: `shutdown` came first.
+pub(crate) async fn resume_interrupted_repave(
+    ops: &dyn NodeOps,
+    stores: &Stores,
+    fs: &crate::fs::HostFs,
+    shutdown: &CancellationToken,
+) -> bool {
+    let Some(_lock) = work_lock(fs, shutdown).await else {
+        return false;
+    };
+    match crate::flows::repave::resume_pending(ops, stores).await {
+        Ok(Some(s)) => tracing::info!(
+            active_machine = %s.active_machine,
+            settings_version = %s.applied_settings_version,
+            "resumed an interrupted repave"
+        ),
+        Ok(None) => {}
+        Err(e) => tracing::error!(
+            error = %e,
+            "resuming an interrupted repave failed; the next goal-state apply retries it"
+        ),
+    }
+    true
 }
 
 /// Runs the daemon for `config` on the real host until `shutdown`: [`run_with`] with the
@@ -589,6 +653,18 @@ pub async fn run_with(
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     tracing::info!(node = %config.agent.node_name, "daemon starting");
+    let ops: Arc<dyn NodeOps> = Arc::new(crate::machine::node::NodeMachines::new(
+        host.clone(),
+        config.clone(),
+    )?);
+    // An interrupted repave is finished (or rolled back) before the cluster is reached: it
+    // needs only the node, and a node that cannot reach its cluster (a disconnected site, the
+    // offline harness) must not stay half-repaved meanwhile.
+    let stores = Stores::new(host.fs.clone());
+    if !resume_interrupted_repave(ops.as_ref(), &stores, &host.fs, &shutdown).await {
+        tracing::info!("daemon shutting down before it was ready");
+        return Ok(());
+    }
     // Obtaining credentials may wait (up to 2 minutes for a certificate per attempt). An API
     // server that cannot be reached (a disconnected site, a cluster not there yet) is retried
     // with backoff while the daemon stays up, rather than crash-looping the unit into its start
@@ -646,10 +722,6 @@ pub async fn run_with(
     let machines = crate::goalclient::client_for_daemon(config, kube.clone())
         .await
         .map_err(|e| anyhow::anyhow!("machine client: {e}"))?;
-    let ops: Arc<dyn NodeOps> = Arc::new(crate::machine::node::NodeMachines::new(
-        host.clone(),
-        config.clone(),
-    )?);
     let Some(enabled) =
         operations::enabled(&config.agent.machine_operation_mode, &kube, &shutdown).await?
     else {

@@ -286,6 +286,9 @@ struct Setup {
     proven: Option<MakeProof>,
     /// Publish the agent's state on the Node through [`SeqPublisher`]; its first `n` writes fail.
     node_state: Option<usize>,
+    /// Hold the node's work lock (a real `flock` on the fake host's root) before the daemon
+    /// starts, as a node-local request would, until the test drops [`Harness::work_lock`].
+    hold_work_lock: bool,
 }
 
 /// A [`NodeStatePublisher`] that logs each write into the sequence (`node <state> <reason>
@@ -362,6 +365,7 @@ impl Default for Setup {
             ops_fail_permanently: false,
             proven: None,
             node_state: None,
+            hold_work_lock: false,
         }
     }
 }
@@ -379,6 +383,7 @@ struct Harness {
     run: JoinHandle<anyhow::Result<()>>,
     release_watch: Option<oneshot::Sender<Vec<u8>>>,
     release_ops_watch: Option<oneshot::Sender<Vec<u8>>>,
+    work_lock: Option<WorkLock>,
 }
 
 fn start(setup: Setup) -> Harness {
@@ -487,9 +492,13 @@ fn start(setup: Setup) -> Harness {
             handlers,
         )));
     }
+    let work_lock = setup
+        .hold_work_lock
+        .then(|| WorkLock::try_acquire(&fake.host.fs).unwrap().unwrap());
     let shutdown = CancellationToken::new();
     let run = tokio::spawn(daemon.run(shutdown.clone()));
     Harness {
+        work_lock,
         fake,
         sim,
         machines,
@@ -893,6 +902,43 @@ async fn a_restart_in_the_middle_of_a_repave_resumes_it_before_any_event() {
     );
     assert_eq!(h.state().unwrap().active_machine, "kube2");
     h.stop().await;
+}
+
+/// A node-local request (`aks-flex-node repave`) holding the work lock (a real `flock` on the
+/// fake host's root; machines and API server faked) holds back the daemon's resume of an
+/// interrupted repave and its queue items until it lets go.
+#[tokio::test]
+async fn the_daemon_waits_for_a_node_local_request_holding_the_work_lock() {
+    let interrupted = Journal {
+        version: 1,
+        source: "kube1".into(),
+        target: "kube2".into(),
+        settings_version: "etag-2".into(),
+        kubernetes_version: "1.35.3".into(),
+        phase: Phase::Starting,
+    };
+    for (journal, machine, want_calls) in [
+        (None, machine("etag-1", "1.35.0"), vec![]),
+        (
+            Some(interrupted),
+            machine("etag-2", "1.35.3"),
+            vec!["start kube2", "cleanup kube1"],
+        ),
+    ] {
+        let mut h = start(Setup {
+            journal,
+            machine: Some(machine),
+            hold_work_lock: true,
+            ..Default::default()
+        });
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        assert!(h.calls().is_empty(), "{:?}", h.calls());
+        assert!(h.reports.try_recv().is_err(), "an item ran under the lock");
+        drop(h.work_lock.take());
+        h.until(is(Action::ReportSucceeded)).await;
+        assert_eq!(h.calls(), want_calls);
+        h.stop().await;
+    }
 }
 
 #[tokio::test]
