@@ -94,6 +94,10 @@ pub enum Scenario {
     RegistryDown,
     /// A small file system on `/var/lib/machines` while `start` unpacks the machine's rootfs.
     VarFull,
+    /// A node-local repave (`aks-flex-node repave`, exec'd into the agent's container), the
+    /// point armed in the agent's unit; the restarted daemon (after a kill) or the booted one
+    /// (after a power cut) finishes it from its journal.
+    Repave,
     /// Not run offline, for the reason given.
     Skip(&'static str),
 }
@@ -134,8 +138,6 @@ fn push_row(row: Row) {
         rows.push(row);
     }
 }
-
-const NO_REPAVE: &str = "offline the agent has no node-local way to request a repave yet (no cluster goal, and `operation run` takes NodeReboot, AgentReset, AgentUpgrade), so the repave journal's phases cannot be reached without a cluster";
 
 macro_rules! cases {
     ($($f:ident: $name:literal => $case:expr;)*) => {
@@ -183,8 +185,8 @@ const fn plain(id: &'static str, scenario: Scenario) -> Case {
 cases! {
     w1_state: "window 1: kill -9 of start midway through saving daemon-state.json" =>
         case("w1-state", "store.save-midway:daemon-state.json", Unit::Bootstrap, Cut::Kill, Scenario::Start);
-    w1_journal: "window 1: a repave's Starting journal (repave-state.json) interrupted" =>
-        case("w1-journal", "store.save-midway:repave-state.json", Unit::Agent, Cut::Kill, Scenario::Skip(NO_REPAVE));
+    w1_journal: "window 1: kill -9 of a repave midway through saving its Starting journal (repave-state.json)" =>
+        case("w1-journal", "store.save-midway:repave-state.json#3", Unit::Agent, Cut::Kill, Scenario::Repave);
     w2_agent_unit: "window 2: kill -9 of start after the daemon state, before the agent's unit" =>
         case("w2-agent-unit", "start.before-agent-unit", Unit::Bootstrap, Cut::Kill, Scenario::Start);
     w3_switch: "window 3: kill -9 right after the switch to a broken candidate" =>
@@ -205,8 +207,16 @@ cases! {
         case("upgrade-power", "upgrade.after-switch", Unit::Agent, Cut::Power, Scenario::Upgrade(Kind::Good));
     start_provisioning: "kill -9 of start while it provisions the machine" =>
         case("start-provisioning", "provision.after-rootfs:kube1", Unit::Bootstrap, Cut::Kill, Scenario::Start);
-    repave_power: "a power cut at each journaled repave phase" =>
-        case("repave-power", "repave.phase:preparing", Unit::Agent, Cut::Power, Scenario::Skip(NO_REPAVE));
+    repave_power_preparing: "a power cut at repave phase preparing" =>
+        case("repave-power-preparing", "repave.phase:preparing", Unit::Agent, Cut::Power, Scenario::Repave);
+    repave_power_switching: "a power cut at repave phase switching" =>
+        case("repave-power-switching", "repave.phase:switching", Unit::Agent, Cut::Power, Scenario::Repave);
+    repave_power_starting: "a power cut at repave phase starting" =>
+        case("repave-power-starting", "repave.phase:starting", Unit::Agent, Cut::Power, Scenario::Repave);
+    repave_power_saving: "a power cut at repave phase saving" =>
+        case("repave-power-saving", "repave.phase:saving", Unit::Agent, Cut::Power, Scenario::Repave);
+    repave_power_cleaning: "a power cut at repave phase cleaning" =>
+        case("repave-power-cleaning", "repave.phase:cleaning", Unit::Agent, Cut::Power, Scenario::Repave);
     registry_down: "the registry down during an upgrade pull" =>
         plain("registry-down", Scenario::RegistryDown);
     containerd_restart: "containerd restarted while the agent runs" =>
@@ -218,7 +228,7 @@ cases! {
 /// The `faults` group.
 pub const GROUP: Group = Group {
     name: "faults",
-    description: "kill -9 and power cuts at the agent's fault points (start, AgentUpgrade), containerd restarted, the registry down, /var full: each ends with the agent and its machine running, or the fault reported and nothing lost",
+    description: "kill -9 and power cuts at the agent's fault points (start, AgentUpgrade, a node-local repave), containerd restarted, the registry down, /var full: each ends with the agent and its machine running, or the fault reported and nothing lost",
     needs: Needs::Host,
     checks: CHECKS,
 };
@@ -282,6 +292,8 @@ pub struct Health {
     pub machine_state: String,
     /// `systemctl is-active kubelet.service` inside it.
     pub kubelet: String,
+    /// `machinectl show -p State` of the other side (empty when it is not running).
+    pub other_state: String,
     /// Each record that exists and `ok` or what is wrong with it.
     pub records: Vec<(String, String)>,
     /// `systemctl is-active` of the bootstrap unit.
@@ -315,6 +327,8 @@ pub fn health_script() -> String {
      if [ -n \"$m\" ]; then \
        echo \"machine_state=$(machinectl show $m -p State --value 2>/dev/null)\"; \
        echo \"kubelet=$(timeout 60 systemd-run --machine=$m --pipe --wait --quiet systemctl is-active kubelet.service 2>/dev/null)\"; \
+       if [ \"$m\" = kube1 ]; then o=kube2; else o=kube1; fi; \
+       echo \"other_state=$(machinectl show $o -p State --value 2>/dev/null)\"; \
      fi; true"
         .to_string()
 }
@@ -359,6 +373,7 @@ pub fn parse_health(text: &str) -> Health {
             "machine" => h.machine = v,
             "machine_state" => h.machine_state = v,
             "kubelet" => h.kubelet = v,
+            "other_state" => h.other_state = v,
             "recordb64" => {
                 let mut parts = v.splitn(3, ':');
                 if let (Some(name), Some(file), Some(sidecar)) =
@@ -412,6 +427,19 @@ pub fn verdict(h: &Health) -> Vec<String> {
     bad
 }
 
+/// What is wrong with a repave after a fault, empty when settled: its journal gone (the repave
+/// finished, or rolled back) and only the active side running.
+pub fn repave_verdict(h: &Health) -> Vec<String> {
+    let mut bad = Vec::new();
+    if h.records.iter().any(|(n, _)| n == "repave-state.json") {
+        bad.push("repave journal still there: the repave neither finished nor rolled back".into());
+    }
+    if !h.other_state.is_empty() {
+        bad.push(format!("the other machine side is {}", h.other_state));
+    }
+    bad
+}
+
 fn or_none(s: &str) -> &str {
     if s.is_empty() { "none" } else { s }
 }
@@ -445,12 +473,26 @@ async fn health(c: &Ctx<'_>) -> anyhow::Result<Health> {
     Ok(parse_health(&o.stdout))
 }
 
-/// The problems now (node, and the upgrade when `upgrade`), and whether anything is still
-/// moving (a unit of the agent activating).
-async fn problems(c: &Ctx<'_>, upgrade: bool) -> anyhow::Result<(Vec<String>, bool)> {
+/// What a case checks beyond the node's health.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Settle {
+    /// The node's health alone.
+    Node,
+    /// And the upgrade finished ([`upgrade_verdict`]).
+    Upgrade,
+    /// And the repave finished or rolled back ([`repave_verdict`]).
+    Repave,
+}
+
+/// The problems now (node, and the upgrade or the repave as `settle` says), and whether
+/// anything is still moving (a unit of the agent activating).
+async fn problems(c: &Ctx<'_>, settle: Settle) -> anyhow::Result<(Vec<String>, bool)> {
     let h = health(c).await?;
     let mut bad = verdict(&h);
-    if upgrade && bad.is_empty() {
+    if settle == Settle::Repave && bad.is_empty() {
+        bad.extend(repave_verdict(&h));
+    }
+    if settle == Settle::Upgrade && bad.is_empty() {
         let o = c.output(&status::probe_script(), T).await?;
         bad.extend(upgrade_verdict(&status::parse_probe(&o.stdout)));
     }
@@ -460,7 +502,7 @@ async fn problems(c: &Ctx<'_>, upgrade: bool) -> anyhow::Result<(Vec<String>, bo
 /// Waits until the node is healthy; the time it took, or the last problems seen. It gives up
 /// early when the same problems stay for [`STUCK`] with none of the agent's units activating:
 /// nothing is left to repair them.
-async fn wait_healthy(c: &Ctx<'_>, upgrade: bool) -> Result<Duration, String> {
+async fn wait_healthy(c: &Ctx<'_>, settle: Settle) -> Result<Duration, String> {
     let t0 = Instant::now();
     let last = Mutex::new((String::new(), Instant::now()));
     let last = &last;
@@ -469,7 +511,7 @@ async fn wait_healthy(c: &Ctx<'_>, upgrade: bool) -> Result<Duration, String> {
         RECOVERY_TIMEOUT,
         POLL,
         || async move {
-            match problems(c, upgrade).await {
+            match problems(c, settle).await {
                 Ok((b, _)) if b.is_empty() => Ok(Ok(t0.elapsed())),
                 Ok((b, moving)) => {
                     let s = b.join("; ");
@@ -626,7 +668,40 @@ async fn candidate(c: &Ctx<'_>, kind: Kind) -> anyhow::Result<String> {
 struct Forced {
     since: String,
     note: String,
-    upgrade: bool,
+    settle: Settle,
+}
+
+/// Restarts the agent's unit (to take the armed point) and waits for its task to run.
+async fn restart_agent(c: &Ctx<'_>) -> anyhow::Result<()> {
+    sh(
+        c,
+        &format!(
+            "systemctl restart {AGENT_UNIT} && for i in $(seq 300); do ctr -n aks-flex tasks ls | grep -q '^aks-flex-agent .*RUNNING' && exit 0; sleep 1; done; echo 'the re-armed agent did not run within 300 s' >&2; exit 1"
+        ),
+        Duration::from_secs(300),
+    )
+    .await
+    .map(drop)
+}
+
+/// Runs `cmd` (in the agent's container) in a transient unit `harness-fault-op-*`, whose
+/// journal [`wait_reached`] reads.
+async fn run_transient(c: &Ctx<'_>, cmd: &str) -> anyhow::Result<()> {
+    sh(
+        c,
+        &format!(
+            "systemd-run --quiet --collect --unit=harness-fault-op-$(date +%s) sh -c {}",
+            shell_quote(cmd)
+        ),
+        T,
+    )
+    .await
+    .map(drop)
+}
+
+/// The node-local repave the repave cases request, in the agent's container.
+pub fn repave_command() -> String {
+    "ctr -n aks-flex tasks exec --exec-id fault-$$-$(date +%s%N) aks-flex-agent aks-flex-node repave --settings-version harness-$(date +%s)".into()
 }
 
 async fn force(c: &Ctx<'_>, case: &Case) -> anyhow::Result<Forced> {
@@ -650,30 +725,15 @@ async fn force(c: &Ctx<'_>, case: &Case) -> anyhow::Result<Forced> {
             Ok(Forced {
                 since,
                 note: note.into(),
-                upgrade: false,
+                settle: Settle::Node,
             })
         }
         Scenario::Upgrade(kind) => {
             let target = candidate(c, kind).await?;
             let since = guest_now(c).await?;
             sh(c, &arm_script(Unit::Agent, point), T).await?;
-            sh(
-                c,
-                &format!(
-                    "systemctl restart {AGENT_UNIT} && for i in $(seq 300); do ctr -n aks-flex tasks ls | grep -q '^aks-flex-agent .*RUNNING' && exit 0; sleep 1; done; echo 'the re-armed agent did not run within 300 s' >&2; exit 1"
-                ),
-                Duration::from_secs(300),
-            )
-            .await?;
-            sh(
-                c,
-                &format!(
-                    "systemd-run --quiet --collect --unit=harness-fault-op-$(date +%s) sh -c {}",
-                    shell_quote(&upgrade_command(&target))
-                ),
-                T,
-            )
-            .await?;
+            restart_agent(c).await?;
+            run_transient(c, &upgrade_command(&target)).await?;
             wait_reached(c, point, &since, Unit::Agent).await?;
             sh(c, &disarm_script(), T).await?;
             cut(c, Unit::Agent, case.cut).await?;
@@ -688,7 +748,35 @@ async fn force(c: &Ctx<'_>, case: &Case) -> anyhow::Result<Forced> {
                         "power-cut"
                     }
                 ),
-                upgrade: true,
+                settle: Settle::Upgrade,
+            })
+        }
+        Scenario::Repave => {
+            let before = health(c).await?.machine;
+            let since = guest_now(c).await?;
+            sh(c, &arm_script(Unit::Agent, point), T).await?;
+            restart_agent(c).await?;
+            run_transient(c, &repave_command()).await?;
+            wait_reached(c, point, &since, Unit::Agent).await?;
+            sh(c, &disarm_script(), T).await?;
+            cut(c, Unit::Agent, case.cut).await?;
+            Ok(Forced {
+                since,
+                note: format!(
+                    "repave from {} {} at the point; {}",
+                    or_none(&before),
+                    if case.cut == Cut::Kill {
+                        "killed -9"
+                    } else {
+                        "power-cut"
+                    },
+                    if case.cut == Cut::Kill {
+                        "systemd restarts the agent, whose daemon finishes the journal"
+                    } else {
+                        "the boot starts the agent, whose daemon finishes the journal"
+                    }
+                ),
+                settle: Settle::Repave,
             })
         }
         Scenario::ContainerdRestart => {
@@ -702,7 +790,7 @@ async fn force(c: &Ctx<'_>, case: &Case) -> anyhow::Result<Forced> {
             Ok(Forced {
                 since,
                 note: "containerd restarted".into(),
-                upgrade: false,
+                settle: Settle::Node,
             })
         }
         Scenario::RegistryDown => {
@@ -750,7 +838,7 @@ async fn force(c: &Ctx<'_>, case: &Case) -> anyhow::Result<Forced> {
                     r.map(|r| r.to_string().chars().take(160).collect::<String>())
                         .unwrap_or_default()
                 ),
-                upgrade: true,
+                settle: Settle::Upgrade,
             })
         }
         Scenario::VarFull => {
@@ -807,7 +895,7 @@ async fn force(c: &Ctx<'_>, case: &Case) -> anyhow::Result<Forced> {
                     "bootstrap failed: {}",
                     said.chars().take(120).collect::<String>()
                 ),
-                upgrade: false,
+                settle: Settle::Node,
             })
         }
         Scenario::Skip(_) => anyhow::bail!("a skipped case is not forced"),
@@ -842,7 +930,7 @@ async fn run_case(c: &Ctx<'_>, case: &Case) -> anyhow::Result<Checked> {
             )
         }
         Ok(f) => {
-            let r = wait_healthy(c, f.upgrade).await;
+            let r = wait_healthy(c, f.settle).await;
             let did = format!("{}; {}", f.note, agent_did(c, &f.since).await);
             match r {
                 Ok(d) => (Outcome::Passed, did, Some(d)),
@@ -877,7 +965,7 @@ async fn baseline(c: &Ctx<'_>) -> anyhow::Result<Checked> {
         rows.clear();
     }
     let _ = c.output(&disarm_script(), T).await;
-    let (bad, _) = problems(c, false).await?;
+    let (bad, _) = problems(c, Settle::Node).await?;
     ensure(bad.is_empty(), || {
         format!(
             "the node is not healthy before any fault: {}",
@@ -1064,6 +1152,55 @@ mod tests {
             upgrade_verdict(&probe("r/a@sha256:bb", Some(rec("finished", "Failed")))).len(),
             1
         );
+    }
+
+    #[test]
+    fn repave_verdict_needs_the_journal_gone_and_only_the_active_side_running() {
+        let mut h = healthy();
+        assert!(repave_verdict(&h).is_empty());
+        let h2 = parse_health("machine=kube2\nother_state=running\n");
+        assert_eq!(h2.other_state, "running");
+        assert_eq!(
+            repave_verdict(&h2),
+            vec!["the other machine side is running".to_string()]
+        );
+        h.records.push(("repave-state.json".into(), "ok".into()));
+        assert_eq!(
+            repave_verdict(&h),
+            vec![
+                "repave journal still there: the repave neither finished nor rolled back"
+                    .to_string()
+            ]
+        );
+    }
+
+    /// Every journaled repave phase has its power-cut case, and the window-1 case cuts the
+    /// Starting journal's save (the third: preparing, switching, starting); none is skipped.
+    #[test]
+    fn the_repave_cases_cover_each_phase_and_run_offline() {
+        let repave: Vec<&Case> = CASES
+            .iter()
+            .filter(|c| c.scenario == Scenario::Repave)
+            .collect();
+        let points: Vec<&str> = repave.iter().filter_map(|c| c.point).collect();
+        assert_eq!(
+            points,
+            [
+                "store.save-midway:repave-state.json#3",
+                "repave.phase:preparing",
+                "repave.phase:switching",
+                "repave.phase:starting",
+                "repave.phase:saving",
+                "repave.phase:cleaning",
+            ]
+        );
+        for c in &repave[1..] {
+            assert_eq!(c.cut, Cut::Power, "{}", c.id);
+            assert!(selected(Some("repave-power"), c.id), "{}", c.id);
+        }
+        assert_eq!(repave[0].id, "w1-journal");
+        assert_eq!(repave[0].cut, Cut::Kill);
+        assert!(repave_command().contains("aks-flex-node repave --settings-version"));
     }
 
     #[test]

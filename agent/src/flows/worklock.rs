@@ -104,7 +104,11 @@ mod tests {
         let fs = HostFs::new(d.path());
         let held = WorkLock::try_acquire(&fs).unwrap().expect("free at first");
         let mode = |p: &str| {
-            std::fs::metadata(d.path().join(p)).unwrap().permissions().mode() & 0o777
+            std::fs::metadata(d.path().join(p))
+                .unwrap()
+                .permissions()
+                .mode()
+                & 0o777
         };
         assert_eq!(mode("run/aks-flex-node"), 0o700, "root's alone");
         assert_eq!(mode("run/aks-flex-node/work.lock"), 0o600, "root's alone");

@@ -320,6 +320,26 @@ for i in $(seq 1 300); do
 done
 exit 1"#;
 
+/// The guest script that requests a node-local repave where the agent runs (`cmd`, from
+/// [`flex_harness::checks::agent_command`]) and prints the Unix times of the request and of the
+/// command's return (the new side's kubelet active, the old side removed: the repave's `start`
+/// waits for kubelet and its `cleaning` removes the old side before the command returns); it
+/// then checks both and fails saying which did not hold.
+pub fn repave_script(cmd: &str) -> String {
+    format!(
+        r#"t0=$(date +%s.%N)
+{cmd} >&2 || {{ echo "the repave failed" >&2; exit 1; }}
+t1=$(date +%s.%N)
+m=$(sed -n 's/.*"activeMachine": *"\([^"]*\)".*//p' /etc/aks-flex-node/daemon-state.json)
+if [ "$m" = kube1 ]; then o=kube2; else o=kube1; fi
+k=$(timeout 60 systemd-run --machine="$m" --pipe --wait --quiet systemctl is-active kubelet.service 2>/dev/null)
+[ "$k" = active ] || {{ echo "kubelet in $m is ${{k:-unknown}} after the repave" >&2; exit 2; }}
+[ -z "$(machinectl show "$o" -p State --value 2>/dev/null)" ] || {{ echo "the old side $o still runs after the repave" >&2; exit 2; }}
+test ! -e "/var/lib/machines/$o" || {{ echo "the old side's tree /var/lib/machines/$o is still there" >&2; exit 2; }}
+echo "$t0 $t1""#
+    )
+}
+
 /// Seconds from `t0 t1` (two Unix times) as the ready script prints them.
 pub fn parse_span(out: &str) -> Option<f64> {
     let mut it = out.split_whitespace();
@@ -337,6 +357,10 @@ async fn vm_figures(
     const RSS: (&str, &str) = ("vm.daemon_rss", "daemon idle RSS");
     const READY: (&str, &str) = ("vm.agent_start", "agent unit restart to daemon started");
     const BOOT: (&str, &str) = ("vm.boot_ssh", "dev host first boot to SSH");
+    const REPAVE: (&str, &str) = (
+        "vm.repave_offline",
+        "offline repave (request to the new side's kubelet active, the old side removed)",
+    );
     let s = match state {
         Ok(s) => s,
         Err(why) => {
@@ -351,6 +375,12 @@ async fn vm_figures(
                 why.clone(),
             ));
             figs.push(Figure::missing(BOOT.0, BOOT.1, Unit::Seconds, why.clone()));
+            figs.push(Figure::missing(
+                REPAVE.0,
+                REPAVE.1,
+                Unit::Seconds,
+                why.clone(),
+            ));
             return;
         }
     };
@@ -407,6 +437,35 @@ async fn vm_figures(
         }
         .with_budget(DAEMON_RSS_BUDGET),
     );
+    // One sample: a repave provisions a whole machine side (minutes under TCG). The node is
+    // left on the other side, as a repave leaves it.
+    let cmd = flex_harness::checks::agent_command(
+        s.mode,
+        "aks-flex-node repave --settings-version bench-$(date +%s)",
+    );
+    figs.push(
+        match g
+            .output(&repave_script(&cmd), Duration::from_secs(1200))
+            .await
+        {
+            Ok(o) => match parse_span(&o.stdout) {
+                Some(v) if o.success() => {
+                    Figure::measured(REPAVE.0, REPAVE.1, Unit::Seconds, vec![v])
+                }
+                _ => Figure::missing(
+                    REPAVE.0,
+                    REPAVE.1,
+                    Unit::Seconds,
+                    format!(
+                        "the repave did not complete (exit {:?}): {}",
+                        o.code,
+                        o.stderr.trim().lines().last().unwrap_or_default()
+                    ),
+                ),
+            },
+            Err(e) => Figure::missing(REPAVE.0, REPAVE.1, Unit::Seconds, format!("{e:#}")),
+        },
+    );
     figs.push(
         match s.timings.iter().find(|(n, _)| n == "first boot") {
             Some((_, secs)) => Figure::measured(BOOT.0, BOOT.1, Unit::Seconds, vec![*secs]),
@@ -455,6 +514,41 @@ mod tests {
         assert_eq!(parse_span(""), None);
         assert_eq!(parse_span("1700000003 1700000000"), None);
         assert_eq!(parse_span("x y"), None);
+    }
+
+    /// The repave script for real in `sh` (no guest: the repave command is `false`).
+    #[tokio::test]
+    async fn the_repave_script_parses_and_times_nothing_when_the_repave_fails() {
+        let run = |script: String| async move {
+            ProcessRunner::new()
+                .output(
+                    &Cmd::new("sh")
+                        .args(["-c", &script])
+                        .timeout(Duration::from_secs(10)),
+                )
+                .await
+                .unwrap()
+        };
+        let script = repave_script("aks-flex-node repave --settings-version v2");
+        assert!(script.contains("\naks-flex-node repave --settings-version v2 >&2"));
+        let parsed = ProcessRunner::new()
+            .output(
+                &Cmd::new("sh")
+                    .arg("-n")
+                    .stdin(script.as_str())
+                    .timeout(Duration::from_secs(10)),
+            )
+            .await
+            .unwrap();
+        assert!(parsed.success(), "{}", parsed.stderr);
+        let failed = run(repave_script("false")).await;
+        assert_eq!(failed.code, Some(1));
+        assert!(
+            failed.stderr.contains("the repave failed"),
+            "{}",
+            failed.stderr
+        );
+        assert_eq!(parse_span(&failed.stdout), None);
     }
 
     /// Real: `sh` and `awk` on this machine (ps's output given on stdin). The RSS script picks

@@ -74,19 +74,55 @@ fn decision_table() {
     let present = JournalSeen::Present(journal());
     let unreadable = JournalSeen::Unreadable("checksum mismatch".into());
     // (state, journal, requested, Ok(settings version) or Err(words in the message))
-    let cases: Vec<(Option<&DaemonState>, &JournalSeen, Option<&str>, Result<&str, &str>)> = vec![
+    type Case<'a> = (
+        Option<&'a DaemonState>,
+        &'a JournalSeen,
+        Option<&'a str>,
+        Result<&'a str, &'a str>,
+    );
+    let cases: Vec<Case> = vec![
         (Some(&st), &absent, None, Ok("local-1700000000")),
         (Some(&st), &absent, Some("etag-2"), Ok("etag-2")),
-        (Some(&st), &absent, Some("bad version"), Err("not a node-local settings version")),
+        (
+            Some(&st),
+            &absent,
+            Some("bad version"),
+            Err("not a node-local settings version"),
+        ),
         // The format is checked first, even on a node never bootstrapped.
         (None, &absent, Some(""), Err("it is empty")),
         (None, &absent, None, Err("never bootstrapped")),
-        (Some(&no_machine), &absent, None, Err("missing active machine")),
-        (Some(&bad_machine), &absent, None, Err("\"kube3\" is invalid")),
-        (Some(&no_k8s), &absent, None, Err("no applied Kubernetes version")),
+        (
+            Some(&no_machine),
+            &absent,
+            None,
+            Err("missing active machine"),
+        ),
+        (
+            Some(&bad_machine),
+            &absent,
+            None,
+            Err("\"kube3\" is invalid"),
+        ),
+        (
+            Some(&no_k8s),
+            &absent,
+            None,
+            Err("no applied Kubernetes version"),
+        ),
         (Some(&st), &present, None, Err("already in progress")),
-        (Some(&st), &present, Some("etag-9"), Err("kube1 to kube2, settings version etag-2, phase switching")),
-        (Some(&st), &unreadable, None, Err("unreadable: checksum mismatch")),
+        (
+            Some(&st),
+            &present,
+            Some("etag-9"),
+            Err("kube1 to kube2, settings version etag-2, phase switching"),
+        ),
+        (
+            Some(&st),
+            &unreadable,
+            None,
+            Err("unreadable: checksum mismatch"),
+        ),
         (Some(&st), &absent, Some("etag-1"), Err("applied already")),
     ];
     for (i, (state, journal, requested, want)) in cases.into_iter().enumerate() {
@@ -179,7 +215,12 @@ async fn a_request_repaves_to_the_other_side_through_the_daemons_repave() {
 async fn refused_requests_change_nothing() {
     type Prepare = fn(&Stores, &HostFs) -> Option<WorkLock>;
     let cases: Vec<(&str, Prepare, Option<&str>, &str)> = vec![
-        ("never bootstrapped", |_, _| None, None, "never bootstrapped"),
+        (
+            "never bootstrapped",
+            |_, _| None,
+            None,
+            "never bootstrapped",
+        ),
         (
             "bad version",
             |s, _| {
@@ -225,7 +266,10 @@ async fn refused_requests_change_nothing() {
         let ops = RecordingOps::default();
         let e = request(&ops, &stores, &fs, &req(v), 1).await.unwrap_err();
         let m = e.to_string();
-        assert!(m.contains(words) && m.contains("nothing changed"), "{name}: {m}");
+        assert!(
+            m.contains(words) && m.contains("nothing changed"),
+            "{name}: {m}"
+        );
         assert!(ops.calls().is_empty(), "{name}: {:?}", ops.calls());
         assert_eq!(files(&d), before, "{name}: files changed");
     }
@@ -238,7 +282,9 @@ async fn an_unreadable_daemon_state_is_refused() {
     std::fs::create_dir_all(&p).unwrap();
     std::fs::write(p.join("daemon-state.json"), b"{ torn").unwrap();
     let ops = RecordingOps::default();
-    let e = request(&ops, &stores, &fs, &req(None), 1).await.unwrap_err();
+    let e = request(&ops, &stores, &fs, &req(None), 1)
+        .await
+        .unwrap_err();
     assert!(e.to_string().contains("cannot be read"), "{e}");
     assert!(ops.calls().is_empty());
 }
@@ -248,7 +294,9 @@ async fn a_failed_repave_rolls_back_and_says_so() {
     let (_d, fs, stores) = setup();
     stores.state.save(&state()).unwrap();
     let ops = RecordingOps::failing("start kube2");
-    let e = request(&ops, &stores, &fs, &req(None), 1).await.unwrap_err();
+    let e = request(&ops, &stores, &fs, &req(None), 1)
+        .await
+        .unwrap_err();
     assert!(e.to_string().contains("rolled back to kube1"), "{e}");
     assert_eq!(stores.state.load().unwrap(), Some(state()));
     assert_eq!(stores.journal.load().unwrap(), None);
