@@ -577,6 +577,11 @@ async fn wait_reached(c: &Ctx<'_>, point: &str, since: &str, unit: Unit) -> anyh
         shell_quote(&line)
     );
     let stop_on = format!("systemctl is-failed --quiet {}", unit.name());
+    // The operation or repave the harness requested failed before the point: it will not be
+    // reached (its unit is collected, so its journal says so).
+    let op_failed = format!(
+        "journalctl -b -o cat --no-pager --since @{since} -u 'harness-fault-*' 2>/dev/null | grep -m1 -F 'Command execution failed'"
+    );
     flex_host::retry::wait_until(
         "the fault point to be reached",
         REACH_TIMEOUT,
@@ -592,6 +597,15 @@ async fn wait_reached(c: &Ctx<'_>, point: &str, since: &str, unit: Unit) -> anyh
                         return Ok(Err(anyhow::anyhow!(
                             "{} failed before reaching {point}",
                             unit.name()
+                        )));
+                    }
+                    if unit == Unit::Agent
+                        && let Ok(o) = c.output(&op_failed, T).await
+                        && !o.stdout.trim().is_empty()
+                    {
+                        return Ok(Err(anyhow::anyhow!(
+                            "the requested command failed before reaching {point}: {}",
+                            o.stdout.trim()
                         )));
                     }
                     Err(format!("no {line:?} yet"))
