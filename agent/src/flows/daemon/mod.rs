@@ -657,6 +657,22 @@ pub async fn run_with(
         host.clone(),
         config.clone(),
     )?);
+    run_with_ops(host, config, ops, operations, proven, shutdown).await
+}
+
+/// [`run_with`] over the machine layer `ops` (tests give a fake).
+pub async fn run_with_ops(
+    host: Host,
+    config: &Config,
+    ops: Arc<dyn NodeOps>,
+    operations: impl FnOnce(
+        &KubeClients,
+        &Host,
+        Arc<dyn NodeOps>,
+    ) -> anyhow::Result<Option<Arc<dyn Operations>>>,
+    proven: Option<Arc<dyn Proven>>,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
     // An interrupted repave is finished (or rolled back) before the cluster is reached: it
     // needs only the node, and a node that cannot reach its cluster (a disconnected site, the
     // offline harness) must not stay half-repaved meanwhile.

@@ -904,6 +904,63 @@ async fn a_restart_in_the_middle_of_a_repave_resumes_it_before_any_event() {
     h.stop().await;
 }
 
+/// A daemon that cannot reach its cluster (nothing listens at its API server) still finishes an
+/// interrupted repave at its start: real state and journal files on the fake host's root, the
+/// machines faked, the cluster unreachable for real (a closed local port).
+#[tokio::test]
+async fn an_interrupted_repave_is_resumed_before_the_cluster_is_reached() {
+    let fake = FakeHost::new().unwrap();
+    let fs = fake.host.fs.clone();
+    StateStore::new(fs.clone())
+        .save(&state("etag-1", "kube1"))
+        .unwrap();
+    JsonStore::<Journal>::at(fs.clone(), JOURNAL_PATH)
+        .save(&Journal {
+            version: 1,
+            source: "kube1".into(),
+            target: "kube2".into(),
+            settings_version: "local-2".into(),
+            kubernetes_version: "1.35.0".into(),
+            phase: Phase::Starting,
+        })
+        .unwrap();
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = closed.local_addr().unwrap().port();
+    drop(closed);
+    let mut cfg = Config::default();
+    cfg.agent.node_name = NODE.into();
+    cfg.node.kubelet.cluster_fqdn = format!("127.0.0.1:{port}");
+    let ops = RecordingOps::default();
+    let shutdown = CancellationToken::new();
+    let run = tokio::spawn({
+        let (host, ops, shutdown) = (fake.host.clone(), ops.clone(), shutdown.clone());
+        async move {
+            run_with_ops(
+                host,
+                &cfg,
+                Arc::new(ops),
+                |_, _, _| Ok(None),
+                None,
+                shutdown,
+            )
+            .await
+        }
+    });
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while ops.calls().len() < 2 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    shutdown.cancel();
+    let _ = tokio::time::timeout(Duration::from_secs(20), run).await;
+    assert_eq!(ops.calls(), vec!["start kube2", "cleanup kube1"]);
+    let st = StateStore::new(fs.clone()).load().unwrap().unwrap();
+    assert_eq!(st.active_machine, "kube2");
+    assert_eq!(
+        JsonStore::<Journal>::at(fs, JOURNAL_PATH).load().unwrap(),
+        None
+    );
+}
+
 /// A node-local request (`aks-flex-node repave`) holding the work lock (a real `flock` on the
 /// fake host's root; machines and API server faked) holds back the daemon's resume of an
 /// interrupted repave and its queue items until it lets go.
