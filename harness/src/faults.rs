@@ -195,7 +195,7 @@ cases! {
         case("w3-switch", "upgrade.after-switch", Unit::Agent, Cut::Kill, Scenario::Upgrade(Kind::Broken));
     w3_record: "window 3: kill -9 while the switched upgrade record saves (broken candidate)" =>
         case("w3-record", "store.save-midway:pending.json#2", Unit::Agent, Cut::Kill, Scenario::Upgrade(Kind::Broken));
-    w4_cert: "window 4: cert rotation killed between key and cert" =>
+    w4_cert: "window 4: kill -9 midway through saving a new key and certificate" =>
         case("w4-cert", "cert.save-midway", Unit::Agent, Cut::Kill, Scenario::CertStore);
     w5_last_good: "window 5: a new upgrade overwrites last-good; symlink swaps not fsynced" =>
         case("w5-last-good", "upgrade.after-switch", Unit::Agent, Cut::Power, Scenario::Skip("binary mode only (the current/last-good slots and their symlinks); the offline VM runs the agent as a container, whose switch is agent-image.env written atomically and whose previous image stays in the record"));
