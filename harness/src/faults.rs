@@ -198,7 +198,7 @@ cases! {
     w4_cert: "window 4: kill -9 midway through saving a new key and certificate" =>
         case("w4-cert", "cert.save-midway", Unit::Agent, Cut::Kill, Scenario::CertStore);
     w5_last_good: "window 5: a new upgrade overwrites last-good; symlink swaps not fsynced" =>
-        case("w5-last-good", "upgrade.after-switch", Unit::Agent, Cut::Power, Scenario::Skip("binary mode only (the current/last-good slots and their symlinks); the offline VM runs the agent as a container, whose switch is agent-image.env written atomically and whose previous image stays in the record"));
+        case("w5-last-good", "upgrade.after-switch", Unit::Agent, Cut::Power, Scenario::Skip("binary mode only (the current/last-good slots and their symlinks): the host-mode upgrade group forces it (`up --mode host`, `check --only upgrade`); here the agent runs as a container, whose switch is agent-image.env written atomically and whose previous image stays in the record"));
     upgrade_staged: "kill -9 of the agent at AgentUpgrade stage staged" =>
         case("upgrade-staged", "upgrade.phase:staged", Unit::Agent, Cut::Kill, Scenario::Upgrade(Kind::Good));
     upgrade_switched: "kill -9 of the agent at AgentUpgrade stage switched" =>
