@@ -336,6 +336,20 @@ pub enum DebugCommand {
         /// kube1 or kube2
         machine: String,
     },
+    /// The daemon's credential store on a scratch root (the faults group's window 4): `save`
+    /// writes a new self-signed pair for --node through the store's save, `load` prints the
+    /// fingerprint of the pair it loads (exit 1 when none is usable); never the host's root
+    CredentialStore {
+        /// `save` or `load`
+        #[arg(value_parser = ["save", "load"])]
+        action: String,
+        /// The scratch root the store's paths are under (not `/`)
+        #[arg(long, value_name = "DIR")]
+        root: PathBuf,
+        /// The node the certificate names
+        #[arg(long, value_name = "NAME")]
+        node: String,
+    },
     /// GET an https URL (system CA store, or --ca) and print the HTTP status
     HttpsGet {
         /// URL
@@ -369,6 +383,23 @@ async fn run_debug(cmd: DebugCommand) -> anyhow::Result<()> {
             crate::machine::nspawn::cleanup_machine(&host, &machine, t).await?;
             host.systemd.daemon_reload().await?;
             Ok(())
+        }
+        DebugCommand::CredentialStore { action, root, node } => {
+            use crate::kubeclient::scratch;
+            if action == "save" {
+                println!("saved {}", scratch::save(&root, &node)?);
+                return Ok(());
+            }
+            match scratch::load(&root, &node)? {
+                Some(fp) => {
+                    println!("loaded {fp}");
+                    Ok(())
+                }
+                None => anyhow::bail!(
+                    "no usable key and certificate for {node} under {}",
+                    root.display()
+                ),
+            }
         }
         DebugCommand::HttpsGet { url, ca } => {
             crate::http::install_crypto();

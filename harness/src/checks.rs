@@ -8,8 +8,9 @@
 use std::time::Duration;
 
 use crate::check::{Ctx, Group, Needs, check, ensure};
-use crate::guest_json::{self, AgentConfig, DaemonState};
+use crate::guest_json::{self, AgentConfig};
 use crate::hostmode::AgentMode;
+use crate::node_status;
 use crate::provision::{PWNED_MARKER, hostile_location};
 use crate::report::{Checked, Outcome};
 use crate::vm;
@@ -23,6 +24,14 @@ pub const MACHINES: Group = Group {
     needs: Needs::Host,
     checks: &[
         check!("active machine runs in machine.slice", machine_in_slice),
+        check!(
+            "aks-flex-node status says the node is healthy",
+            status_healthy
+        ),
+        check!(
+            "aks-flex-node status on a damaged daemon state says so and changes nothing",
+            status_on_damaged_state
+        ),
         check!(
             "systemd-run --machine reaches it from the agent's container",
             systemd_run_from_container
@@ -56,6 +65,14 @@ pub const HOST_MACHINES: Group = Group {
             agent_runs_from_a_slot
         ),
         check!("active machine runs in machine.slice", machine_in_slice),
+        check!(
+            "aks-flex-node status says the node is healthy",
+            status_healthy
+        ),
+        check!(
+            "aks-flex-node status on a damaged daemon state says so and changes nothing",
+            status_on_damaged_state
+        ),
         check!(
             "systemd-run --machine reaches it from the host",
             systemd_run_from_container
@@ -157,23 +174,14 @@ impl Ctx<'_> {
         self.sh(&agent_command(self.state.mode, cmd)).await
     }
 
-    /// The daemon's active machine, from its state file.
+    /// The agent's own report, `aks-flex-node status --output json`, where the agent runs.
+    async fn node_status(&self) -> anyhow::Result<node_status::Report> {
+        node_status::parse(&self.sh(&node_status::json_command(self.state.mode)).await?)
+    }
+
+    /// The daemon's active machine, as `aks-flex-node status` reports it.
     async fn active_machine(&self) -> anyhow::Result<String> {
-        let text = self
-            .sh(&format!(
-                "cat {} 2>/dev/null; true",
-                guest_json::DAEMON_STATE
-            ))
-            .await?;
-        let state: DaemonState = if text.is_empty() {
-            DaemonState::default()
-        } else {
-            guest_json::parse_record(guest_json::DAEMON_STATE, &text)?
-        };
-        if state.active_machine.is_empty() {
-            anyhow::bail!("no activeMachine in {}", guest_json::DAEMON_STATE);
-        }
-        Ok(state.active_machine)
+        node_status::active_machine(&self.node_status().await?)
     }
 
     /// The agent's config.
@@ -294,6 +302,133 @@ async fn machine_in_slice(c: &Ctx<'_>) -> anyhow::Result<Outcome> {
         format!("machine {m} is in {cg}")
     })?;
     Ok(Outcome::Passed)
+}
+
+/// `aks-flex-node status` where the agent runs: the JSON report says healthy, in the mode the
+/// node runs (`image` in the container, `binary` on a host), naming the machine `machinectl`
+/// shows running with kubelet active in it; the text report exits 0 and says `healthy` first.
+async fn status_healthy(c: &Ctx<'_>) -> anyhow::Result<Checked> {
+    let r = c.node_status().await?;
+    ensure(r.healthy, || {
+        format!("status says {}", node_status::summary(&r))
+    })?;
+    let m = node_status::active_machine(&r)?;
+    let want_mode = match c.state.mode {
+        AgentMode::Image => "image",
+        AgentMode::Host => "binary",
+    };
+    ensure(r.facts.agent.mode == want_mode, || {
+        format!(
+            "status says the agent runs in mode {:?}, the node runs it as {want_mode:?}",
+            r.facts.agent.mode
+        )
+    })?;
+    let kubelet_active = matches!(&r.facts.kubelet,
+        node_status::KubeletView::Active { machine } if *machine == m);
+    ensure(kubelet_active, || {
+        format!("status says kubelet is {:?}", r.facts.kubelet)
+    })?;
+    let state = c
+        .sh(&format!("machinectl show {m} -p State --value"))
+        .await?;
+    ensure(state == "running", || {
+        format!("status names {m}, which machinectl shows {state:?}")
+    })?;
+    let text = c
+        .output(&node_status::command_with(c.state.mode, "--output text"), T)
+        .await?;
+    ensure(
+        text.success() && text.stdout.starts_with("healthy\n"),
+        || {
+            format!(
+                "status --output text exited {:?} and printed {:?}",
+                text.code,
+                text.stdout.lines().next().unwrap_or_default()
+            )
+        },
+    )?;
+    let goal = r
+        .facts
+        .state
+        .value()
+        .map(|s| s.applied_settings_version.clone())
+        .unwrap_or_default();
+    Ok(Checked::passed_with(format!(
+        "{m}, goal {goal}, agent {} ({want_mode}{})",
+        r.facts.agent.version,
+        r.facts
+            .agent
+            .image_digest
+            .as_deref()
+            .map(|d| format!(" {}", d.get(..19).unwrap_or(d)))
+            .unwrap_or_default()
+    )))
+}
+
+/// Where [`status_on_damaged_state`] puts its copy of the node's records: a host directory the
+/// agent's container also has (its entrypoint binds `/var/lib/aks-flex-node`).
+const STATUS_ROOT: &str = "/var/lib/aks-flex-node/status-check";
+
+/// `aks-flex-node status --root` over a copy of the node's daemon state and bootstrap mark,
+/// the state cut short as a crash mid-write would leave a file that is not atomic: it exits
+/// non-zero naming `StateUnreadable` in both outputs, and changes no file, neither the copy
+/// nor the node's own state.
+async fn status_on_damaged_state(c: &Ctx<'_>) -> anyhow::Result<Checked> {
+    let etc = "/etc/aks-flex-node";
+    let root = STATUS_ROOT;
+    let sums = format!(
+        "sha256sum {etc}/daemon-state.json {root}{etc}/daemon-state.json {root}{etc}/bootstrap-complete.json"
+    );
+    let before = c
+        .sh(&format!(
+            "rm -rf {root} && mkdir -p {root}{etc} && chmod 700 {root} && \
+             cp -p {etc}/bootstrap-complete.json {root}{etc}/ && \
+             head -c 40 {etc}/daemon-state.json > {root}{etc}/daemon-state.json && {sums}"
+        ))
+        .await?;
+    let json = c
+        .output(
+            &node_status::command_with(c.state.mode, &format!("--output json --root {root}")),
+            T,
+        )
+        .await;
+    let text = c
+        .output(
+            &node_status::command_with(c.state.mode, &format!("--output text --root {root}")),
+            T,
+        )
+        .await;
+    let after = c.sh(&sums).await;
+    c.sh(&format!("rm -rf {root}")).await?;
+    let (json, text, after) = (json?, text?, after?);
+    ensure(!json.success() && !text.success(), || {
+        format!(
+            "status exited {:?} (json) and {:?} (text) on a damaged state",
+            json.code, text.code
+        )
+    })?;
+    let r = node_status::parse(&json.stdout)?;
+    ensure(
+        !r.healthy && node_status::has(&r, node_status::codes::STATE_UNREADABLE),
+        || format!("status --output json says {}", node_status::summary(&r)),
+    )?;
+    ensure(
+        text.stdout.contains(node_status::codes::STATE_UNREADABLE),
+        || {
+            format!(
+                "status --output text does not name StateUnreadable:\n{}",
+                text.stdout
+            )
+        },
+    )?;
+    ensure(before == after, || {
+        format!("files changed under status:\nbefore:\n{before}\nafter:\n{after}")
+    })?;
+    Ok(Checked::passed_with(format!(
+        "exit {:?}: {}",
+        json.code,
+        node_status::summary(&r)
+    )))
 }
 
 async fn systemd_run_from_container(c: &Ctx<'_>) -> anyhow::Result<Outcome> {
@@ -713,9 +848,11 @@ mod tests {
         };
         let check = MACHINES.checks[0];
         assert_eq!(check.name, "active machine runs in machine.slice");
+        // The agent's report, as `status --output json` prints it (the agent's own snapshot).
+        let status = "timeout 30 ctr -n aks-flex tasks exec --exec-id status-";
         r.on(
-            &guest(&ssh, "cat /etc/aks-flex-node/daemon-state.json"),
-            Output::ok(r#"{"format": "aks-flex-node.record/v1", "sha256": "00", "payload": {"activeMachine": "kube1", "appliedSettingsVersion": "harness-1"}}"#),
+            &guest(&ssh, status),
+            Output::ok(crate::node_status::agent_snapshots::healthy()),
         );
         r.on(
             &guest(&ssh, "machinectl show kube1 -p State"),
@@ -744,13 +881,96 @@ mod tests {
         );
 
         r.on(
-            &guest(&ssh, "cat /etc/aks-flex-node/daemon-state.json"),
-            Output::ok(""),
+            &guest(&ssh, status),
+            Output::ok(crate::node_status::agent_snapshots::never_bootstrapped()),
         );
-        let e = (check.run)(&ctx).await.unwrap_err();
-        assert_eq!(
-            e.to_string(),
-            "no activeMachine in /etc/aks-flex-node/daemon-state.json"
+        let e = (check.run)(&ctx).await.unwrap_err().to_string();
+        assert!(e.starts_with("no active machine: NotBootstrapped: "), "{e}");
+        r.on(&guest(&ssh, status), Output::ok(""));
+        let e = (check.run)(&ctx).await.unwrap_err().to_string();
+        assert_eq!(e, "aks-flex-node status printed nothing");
+    }
+
+    /// `status_on_damaged_state` against a faked runner (the guest's answers scripted, the
+    /// agent's report built from its own healthy snapshot): it passes only when status exits
+    /// non-zero naming StateUnreadable in both outputs and the files' sums are the same after,
+    /// and it removes its copy either way.
+    #[tokio::test]
+    async fn status_on_a_damaged_state_is_judged_by_exit_report_and_sums() {
+        let ssh = Ssh {
+            port: 2222,
+            key: "/w/id".into(),
+        };
+        let st = state(&ssh);
+        let r = FakeRunner::new();
+        let ctx = Ctx {
+            state: &st,
+            ssh: &ssh,
+            cluster: false,
+            runner: &r,
+        };
+        let mut report = node_status::parse(node_status::agent_snapshots::healthy()).unwrap();
+        report.healthy = false;
+        report.problems = vec![node_status::Problem {
+            code: node_status::codes::STATE_UNREADABLE.into(),
+            message: "daemon state: truncated".into(),
+        }];
+        let json = serde_json::to_string(&report).unwrap();
+        let exec = "timeout 30 ctr -n aks-flex tasks exec --exec-id status-$$-$(date +%s%N) aks-flex-agent aks-flex-node status";
+        let unhealthy = |stdout: &str| Output {
+            code: Some(1),
+            stdout: stdout.into(),
+            stderr: String::new(),
+        };
+        r.on(&guest(&ssh, "rm -rf "), Output::ok("sums-1\n"));
+        r.on(&guest(&ssh, "sha256sum "), Output::ok("sums-1\n"));
+        r.on(
+            &guest(&ssh, &format!("{exec} --output json")),
+            unhealthy(&json),
         );
+        r.on(
+            &guest(&ssh, &format!("{exec} --output text")),
+            unhealthy("NOT HEALTHY\n  - StateUnreadable: daemon state: truncated\n"),
+        );
+        let run = || async { status_on_damaged_state(&ctx).await };
+        let passed = run().await.unwrap();
+        assert!(
+            format!("{passed:?}").contains("StateUnreadable"),
+            "{passed:?}"
+        );
+        let cleanup = format!("rm -rf {STATUS_ROOT}");
+        let calls = r.calls();
+        assert!(
+            calls
+                .iter()
+                .any(|c| c.contains(&cleanup) && !c.contains("mkdir")),
+            "{calls:?}"
+        );
+
+        // The files changed under status.
+        r.on(&guest(&ssh, "sha256sum "), Output::ok("sums-2\n"));
+        let e = run().await.unwrap_err().to_string();
+        assert!(e.starts_with("files changed under status"), "{e}");
+        r.on(&guest(&ssh, "sha256sum "), Output::ok("sums-1\n"));
+
+        // Exit 0 on a damaged state.
+        r.on(
+            &guest(&ssh, &format!("{exec} --output json")),
+            Output::ok(json.clone()),
+        );
+        let e = run().await.unwrap_err().to_string();
+        assert!(e.contains("exited Some(0) (json)"), "{e}");
+        r.on(
+            &guest(&ssh, &format!("{exec} --output json")),
+            unhealthy(&json),
+        );
+
+        // A report without StateUnreadable.
+        r.on(
+            &guest(&ssh, &format!("{exec} --output json")),
+            unhealthy(node_status::agent_snapshots::never_bootstrapped()),
+        );
+        let e = run().await.unwrap_err().to_string();
+        assert!(e.contains("NotBootstrapped"), "{e}");
     }
 }

@@ -98,6 +98,10 @@ pub enum Scenario {
     /// point armed in the agent's unit; the restarted daemon (after a kill) or the booted one
     /// (after a power cut) finishes it from its journal.
     Repave,
+    /// The daemon's credential store saving a new key and certificate (the save a rotation
+    /// runs), on a scratch root through `aks-flex-node debug credential-store` exec'd into the
+    /// agent's container; afterwards the store must load the old pair or the new, whole.
+    CertStore,
     /// Not run offline, for the reason given.
     Skip(&'static str),
 }
@@ -193,10 +197,10 @@ cases! {
         case("w3-switch", "upgrade.after-switch", Unit::Agent, Cut::Kill, Scenario::Upgrade(Kind::Broken));
     w3_record: "window 3: kill -9 while the switched upgrade record saves (broken candidate)" =>
         case("w3-record", "store.save-midway:pending.json#2", Unit::Agent, Cut::Kill, Scenario::Upgrade(Kind::Broken));
-    w4_cert: "window 4: cert rotation killed between key and cert" =>
-        case("w4-cert", "cert.save-midway", Unit::Agent, Cut::Kill, Scenario::Skip("cert rotation needs a cluster: offline the daemon never has a client certificate to rotate; left to the cluster groups"));
+    w4_cert: "window 4: kill -9 midway through saving a new key and certificate" =>
+        case("w4-cert", "cert.save-midway", Unit::Agent, Cut::Kill, Scenario::CertStore);
     w5_last_good: "window 5: a new upgrade overwrites last-good; symlink swaps not fsynced" =>
-        case("w5-last-good", "upgrade.after-switch", Unit::Agent, Cut::Power, Scenario::Skip("binary mode only (the current/last-good slots and their symlinks); the offline VM runs the agent as a container, whose switch is agent-image.env written atomically and whose previous image stays in the record"));
+        case("w5-last-good", "upgrade.after-switch", Unit::Agent, Cut::Power, Scenario::Skip("binary mode only (the current/last-good slots and their symlinks): the host-mode upgrade group forces it (`up --mode host`, `check --only upgrade`); here the agent runs as a container, whose switch is agent-image.env written atomically and whose previous image stays in the record"));
     upgrade_staged: "kill -9 of the agent at AgentUpgrade stage staged" =>
         case("upgrade-staged", "upgrade.phase:staged", Unit::Agent, Cut::Kill, Scenario::Upgrade(Kind::Good));
     upgrade_switched: "kill -9 of the agent at AgentUpgrade stage switched" =>
@@ -683,6 +687,49 @@ struct Forced {
     since: String,
     note: String,
     settle: Settle,
+    /// What must also hold once the node is healthy.
+    after: Option<After>,
+}
+
+/// A case's own condition, checked once the node is healthy again.
+enum After {
+    /// The scratch credential store loads a whole pair: the one saved before the cut (its
+    /// fingerprint), or the new one the cut interrupted (a fingerprint not known here).
+    CertLoads { before: String },
+}
+
+/// The scratch root of the `w4-cert` case (the agent's container binds `/var/lib/aks-flex-node`).
+pub const CERT_ROOT: &str = "/var/lib/aks-flex-node/fault-cert";
+/// The node name the case's certificates name.
+const CERT_NODE: &str = "fault-w4-node";
+
+/// `aks-flex-node debug credential-store ACTION` on [`CERT_ROOT`], exec'd into the agent's
+/// container.
+pub fn cert_store_command(action: &str) -> String {
+    format!(
+        "ctr -n aks-flex tasks exec --exec-id fault-$$-$(date +%s%N) aks-flex-agent aks-flex-node debug credential-store {action} --root {CERT_ROOT} --node {CERT_NODE}"
+    )
+}
+
+/// The fingerprint `credential-store save|load` printed (`saved <hex>` / `loaded <hex>`).
+pub fn cert_fingerprint(stdout: &str) -> Option<String> {
+    stdout.lines().find_map(|l| {
+        let (_, fp) = l.trim().split_once(' ')?;
+        (fp.len() == 64 && fp.bytes().all(|b| b.is_ascii_hexdigit())).then(|| fp.to_string())
+    })
+}
+
+/// The verdict of [`After::CertLoads`] on what `load` printed: `None` when a whole pair loads.
+pub fn cert_verdict(before: &str, load: &flex_host::runner::Output) -> Option<String> {
+    match cert_fingerprint(&load.stdout) {
+        Some(_) if load.success() => None,
+        _ => Some(format!(
+            "the credential store does not load a pair after the cut (the old one was {}): exit {:?}, {}",
+            &before[..12.min(before.len())],
+            load.code,
+            load.stderr.trim()
+        )),
+    }
 }
 
 /// Restarts the agent's unit (to take the armed point) and waits for its task to run.
@@ -740,6 +787,7 @@ async fn force(c: &Ctx<'_>, case: &Case) -> anyhow::Result<Forced> {
                 since,
                 note: note.into(),
                 settle: Settle::Node,
+                after: None,
             })
         }
         Scenario::Upgrade(kind) => {
@@ -763,6 +811,7 @@ async fn force(c: &Ctx<'_>, case: &Case) -> anyhow::Result<Forced> {
                     }
                 ),
                 settle: Settle::Upgrade,
+                after: None,
             })
         }
         Scenario::Repave => {
@@ -791,6 +840,7 @@ async fn force(c: &Ctx<'_>, case: &Case) -> anyhow::Result<Forced> {
                     }
                 ),
                 settle: Settle::Repave,
+                after: None,
             })
         }
         Scenario::ContainerdRestart => {
@@ -805,6 +855,7 @@ async fn force(c: &Ctx<'_>, case: &Case) -> anyhow::Result<Forced> {
                 since,
                 note: "containerd restarted".into(),
                 settle: Settle::Node,
+                after: None,
             })
         }
         Scenario::RegistryDown => {
@@ -853,6 +904,7 @@ async fn force(c: &Ctx<'_>, case: &Case) -> anyhow::Result<Forced> {
                         .unwrap_or_default()
                 ),
                 settle: Settle::Upgrade,
+                after: None,
             })
         }
         Scenario::VarFull => {
@@ -910,6 +962,33 @@ async fn force(c: &Ctx<'_>, case: &Case) -> anyhow::Result<Forced> {
                     said.chars().take(120).collect::<String>()
                 ),
                 settle: Settle::Node,
+                after: None,
+            })
+        }
+        Scenario::CertStore => {
+            let saved = sh(
+                c,
+                &format!("rm -rf {CERT_ROOT} && {}", cert_store_command("save")),
+                T,
+            )
+            .await?;
+            let before = cert_fingerprint(&saved)
+                .ok_or_else(|| anyhow::anyhow!("credential-store save printed {saved:?}"))?;
+            let since = guest_now(c).await?;
+            sh(c, &arm_script(Unit::Agent, point), T).await?;
+            restart_agent(c).await?;
+            run_transient(c, &cert_store_command("save")).await?;
+            wait_reached(c, point, &since, Unit::Agent).await?;
+            sh(c, &disarm_script(), T).await?;
+            cut(c, Unit::Agent, case.cut).await?;
+            Ok(Forced {
+                since,
+                note: format!(
+                    "a new key and certificate saved over pair {} killed -9 at the point",
+                    &before[..12]
+                ),
+                settle: Settle::Node,
+                after: Some(After::CertLoads { before }),
             })
         }
         Scenario::Skip(_) => anyhow::bail!("a skipped case is not forced"),
@@ -945,10 +1024,37 @@ async fn run_case(c: &Ctx<'_>, case: &Case) -> anyhow::Result<Checked> {
         }
         Ok(f) => {
             let r = wait_healthy(c, f.settle).await;
-            let did = format!("{}; {}", f.note, agent_did(c, &f.since).await);
-            match r {
-                Ok(d) => (Outcome::Passed, did, Some(d)),
-                Err(last) => (Outcome::Failed(format!("not recovered: {last}")), did, None),
+            let mut did = format!("{}; {}", f.note, agent_did(c, &f.since).await);
+            match (r, f.after) {
+                (Err(last), _) => (Outcome::Failed(format!("not recovered: {last}")), did, None),
+                (Ok(d), None) => (Outcome::Passed, did, Some(d)),
+                (Ok(d), Some(After::CertLoads { before })) => {
+                    let load = c.output(&cert_store_command("load"), T).await;
+                    let _ = c.output(&format!("rm -rf {CERT_ROOT}"), T).await;
+                    let verdict = match &load {
+                        Ok(o) => cert_verdict(&before, o),
+                        Err(e) => Some(format!("credential-store load: {e:#}")),
+                    };
+                    match verdict {
+                        Some(bad) => (Outcome::Failed(bad), did, None),
+                        None => {
+                            let fp = load
+                                .ok()
+                                .and_then(|o| cert_fingerprint(&o.stdout))
+                                .unwrap_or_default();
+                            let which = if fp == before {
+                                "the old pair"
+                            } else {
+                                "a new whole pair"
+                            };
+                            did = format!(
+                                "{did}; the store loads {which} ({})",
+                                &fp[..12.min(fp.len())]
+                            );
+                            (Outcome::Passed, did, Some(d))
+                        }
+                    }
+                }
             }
         }
     };
@@ -1239,5 +1345,56 @@ mod tests {
     fn the_group_is_registered() {
         let g = crate::groups::select(Some("faults")).unwrap();
         assert_eq!(g[0].checks.len(), CASES.len() + 2);
+    }
+
+    /// Window 4's verdict: a whole pair must load after the cut (the old one, or the new one if
+    /// the rename had happened); no pair, or a load that fails, is a failed case.
+    #[test]
+    fn the_cert_case_needs_a_whole_pair_after_the_cut() {
+        let old = "ab".repeat(32);
+        assert_eq!(
+            cert_fingerprint(&format!("saved {old}\n")),
+            Some(old.clone())
+        );
+        assert_eq!(cert_fingerprint("saved xyz\n"), None);
+        assert_eq!(cert_fingerprint(""), None);
+        let out = |code: i32, stdout: &str, stderr: &str| flex_host::runner::Output {
+            code: Some(code),
+            stdout: stdout.into(),
+            stderr: stderr.into(),
+        };
+        assert_eq!(
+            cert_verdict(&old, &out(0, &format!("loaded {old}\n"), "")),
+            None
+        );
+        let new = "cd".repeat(32);
+        assert_eq!(
+            cert_verdict(&old, &out(0, &format!("loaded {new}\n"), "")),
+            None
+        );
+        let torn = cert_verdict(
+            &old,
+            &out(
+                1,
+                "",
+                "Command execution failed: no usable key and certificate",
+            ),
+        )
+        .unwrap();
+        assert!(
+            torn.contains("does not load a pair") && torn.contains("ababababab"),
+            "{torn}"
+        );
+        assert!(cert_verdict(&old, &out(0, "", "")).is_some());
+        let cmd = cert_store_command("load");
+        assert!(
+            cmd.contains(&format!("credential-store load --root {CERT_ROOT} ")),
+            "{cmd}"
+        );
+        assert!(
+            CASES
+                .iter()
+                .any(|c| c.id == "w4-cert" && c.scenario == Scenario::CertStore)
+        );
     }
 }

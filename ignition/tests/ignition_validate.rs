@@ -10,22 +10,11 @@ mod common;
 use std::path::Path;
 
 use common::all_configs;
-use flex_host::runner::{Cmd, Output, ProcessRunner, Runner};
+use flex_host::runner::Output;
 use flex_ignition::{SpecVersion, to_ignition_json};
 
-const VALIDATOR: &str = "ignition-validate";
-
 async fn validate(path: &Path) -> Output {
-    let runner = ProcessRunner::new();
-    assert!(
-        runner.which(VALIDATOR).is_some(),
-        "{VALIDATOR} is not on PATH: apt-get install ignition (Debian's package ships it; CI \
-         installs it)"
-    );
-    runner
-        .output(&Cmd::new(VALIDATOR).arg(path.display().to_string()))
-        .await
-        .unwrap()
+    flex_testkit::ignition_validate(path).await
 }
 
 #[tokio::test]

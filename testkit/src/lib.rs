@@ -409,3 +409,23 @@ impl FakeHost {
         })
     }
 }
+
+/// Runs Debian's real `ignition-validate` (package `ignition`) on `path` and returns its output
+/// (the caller judges it). A missing validator panics, naming the package: a test that needs it
+/// never passes silently (CI installs it).
+pub async fn ignition_validate(path: &std::path::Path) -> Output {
+    const VALIDATOR: &str = "ignition-validate";
+    let runner = flex_host::runner::ProcessRunner::new();
+    assert!(
+        runner.which(VALIDATOR).is_some(),
+        "{VALIDATOR} is not on PATH: apt-get install ignition (Debian's package ships it; CI \
+         installs it)"
+    );
+    match runner
+        .output(&Cmd::new(VALIDATOR).arg(path.display().to_string()))
+        .await
+    {
+        Ok(out) => out,
+        Err(e) => panic!("{VALIDATOR} {}: {e}", path.display()),
+    }
+}

@@ -29,6 +29,7 @@ mod csr;
 mod discovery;
 #[cfg(test)]
 pub(crate) mod mock;
+pub mod scratch;
 mod store;
 
 use std::collections::BTreeMap;

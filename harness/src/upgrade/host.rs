@@ -65,6 +65,11 @@ pub const GROUP: Group = Group {
             via explained
         ),
         check!(
+            "window 5: held right after a switch, a second upgrade is refused and last-good stays; a power cut then ends on the switched slot",
+            power_cut_after_switch,
+            via explained
+        ),
+        check!(
             "the group leaves the agent on the install's binary",
             back_to_install,
             via explained
@@ -402,6 +407,134 @@ async fn reboot_after_switch(c: &Ctx<'_>) -> anyhow::Result<Checked> {
     )))
 }
 
+/// The fault point window 5's check holds the upgrade at: after the switch of `current`, before
+/// the restart is scheduled.
+pub const AFTER_SWITCH: &str = "upgrade.after-switch";
+
+/// The transient unit the held upgrade runs in (its stderr, with the fault line, in the journal).
+const HELD_UNIT: &str = "harness-w5-upgrade";
+
+/// The command that runs the upgrade to `url`/`sha256` in the background, held at
+/// [`AFTER_SWITCH`] (`AKS_FLEX_NODE_FAULT` in its environment only).
+pub fn held_upgrade_command(url: &str, sha256: &str) -> String {
+    format!(
+        "systemctl reset-failed {HELD_UNIT} 2>/dev/null; systemd-run --quiet --collect --unit={HELD_UNIT} --setenv=AKS_FLEX_NODE_FAULT={AFTER_SWITCH}:hang sh -c {}",
+        shell_quote(&upgrade_command(url, sha256))
+    )
+}
+
+/// What a slot link names (`blue`/`green`), or empty.
+async fn link(c: &Ctx<'_>, name: &str) -> anyhow::Result<String> {
+    Ok(c.run(&format!("readlink {LIB_DIR}/{name} || true"), T)
+        .await?
+        .trim()
+        .to_string())
+}
+
+/// Window 5 of #14 on a host: an upgrade to the good binary is held right after its switch
+/// (`current` names the candidate's slot, `last-good` still the previous one, the candidate
+/// unproven). A second upgrade then must not go into the slot opposite `current`, which is
+/// last-good's: it is refused and last-good's link and binary stay. Then a power cut (QMP
+/// reset, no shutdown, no sync): the switch must have reached the disk (the links are synced
+/// into their directory), so the boot starts the candidate and the upgrade completes on the
+/// switched slot; a `current` that reverted would end it Failed on the previous slot.
+async fn power_cut_after_switch(c: &Ctx<'_>) -> anyhow::Result<Checked> {
+    use crate::qmp::Qmp as _;
+    let s = served(c)?;
+    let waited = wait_start_limit(c, STARTS_REBOOT, "the upgrade held after its switch").await?;
+    let (before, before_slot) = running_slot(c).await?;
+    let target = other_slot(&before_slot)?.to_string();
+    let last_good = link(c, "last-good").await?;
+    let last_good_sha = slot_sha256(c, &last_good).await?;
+    let since = c.run("date +%s", T).await?.trim().to_string();
+    let t0 = Instant::now();
+    c.run(&held_upgrade_command(&s.good.url, &s.good.sha256), T)
+        .await?;
+    let line = format!("fault point reached: {AFTER_SWITCH}:hang");
+    let reached = format!(
+        "journalctl -b -o cat --no-pager --since @{since} -u {HELD_UNIT} | grep -qF {}",
+        shell_quote(&line)
+    );
+    flex_host::retry::wait_until(
+        "the upgrade to reach its switch",
+        OPERATION_TIMEOUT,
+        std::time::Duration::from_secs(1),
+        || async {
+            match c.output(&reached, T).await {
+                Ok(o) if o.success() => Ok(()),
+                _ => Err(format!("no {line:?} from {HELD_UNIT} yet")),
+            }
+        },
+    )
+    .await
+    .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let (current, held_last_good) = (link(c, "current").await?, link(c, "last-good").await?);
+    ensure(current == target && held_last_good == last_good, || {
+        format!(
+            "held after the switch, current is {current:?} (want {target:?}) and last-good {held_last_good:?} (want {last_good:?})"
+        )
+    })?;
+
+    let second = c
+        .output(
+            &upgrade_command(&s.good.url, &s.good.sha256),
+            OPERATION_TIMEOUT,
+        )
+        .await?;
+    let r = super::status::parse_op_result(&second.stdout);
+    ensure(
+        second.code != Some(0) && r.as_ref().is_some_and(|r| r.phase == "Failed"),
+        || {
+            format!(
+                "a second upgrade while the first is held after its switch was not refused (exit {:?}): {}; stderr: {}",
+                second.code,
+                r.as_ref()
+                    .map_or_else(|| format!("stdout {:?}", second.stdout), |r| r.to_string()),
+                second.stderr.trim()
+            )
+        },
+    )?;
+    let (lg_after, lg_sha_after) = (
+        link(c, "last-good").await?,
+        slot_sha256(c, &last_good).await?,
+    );
+    ensure(
+        lg_after == last_good && lg_sha_after == last_good_sha,
+        || {
+            format!(
+                "the refused upgrade touched last-good: {last_good} ({last_good_sha}) became {lg_after} ({lg_sha_after})"
+            )
+        },
+    )?;
+
+    let boot = c.guest().boot_id().await?;
+    crate::vm::qmp(c.state).await?.reset().await?;
+    wait_new_boot(c, &boot).await?;
+    let st = wait_settled(c, &target, before.record.clone(), t0).await?;
+    ensure(
+        st.record.phase == "Complete" && st.probe.runs(&target),
+        || {
+            format!(
+                "after the power cut the upgrade ended {}/{} with the agent on {:?}: the switch to {target} did not survive",
+                st.record.phase, st.record.reason, st.probe.image
+            )
+        },
+    )?;
+    let sha = slot_sha256(c, &target).await?;
+    ensure(sha == s.good.sha256, || {
+        format!("slot {target} holds {sha}, not the good binary")
+    })?;
+    Ok(Checked::passed_with(format!(
+        "second upgrade refused ({}); last-good {last_good} kept; after the power cut the agent runs slot {target}, record {}/{} {} after the first operation started{}",
+        r.map(|r| r.message.chars().take(100).collect::<String>())
+            .unwrap_or_default(),
+        st.record.phase,
+        st.record.reason,
+        secs(st.at),
+        waited_note(waited)
+    )))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -417,6 +550,22 @@ mod tests {
             )
         );
         assert!(!c.contains("ctr "));
+    }
+
+    #[test]
+    fn the_held_upgrade_arms_only_its_own_process() {
+        let c = held_upgrade_command("http://h/x", "ab");
+        assert!(
+            c.contains(&format!(
+                "--unit={HELD_UNIT} --setenv=AKS_FLEX_NODE_FAULT=upgrade.after-switch:hang sh -c "
+            )),
+            "{c}"
+        );
+        assert!(c.contains("operation run AgentUpgrade"), "{c}");
+        assert!(
+            !c.contains("/run/systemd/system"),
+            "no drop-in: the daemon is not armed"
+        );
     }
 
     #[test]
