@@ -283,3 +283,21 @@ fn e2e_uploads_the_reports_and_journals() {
         assert!(paths.contains(want), "{want} not uploaded: {paths}");
     }
 }
+
+/// CI's end-to-end passes (`cargo xtask ci`) call `up` with arguments the harness accepts, one
+/// pass per agent mode, the image mode first (the ACL way, what the README's figures are of).
+#[test]
+fn ci_end_to_end_passes_call_up_as_the_harness_defines_it() {
+    let passes = xtask::ci::E2E_PASSES;
+    assert_eq!(
+        passes.iter().map(|p| p.name).collect::<Vec<_>>(),
+        ["image", "host"]
+    );
+    for p in passes {
+        let mut args = vec!["up".to_string()];
+        args.extend(p.up.iter().map(|a| a.to_string()));
+        accepted(&args).unwrap_or_else(|e| panic!("pass {}: {e}", p.name));
+    }
+    let bad = ["up".to_string(), "--mode".into(), "hosted".into()];
+    assert!(accepted(&bad).is_err(), "the check would accept anything");
+}

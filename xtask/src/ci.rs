@@ -57,13 +57,77 @@ pub async fn run(install: bool, fuzz: bool, e2e: bool) -> anyhow::Result<()> {
     }
     eprintln!("xtask ci: cargo build --workspace --bins (the harness, with the tests' features)");
     run_inherited(&cargo(&["build", "--workspace", "--bins", "--locked"])).await?;
-    eprintln!("xtask ci: end-to-end: cargo xtask up (dev host, offline)");
-    run_inherited(&harness("up")).await?;
-    eprintln!("xtask ci: end-to-end: cargo xtask check");
+    for pass in E2E_PASSES {
+        end_to_end(pass).await?;
+    }
+    Ok(())
+}
+
+/// One end-to-end pass of CI: a dev host `up` with these arguments, then `check` (the offline
+/// groups of that mode) and `down`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Pass {
+    /// Its name: where its reports are kept (`target/harness/ci-<name>/`).
+    pub name: &'static str,
+    /// `up`'s arguments.
+    pub up: &'static [&'static str],
+}
+
+/// CI's end-to-end passes, in order: the agent as a container of its image (the ACL way), then
+/// the agent on the host from its blue/green slots, installed by `scripts/bootstrap.sh`
+/// (upstream's Ubuntu way; docs/host-mode.md). Both fit CI's limit (README has the figures).
+pub const E2E_PASSES: &[Pass] = &[
+    Pass {
+        name: "image",
+        up: &[],
+    },
+    Pass {
+        name: "host",
+        up: &["--mode", "host"],
+    },
+];
+
+/// The reports a `check` leaves in `target/harness/`, kept per pass (the next pass's `check`
+/// writes over them).
+const REPORTS: &[&str] = &["report.html", "check-junit.xml", "last-run.json"];
+
+async fn end_to_end(pass: &Pass) -> anyhow::Result<()> {
+    let up = pass.up.join(" ");
+    eprintln!("xtask ci: end-to-end ({}): cargo xtask up {up}", pass.name);
+    let mut cmd = harness("up");
+    for a in pass.up {
+        cmd = cmd.arg(*a);
+    }
+    let upped = run_inherited(&cmd).await;
+    if upped.is_err() {
+        let _ = run_inherited(&harness("down")).await;
+        return Ok(upped?);
+    }
+    eprintln!("xtask ci: end-to-end ({}): cargo xtask check", pass.name);
     let checked = run_inherited(&harness("check")).await;
+    keep_reports(pass.name);
     let downed = run_inherited(&harness("down")).await;
     checked?;
     Ok(downed?)
+}
+
+/// Copies the check's reports to `target/harness/ci-<name>/`; a report that is missing is
+/// skipped (the check's own exit status says what went wrong).
+fn keep_reports(name: &str) {
+    let work = crate::project_root().join("target/harness");
+    let dir = work.join(format!("ci-{name}"));
+    if let Err(e) = std::fs::create_dir_all(&dir) {
+        eprintln!(
+            "xtask ci: cannot keep the reports in {}: {e}",
+            dir.display()
+        );
+        return;
+    }
+    for f in REPORTS {
+        if let Err(e) = std::fs::copy(work.join(f), dir.join(f)) {
+            eprintln!("xtask ci: {f} not kept: {e}");
+        }
+    }
 }
 
 async fn unit() -> anyhow::Result<()> {
