@@ -200,9 +200,9 @@ pub enum Variant {
     #[default]
     Plain,
     /// SELinux enforcing with Debian's reference policy (`selinux-policy-default`), the tree
-    /// labelled at build time by [`SELINUX_HOOK`], Ignition's relabel real (the policy loaded
-    /// before it by `firstboot-init-selinux`), the kernel booted with
-    /// [`SELINUX_KERNEL_ARGS`]. docs/SELINUX.md.
+    /// labelled at build time by [`SELINUX_HOOK`], Ignition's relabel real (the real
+    /// `setfiles` before systemd loads the policy, from `firstboot-init-selinux`), the kernel
+    /// booted with [`SELINUX_KERNEL_ARGS`]. docs/SELINUX.md.
     Selinux,
 }
 
@@ -239,11 +239,13 @@ const SELINUX_ASSETS: &[Asset] = &[
         mode: 0o755,
         contents: include_str!("devhost/firstboot-init-selinux"),
     },
+    // Ignition's relabel runs the real setfiles, less the `-r /` setfiles refuses.
+    Asset {
+        path: "usr/local/lib/ignition-shim/setfiles",
+        mode: 0o755,
+        contents: include_str!("devhost/setfiles-selinux"),
+    },
 ];
-
-/// The plain assets the SELinux variant leaves out: the no-op `setfiles` shim (Ignition runs
-/// the real one).
-const SELINUX_DROPS: &[&str] = &["usr/local/lib/ignition-shim/setfiles"];
 
 impl Variant {
     /// The packages of the variant. Pure.
@@ -256,14 +258,13 @@ impl Variant {
     }
 
     /// The files of the variant: [`ASSETS`], with the SELinux variant's replacing those at the
-    /// same path and the shim left out. Pure.
+    /// same path (the config, the setfiles shim) and its init wrapper added. Pure.
     pub fn assets(self) -> Vec<Asset> {
         match self {
             Variant::Plain => ASSETS.to_vec(),
             Variant::Selinux => {
                 let mut v: Vec<Asset> = ASSETS
                     .iter()
-                    .filter(|a| !SELINUX_DROPS.contains(&a.path))
                     .map(|a| {
                         SELINUX_ASSETS
                             .iter()
@@ -923,15 +924,33 @@ mod tests {
         );
         let assets = v.assets();
         let find = |path: &str| assets.iter().find(|a| a.path == path);
-        assert!(find("usr/local/lib/ignition-shim/setfiles").is_none());
+        let shim = find("usr/local/lib/ignition-shim/setfiles")
+            .unwrap()
+            .contents;
+        assert!(
+            shim.contains("exec /usr/sbin/setfiles \"$@\""),
+            "the relabel is real"
+        );
+        assert!(!shim.contains("exit 0"));
         let cfg = find("etc/selinux/config").unwrap().contents;
         assert!(cfg.lines().any(|l| l == "SELINUX=enforcing"));
         assert!(cfg.lines().any(|l| l == "SELINUXTYPE=default"));
         let init = find(SELINUX_INIT).unwrap();
         assert_eq!(init.mode, 0o755);
         let pos = |needle: &str| init.contents.find(needle).unwrap();
-        assert!(pos("load_policy -i") < pos("exec /usr/local/sbin/firstboot-init \"$@\""));
-        assert!(init.contents.contains("/var/lib/ignition-firstboot.done"));
+        // No policy loaded before systemd (it would leave PID 1 kernel_t); what the script
+        // creates after Ignition's relabel is labelled before systemd starts.
+        assert!(!init.contents.contains("load_policy"));
+        assert!(pos("PATH=/usr/local/lib/ignition-shim:") < pos("-stage=fetch-offline"));
+        assert!(pos("-stage=files") < pos("systemctl preset"));
+        assert!(pos("systemctl preset") < pos("touch \"$DONE\""));
+        assert!(pos("touch \"$DONE\"") < pos("setfiles -F \"$FC\" /etc/systemd/system \"$DONE\""));
+        assert!(
+            init.contents
+                .trim_end()
+                .ends_with("exec /lib/systemd/systemd \"$@\"")
+        );
+        assert!(init.contents.contains(IGNITION_FAILED_MARKER));
         // Every other plain file is there unchanged, each path once.
         for a in ASSETS {
             if a.path != "etc/selinux/config" && a.path != "usr/local/lib/ignition-shim/setfiles" {
