@@ -350,6 +350,16 @@ pub enum DebugCommand {
         #[arg(long, value_name = "NAME")]
         node: String,
     },
+    /// Ask the host's systemd for its version over D-Bus from this process (as the daemon
+    /// talks to systemd), and print it (`cargo xtask selinux repro`)
+    DbusSystemd,
+    /// Write under a host path as the agent does: in a directory, a temporary file written,
+    /// synced, renamed into place, read back and removed; a file is opened for appending and
+    /// nothing written (`cargo xtask selinux repro`)
+    WriteProbe {
+        /// The directory or file
+        path: PathBuf,
+    },
     /// GET an https URL (system CA store, or --ca) and print the HTTP status
     HttpsGet {
         /// URL
@@ -358,6 +368,50 @@ pub enum DebugCommand {
         #[arg(long)]
         ca: Option<PathBuf>,
     },
+}
+
+/// The name `debug write-probe` writes in a directory (its temporary file adds `.tmp`).
+pub const WRITE_PROBE_NAME: &str = ".aks-flex-selinux-probe";
+
+/// `debug write-probe`: in a directory, writes [`WRITE_PROBE_NAME`]`.tmp`, syncs it, renames
+/// it to [`WRITE_PROBE_NAME`], reads it back and removes it (the agent's atomic write); a file
+/// is opened for appending with nothing written. Says what it did.
+pub fn write_probe(path: &std::path::Path) -> anyhow::Result<String> {
+    use std::io::Write;
+    let meta = std::fs::metadata(path).with_context(|| format!("stat {}", path.display()))?;
+    if !meta.is_dir() {
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(path)
+            .with_context(|| format!("open {} for appending", path.display()))?;
+        return Ok(format!("opened {} for appending", path.display()));
+    }
+    let tmp = path.join(format!("{WRITE_PROBE_NAME}.tmp"));
+    let dest = path.join(WRITE_PROBE_NAME);
+    let body = b"aks-flex-node write probe\n";
+    {
+        let mut f =
+            std::fs::File::create(&tmp).with_context(|| format!("create {}", tmp.display()))?;
+        f.write_all(body)
+            .with_context(|| format!("write {}", tmp.display()))?;
+        f.sync_all()
+            .with_context(|| format!("sync {}", tmp.display()))?;
+    }
+    std::fs::rename(&tmp, &dest)
+        .with_context(|| format!("rename {} to {}", tmp.display(), dest.display()))?;
+    let back = std::fs::read(&dest).with_context(|| format!("read {}", dest.display()))?;
+    std::fs::remove_file(&dest).with_context(|| format!("remove {}", dest.display()))?;
+    if back != body {
+        anyhow::bail!(
+            "{} read back {} bytes, not what was written",
+            dest.display(),
+            back.len()
+        );
+    }
+    Ok(format!(
+        "wrote, renamed, read and removed {}",
+        dest.display()
+    ))
 }
 
 async fn run_debug(cmd: DebugCommand) -> anyhow::Result<()> {
@@ -400,6 +454,15 @@ async fn run_debug(cmd: DebugCommand) -> anyhow::Result<()> {
                     root.display()
                 ),
             }
+        }
+        DebugCommand::DbusSystemd => {
+            let version = crate::entrypoint::check_dbus().await?;
+            println!("systemd {version}");
+            Ok(())
+        }
+        DebugCommand::WriteProbe { path } => {
+            println!("{}", write_probe(&path)?);
+            Ok(())
         }
         DebugCommand::HttpsGet { url, ca } => {
             crate::http::install_crypto();
@@ -742,5 +805,40 @@ impl crate::flows::start::NodeStarter for MachinesForConfig {
         crate::machine::node::NodeMachines::new(self.0.clone(), cfg.clone())?
             .start_node(host, cfg, machine)
             .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Real files in a temporary directory: the probe leaves nothing behind in a directory,
+    /// leaves a file's bytes unchanged, and fails on a path that is not there.
+    #[test]
+    fn write_probe_on_real_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let said = write_probe(dir.path()).unwrap();
+        assert!(said.contains(WRITE_PROBE_NAME), "{said}");
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+        let file = dir.path().join("fstab");
+        std::fs::write(&file, "x\n").unwrap();
+        assert!(write_probe(&file).unwrap().contains("appending"));
+        assert_eq!(std::fs::read_to_string(&file).unwrap(), "x\n");
+        let err = write_probe(&dir.path().join("absent")).unwrap_err();
+        assert!(format!("{err:#}").contains("stat"), "{err:#}");
+    }
+
+    /// A read-only directory (not as root, which ignores modes): the probe fails naming the
+    /// file it could not create.
+    #[test]
+    fn write_probe_fails_where_it_cannot_write() {
+        if rustix::process::geteuid().is_root() {
+            return;
+        }
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o555)).unwrap();
+        let err = write_probe(dir.path()).unwrap_err();
+        assert!(format!("{err:#}").contains("create"), "{err:#}");
     }
 }

@@ -1,5 +1,5 @@
 //! The command line of `flex-harness` (`cargo xtask up | check | down | image | ssh | console |
-//! journal`): clap definitions only, in the library so that the workflows test
+//! journal | selinux | bench`): clap definitions only, in the library so that the workflows test
 //! (`tests/tests/workflows.rs`) parses the commands a workflow runs with the same definitions the
 //! binary does.
 
@@ -48,9 +48,24 @@ pub enum Task {
     Console(ConsoleArgs),
     /// The VM's journal: the agent's units, the machines and containerd, or the UNITs named
     Journal(JournalArgs),
+    /// SELinux: run every kind of host operation the agent performs from its container on the
+    /// VM and list each with its result and AVC denials (`repro`), or fail on any (`verify`);
+    /// docs/SELINUX.md
+    #[command(subcommand)]
+    Selinux(SelinuxTask),
     /// Measure the figures (image sizes, memory, recovery times) as medians of several tries
     /// and compare them with bench/baseline.json (docs/bench.md)
     Bench(BenchArgs),
+}
+
+/// `selinux`'s subcommands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Subcommand)]
+pub enum SelinuxTask {
+    /// List each host operation with its result and the AVC denials it caused (fails when
+    /// SELinux is off on the VM)
+    Repro,
+    /// As repro, and fail when any operation failed or was denied
+    Verify,
 }
 
 /// `bench`'s arguments.
@@ -150,6 +165,10 @@ pub struct UpArgs {
     /// Never try KVM (software emulation only)
     #[arg(long)]
     pub tcg: bool,
+    /// Boot the dev host's SELinux variant: Debian's reference policy, enforcing, labelled at
+    /// image build (its own cached image; docs/SELINUX.md)
+    #[arg(long, env = "ACLC_SELINUX", conflicts_with_all = ["acl_image", "acl_gallery"])]
+    pub selinux: bool,
     /// Label /var/lib/containerd for SELinux before containerd starts (image/label-containerd.bu)
     #[arg(long, env = "ACLC_LABEL_CONTAINERD")]
     pub label_containerd: bool,
@@ -231,6 +250,7 @@ impl UpArgs {
             ovmf_code: "/usr/share/OVMF/OVMF_CODE_4M.fd".into(),
             ovmf_vars: "/usr/share/OVMF/OVMF_VARS_4M.fd".into(),
             tcg: false,
+            selinux: false,
             label_containerd: false,
             no_snapshot: false,
             cluster: false,

@@ -192,6 +192,123 @@ pub const ASSETS: &[Asset] = &[
 /// the sudoers and sshd files).
 pub const CUSTOMIZE_HOOK: &str = include_str!("devhost/customize.sh");
 
+/// Which dev host: the plain one (no SELinux) or the SELinux variant of `up --selinux`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Variant {
+    /// No SELinux (`SELINUXTYPE=none`, the no-op `setfiles` shim for Ignition).
+    #[default]
+    Plain,
+    /// SELinux enforcing with Debian's reference policy (`selinux-policy-default`), the tree
+    /// labelled at build time by [`SELINUX_HOOK`], Ignition's relabel real (the real
+    /// `setfiles` before systemd loads the policy, from `firstboot-init-selinux`), the kernel
+    /// booted with [`SELINUX_KERNEL_ARGS`]. docs/SELINUX.md.
+    Selinux,
+}
+
+/// The packages the SELinux variant adds: the policy (refpolicy, MCS), `policycoreutils`
+/// (setfiles, restorecon, semodule, load_policy) and `selinux-utils` (getenforce). No auditd:
+/// as on ACL, the kernel's AVC records go to the journal.
+pub const SELINUX_PACKAGES: &[&str] =
+    &["selinux-policy-default", "policycoreutils", "selinux-utils"];
+
+/// The SELinux variant's second customize hook: local policy modules, then `setfiles` over
+/// the tree.
+pub const SELINUX_HOOK: &str = include_str!("devhost/customize-selinux.sh");
+
+/// Where the SELinux variant's `init=` wrapper lives.
+pub const SELINUX_INIT: &str = "usr/local/sbin/firstboot-init-selinux";
+
+/// The SELinux variant's extra kernel arguments (Debian's kernel defaults to AppArmor).
+pub const SELINUX_KERNEL_ARGS: &[&str] = &[
+    "security=selinux",
+    "selinux=1",
+    "enforcing=1",
+    "init=/usr/local/sbin/firstboot-init-selinux",
+];
+
+/// The files the SELinux variant puts in place of, or beside, [`ASSETS`].
+const SELINUX_ASSETS: &[Asset] = &[
+    Asset {
+        path: "etc/selinux/config",
+        mode: 0o644,
+        contents: include_str!("devhost/selinux-config-enforcing"),
+    },
+    Asset {
+        path: SELINUX_INIT,
+        mode: 0o755,
+        contents: include_str!("devhost/firstboot-init-selinux"),
+    },
+    // Ignition's relabel runs the real setfiles, less the `-r /` setfiles refuses.
+    Asset {
+        path: "usr/local/lib/ignition-shim/setfiles",
+        mode: 0o755,
+        contents: include_str!("devhost/setfiles-selinux"),
+    },
+];
+
+impl Variant {
+    /// The packages of the variant. Pure.
+    pub fn packages(self) -> Vec<&'static str> {
+        let mut v = PACKAGES.to_vec();
+        if self == Variant::Selinux {
+            v.extend_from_slice(SELINUX_PACKAGES);
+        }
+        v
+    }
+
+    /// The files of the variant: [`ASSETS`], with the SELinux variant's replacing those at the
+    /// same path (the config, the setfiles shim) and its init wrapper added. Pure.
+    pub fn assets(self) -> Vec<Asset> {
+        match self {
+            Variant::Plain => ASSETS.to_vec(),
+            Variant::Selinux => {
+                let mut v: Vec<Asset> = ASSETS
+                    .iter()
+                    .map(|a| {
+                        SELINUX_ASSETS
+                            .iter()
+                            .find(|s| s.path == a.path)
+                            .copied()
+                            .unwrap_or(*a)
+                    })
+                    .collect();
+                v.extend(
+                    SELINUX_ASSETS
+                        .iter()
+                        .filter(|s| !ASSETS.iter().any(|a| a.path == s.path))
+                        .copied(),
+                );
+                v
+            }
+        }
+    }
+
+    /// The customize hooks, in order. Pure.
+    pub fn hooks(self) -> Vec<&'static str> {
+        match self {
+            Variant::Plain => vec![CUSTOMIZE_HOOK],
+            Variant::Selinux => vec![CUSTOMIZE_HOOK, SELINUX_HOOK],
+        }
+    }
+
+    /// The kernel arguments the variant adds to [`crate::qemu::dev_host_append`]'s. Pure.
+    pub fn kernel_args(self) -> &'static [&'static str] {
+        match self {
+            Variant::Plain => &[],
+            Variant::Selinux => SELINUX_KERNEL_ARGS,
+        }
+    }
+
+    /// The part of the image's directory name after the suite (`-selinux`, or nothing).
+    fn dir_suffix(self) -> &'static str {
+        match self {
+            Variant::Plain => "",
+            Variant::Selinux => "-selinux",
+        }
+    }
+}
+
 /// The Debian release the image is built from.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -302,6 +419,24 @@ pub fn recipe_hash(suite: Suite) -> String {
     hash_recipe(suite, PACKAGES, ASSETS, CUSTOMIZE_HOOK)
 }
 
+/// [`recipe_hash`] of a variant: the plain variant's is [`recipe_hash`]'s (its cached image
+/// stays valid); the SELinux variant's also covers its packages, files, second hook and
+/// kernel arguments. Pure.
+pub fn variant_recipe_hash(suite: Suite, variant: Variant) -> String {
+    match variant {
+        Variant::Plain => recipe_hash(suite),
+        Variant::Selinux => {
+            let hooks = variant.hooks().join("\n");
+            let base = hash_recipe(suite, &variant.packages(), &variant.assets(), &hooks);
+            let mut h = RecipeHasher::default();
+            h.part("base", base.as_bytes())
+                .part("variant", b"selinux")
+                .part("kernel", variant.kernel_args().join(" ").as_bytes());
+            h.finish()
+        }
+    }
+}
+
 fn hash_recipe(suite: Suite, packages: &[&str], assets: &[Asset], hook: &str) -> String {
     let mut h = RecipeHasher::default();
     h.part("recipe", RECIPE_VERSION.as_bytes())
@@ -341,10 +476,18 @@ fn cache_root_from(xdg: Option<PathBuf>, home: Option<PathBuf>) -> PathBuf {
 
 /// The directory the image of `suite` has (or will have) under `cache_root`.
 pub fn image_dir(cache_root: &Path, suite: Suite) -> PathBuf {
-    let hash = recipe_hash(suite);
-    cache_root
-        .join("devhost")
-        .join(format!("{suite}-{}", &hash[..16]))
+    variant_image_dir(cache_root, suite, Variant::Plain)
+}
+
+/// The directory the image of `suite` and `variant` has (or will have) under `cache_root`
+/// (`<suite>-selinux-<hash>` for the SELinux variant).
+pub fn variant_image_dir(cache_root: &Path, suite: Suite, variant: Variant) -> PathBuf {
+    cache_root.join("devhost").join(image_name(suite, variant))
+}
+
+fn image_name(suite: Suite, variant: Variant) -> String {
+    let hash = variant_recipe_hash(suite, variant);
+    format!("{suite}{}-{}", variant.dir_suffix(), &hash[..16])
 }
 
 fn image_in(dir: PathBuf, suite: Suite, recipe_hash: String) -> DevHostImage {
@@ -372,19 +515,33 @@ fn complete(img: &DevHostImage) -> bool {
 /// mmdebstrap's argv (without the program name) for a build of `suite` into `tree`, with the
 /// customize hook at `hook` copying the files staged in `overlay`.
 pub fn mmdebstrap_args(suite: Suite, tree: &Path, hook: &Path, overlay: &Path) -> Vec<String> {
+    variant_mmdebstrap_args(suite, Variant::Plain, tree, &[hook], overlay)
+}
+
+/// [`mmdebstrap_args`] of a variant: its packages, and one customize hook per script in
+/// `hooks` (each gets the new root and `overlay`), in order.
+pub fn variant_mmdebstrap_args(
+    suite: Suite,
+    variant: Variant,
+    tree: &Path,
+    hooks: &[&Path],
+    overlay: &Path,
+) -> Vec<String> {
     let mut a = vec![
         "--mode=root".to_string(),
         "--variant=minbase".to_string(),
         "--architectures=amd64".to_string(),
         "--format=directory".to_string(),
-        format!("--include={}", PACKAGES.join(",")),
+        format!("--include={}", variant.packages().join(",")),
     ];
     a.extend(DPKG_OPTIONS.iter().map(|o| format!("--dpkgopt={o}")));
-    a.push(format!(
-        "--customize-hook=sh {} \"$1\" {}",
-        sh_quote(&hook.display().to_string()),
-        sh_quote(&overlay.display().to_string())
-    ));
+    for hook in hooks {
+        a.push(format!(
+            "--customize-hook=sh {} \"$1\" {}",
+            sh_quote(&hook.display().to_string()),
+            sh_quote(&overlay.display().to_string())
+        ));
+    }
     a.push(suite.name().to_string());
     a.push(tree.display().to_string());
     a.extend(suite.mirrors());
@@ -400,8 +557,19 @@ pub async fn ensure(
     suite: Suite,
     progress: &dyn Fn(&str),
 ) -> Result<DevHostImage> {
-    let hash = recipe_hash(suite);
-    let dir = image_dir(cache_root, suite);
+    ensure_variant(runner, cache_root, suite, Variant::Plain, progress).await
+}
+
+/// [`ensure`] for a variant (each has its own recipe hash and directory).
+pub async fn ensure_variant(
+    runner: &dyn Runner,
+    cache_root: &Path,
+    suite: Suite,
+    variant: Variant,
+    progress: &dyn Fn(&str),
+) -> Result<DevHostImage> {
+    let hash = variant_recipe_hash(suite, variant);
+    let dir = variant_image_dir(cache_root, suite, variant);
     let img = image_in(dir.clone(), suite, hash.clone());
     if complete(&img) {
         return Ok(img);
@@ -422,13 +590,14 @@ pub async fn ensure(
     }
     clean_stale_builds(&parent, progress);
     discard_incomplete(&dir, progress)?;
-    let name = format!("{suite}-{}", &hash[..16]);
+    let name = image_name(suite, variant);
     let work = build_dir(&parent, &name)?;
     progress(&format!(
-        "building the {suite} dev host image in {} (mmdebstrap, a few minutes)",
+        "building the {suite}{} dev host image in {} (mmdebstrap, a few minutes)",
+        variant.dir_suffix(),
         work.display()
     ));
-    let info = build_into(runner, &work, suite, &hash, progress)
+    let info = build_into(runner, &work, suite, variant, &hash, progress)
         .await
         .with_context(|| {
             format!(
@@ -472,23 +641,32 @@ async fn build_into(
     runner: &dyn Runner,
     work: &Path,
     suite: Suite,
+    variant: Variant,
     hash: &str,
     progress: &dyn Fn(&str),
 ) -> Result<BuildInfo> {
     let started = Instant::now();
     let log = work.join("build.log");
     let overlay = work.join("overlay");
-    for a in ASSETS {
+    for a in variant.assets() {
         write_file(&overlay, a.path, a.contents.as_bytes(), a.mode)?;
     }
-    let hook = work.join("customize.sh");
-    write_file(work, "customize.sh", CUSTOMIZE_HOOK.as_bytes(), 0o755)?;
+    let mut hooks = Vec::new();
+    for (i, text) in variant.hooks().into_iter().enumerate() {
+        let name = format!("customize-{i}.sh");
+        write_file(work, &name, text.as_bytes(), 0o755)?;
+        hooks.push(work.join(name));
+    }
+    let hook_refs: Vec<&Path> = hooks.iter().map(PathBuf::as_path).collect();
     let tree = work.join("tree");
+    let packages = variant.packages();
 
-    progress(&format!("mmdebstrap {suite}: {} packages", PACKAGES.len()));
+    progress(&format!("mmdebstrap {suite}: {} packages", packages.len()));
     let t = Instant::now();
     let cmd = Cmd::new("mmdebstrap")
-        .args(mmdebstrap_args(suite, &tree, &hook, &overlay))
+        .args(variant_mmdebstrap_args(
+            suite, variant, &tree, &hook_refs, &overlay,
+        ))
         .timeout(Duration::from_secs(3600));
     run_logged(runner, &cmd, &log).await?;
     let mmdebstrap_seconds = t.elapsed().as_secs_f64();
@@ -529,6 +707,9 @@ async fn build_into(
         .timeout(Duration::from_secs(1800));
     run_logged(runner, &mkfs, &log).await?;
     let mkfs_seconds = t.elapsed().as_secs_f64();
+    if variant == Variant::Selinux {
+        check_labels(runner, &disk, &log).await?;
+    }
 
     if !remove_build_dir(&tree)? {
         bail!("{} still has mounts inside", tree.display());
@@ -538,7 +719,7 @@ async fn build_into(
     let info = BuildInfo {
         suite,
         recipe_hash: hash.to_string(),
-        packages: PACKAGES.iter().map(|p| p.to_string()).collect(),
+        packages: packages.iter().map(|p| p.to_string()).collect(),
         mmdebstrap_seconds,
         mkfs_seconds,
         build_seconds: started.elapsed().as_secs_f64(),
@@ -550,6 +731,49 @@ async fn build_into(
     let json = serde_json::to_vec_pretty(&info)?;
     write_file(work, INFO_FILE, &json, 0o644)?;
     Ok(info)
+}
+
+/// The labels the SELinux variant must have in the finished image (mkfs.ext4 -d copies the
+/// `security.selinux` attributes setfiles wrote in the tree): path, and the type its label
+/// must name.
+pub const SELINUX_LABEL_CHECKS: &[(&str, &str)] = &[
+    // Or PID 1 stays kernel_t, as on ACL.
+    ("/usr/lib/systemd/systemd", "init_exec_t"),
+    ("/etc/ssh/sshd_config", "etc_t"),
+    ("/usr/local/sbin/firstboot-init", "bin_t"),
+];
+
+/// Whether debugfs's `ea_get` output for `path` shows the label type `ty`. Pure.
+pub fn label_has_type(ea_get_output: &str, ty: &str) -> bool {
+    ea_get_output.contains(&format!(":{ty}:"))
+}
+
+/// Reads the labels of [`SELINUX_LABEL_CHECKS`] from `disk` with debugfs and fails naming any
+/// that is missing or wrong.
+async fn check_labels(runner: &dyn Runner, disk: &Path, log: &Path) -> Result<()> {
+    let mut wrong = Vec::new();
+    for (path, ty) in SELINUX_LABEL_CHECKS {
+        let cmd = Cmd::new("debugfs")
+            .arg("-R")
+            .arg(format!("ea_get {path} security.selinux"))
+            .arg(disk.display().to_string())
+            .timeout(Duration::from_secs(60));
+        let out = runner.output(&cmd).await?;
+        let text = format!("{}{}", out.stdout, out.stderr);
+        let line = format!("{path}: {}\n", text.trim());
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(log)?;
+        std::io::Write::write_all(&mut f, line.as_bytes())?;
+        if !label_has_type(&text, ty) {
+            wrong.push(format!("{path} ({}; want {ty})", text.trim()));
+        }
+    }
+    if !wrong.is_empty() {
+        bail!("the image's SELinux labels are wrong: {}", wrong.join(", "));
+    }
+    Ok(())
 }
 
 /// Sum of the apparent sizes of the regular files under `dir` (not following links, staying
@@ -652,6 +876,135 @@ mod tests {
         assert_ne!(
             hash_recipe(Suite::Bookworm, &pk, ASSETS, CUSTOMIZE_HOOK),
             base
+        );
+    }
+
+    /// The plain variant's recipe is the one it always was (its cached image stays valid); the
+    /// SELinux variant's has its own hash and directory.
+    #[test]
+    fn variants_have_their_own_recipe_hash_and_directory() {
+        for suite in Suite::ALL {
+            assert_eq!(
+                variant_recipe_hash(suite, Variant::Plain),
+                recipe_hash(suite)
+            );
+            assert_eq!(
+                variant_image_dir(Path::new("/c"), suite, Variant::Plain),
+                image_dir(Path::new("/c"), suite)
+            );
+            let se = variant_recipe_hash(suite, Variant::Selinux);
+            assert_ne!(se, recipe_hash(suite));
+            let dir = variant_image_dir(Path::new("/c"), suite, Variant::Selinux);
+            assert_eq!(
+                dir,
+                Path::new("/c/devhost").join(format!("{suite}-selinux-{}", &se[..16]))
+            );
+        }
+        assert_eq!(Variant::default(), Variant::Plain);
+        assert_eq!(Variant::Plain.packages(), PACKAGES);
+        assert_eq!(Variant::Plain.assets(), ASSETS);
+        assert_eq!(Variant::Plain.hooks(), [CUSTOMIZE_HOOK]);
+        assert!(Variant::Plain.kernel_args().is_empty());
+    }
+
+    /// What the SELinux variant changes: the policy packages, enforcing config, no setfiles
+    /// shim, the policy-loading init wrapper, the labelling hook after the plain one, and the
+    /// kernel arguments that select SELinux and that wrapper.
+    #[test]
+    fn selinux_variant_recipe() {
+        let v = Variant::Selinux;
+        let pk = v.packages();
+        assert_eq!(&pk[..PACKAGES.len()], PACKAGES);
+        for p in ["selinux-policy-default", "policycoreutils", "selinux-utils"] {
+            assert!(pk.contains(&p), "{p}");
+        }
+        assert!(
+            !pk.contains(&"auditd"),
+            "ACL has no auditd; AVCs go to the journal"
+        );
+        let assets = v.assets();
+        let find = |path: &str| assets.iter().find(|a| a.path == path);
+        let shim = find("usr/local/lib/ignition-shim/setfiles")
+            .unwrap()
+            .contents;
+        assert!(
+            shim.contains("exec /usr/sbin/setfiles \"$@\""),
+            "the relabel is real"
+        );
+        assert!(!shim.contains("exit 0"));
+        let cfg = find("etc/selinux/config").unwrap().contents;
+        assert!(cfg.lines().any(|l| l == "SELINUX=enforcing"));
+        assert!(cfg.lines().any(|l| l == "SELINUXTYPE=default"));
+        let init = find(SELINUX_INIT).unwrap();
+        assert_eq!(init.mode, 0o755);
+        let pos = |needle: &str| init.contents.find(needle).unwrap();
+        // No policy loaded before systemd (it would leave PID 1 kernel_t); what the script
+        // creates after Ignition's relabel is labelled before systemd starts.
+        assert!(!init.contents.contains("load_policy"));
+        assert!(pos("PATH=/usr/local/lib/ignition-shim:") < pos("-stage=fetch-offline"));
+        assert!(pos("-stage=files") < pos("systemctl preset"));
+        assert!(pos("systemctl preset") < pos("touch \"$DONE\""));
+        assert!(pos("touch \"$DONE\"") < pos("setfiles -F \"$FC\" /etc/systemd/system \"$DONE\""));
+        assert!(
+            init.contents
+                .trim_end()
+                .ends_with("exec /lib/systemd/systemd \"$@\"")
+        );
+        assert!(init.contents.contains(IGNITION_FAILED_MARKER));
+        // Every other plain file is there unchanged, each path once.
+        for a in ASSETS {
+            if a.path != "etc/selinux/config" && a.path != "usr/local/lib/ignition-shim/setfiles" {
+                assert_eq!(find(a.path), Some(a), "{}", a.path);
+            }
+        }
+        let mut paths: Vec<_> = assets.iter().map(|a| a.path).collect();
+        paths.sort_unstable();
+        paths.dedup();
+        assert_eq!(paths.len(), assets.len());
+        assert_eq!(v.hooks(), [CUSTOMIZE_HOOK, SELINUX_HOOK]);
+        assert!(SELINUX_HOOK.contains("setfiles -F -e /proc -e /sys -e /dev /etc/selinux/default/contexts/files/file_contexts /"));
+        assert!(SELINUX_HOOK.contains("CONFIG_SECURITY_SELINUX=y"));
+        let append = crate::qemu::dev_host_append(v.kernel_args());
+        for arg in ["security=selinux", "selinux=1", "enforcing=1"] {
+            assert!(append.split(' ').any(|a| a == arg), "{append}");
+        }
+        let inits: Vec<_> = append
+            .split(' ')
+            .filter(|a| a.starts_with("init="))
+            .collect();
+        assert_eq!(inits, [format!("init=/{SELINUX_INIT}")]);
+        let argv = variant_mmdebstrap_args(
+            Suite::Bookworm,
+            v,
+            Path::new("/t"),
+            &[Path::new("/h0.sh"), Path::new("/h1.sh")],
+            Path::new("/o"),
+        );
+        let hooks: Vec<_> = argv
+            .iter()
+            .filter(|a| a.starts_with("--customize-hook="))
+            .collect();
+        assert_eq!(hooks.len(), 2);
+        assert!(hooks[0].contains("/h0.sh") && hooks[1].contains("/h1.sh"));
+        assert!(
+            argv.iter()
+                .any(|a| a.starts_with("--include=") && a.ends_with(",selinux-utils"))
+        );
+    }
+
+    #[test]
+    fn labels_are_read_from_debugfs_output() {
+        let out = "security.selinux (33) = \"system_u:object_r:init_exec_t:s0\\000\"\n";
+        assert!(label_has_type(out, "init_exec_t"));
+        assert!(!label_has_type(out, "bin_t"));
+        assert!(!label_has_type(
+            "ea_get: Extended attribute key not found",
+            "init_exec_t"
+        ));
+        assert!(
+            SELINUX_LABEL_CHECKS
+                .iter()
+                .any(|(p, t)| *p == "/usr/lib/systemd/systemd" && *t == "init_exec_t")
         );
     }
 
@@ -855,6 +1208,32 @@ mod tests {
             .unwrap(),
             img
         );
+    }
+
+    /// Builds the SELinux variant for real (root, network, minutes; cached in the default
+    /// cache root), including the build's own debugfs check of the image's labels. Run with
+    /// `cargo test -p flex-harness real_selinux -- --ignored --nocapture`.
+    #[tokio::test]
+    #[ignore = "builds the 8 GiB SELinux dev host image with mmdebstrap (root, network, minutes)"]
+    async fn real_selinux_devhost_image() {
+        if !rustix::process::geteuid().is_root() {
+            println!("skipped: building the dev host image needs root");
+            return;
+        }
+        let progress = |s: &str| println!("{s}");
+        let img = ensure_variant(
+            &flex_host::runner::ProcessRunner::new(),
+            &default_cache_root(),
+            Suite::Bookworm,
+            Variant::Selinux,
+            &progress,
+        )
+        .await
+        .unwrap();
+        let info = build_info(&img).unwrap();
+        println!("{img:#?}\n{info:#?}");
+        assert!(info.packages.iter().any(|p| p == "selinux-policy-default"));
+        assert!(img.dir.to_string_lossy().contains("bookworm-selinux-"));
     }
 
     #[test]

@@ -37,6 +37,7 @@ pub mod qmp;
 pub mod registry;
 pub mod report;
 pub mod run;
+pub mod selinux;
 pub mod ssh;
 pub mod upgrade;
 pub mod vm;

@@ -155,6 +155,10 @@ pub fn dev_host_append(extra: &[&str]) -> String {
         "ignition.firstboot=ignition",
         "net.ifnames=0",
     ];
+    // An `init=` among the extra arguments replaces the default one.
+    if extra.iter().any(|a| a.starts_with("init=")) {
+        v.retain(|a| !a.starts_with("init="));
+    }
     v.extend_from_slice(extra);
     v.join(" ")
 }

@@ -313,11 +313,11 @@ async fn os_image(
     opts: &UpOptions,
 ) -> anyhow::Result<OsBoot> {
     match &opts.os {
-        OsImage::DevHost => {
+        OsImage::DevHost(variant) => {
             let img = p
                 .try_wait(
                     "dev host image (built once per recipe, cached)",
-                    devhost::ensure(r, cache, Suite::Bookworm, &|m| p.say(m)),
+                    devhost::ensure_variant(r, cache, Suite::Bookworm, *variant, &|m| p.say(m)),
                 )
                 .await?;
             Ok(OsBoot {
@@ -325,7 +325,7 @@ async fn os_image(
                 boot: Boot::Kernel {
                     kernel: img.kernel.clone(),
                     initrd: Some(img.initrd.clone()),
-                    append: crate::qemu::dev_host_append(&[]),
+                    append: crate::qemu::dev_host_append(variant.kernel_args()),
                 },
                 fw_key: devhost::FWCFG_IGNITION_KEY,
                 spec: flex_ignition::SpecVersion::V3_3_0,

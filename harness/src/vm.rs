@@ -30,8 +30,9 @@ pub const READY_SNAPSHOT: &str = "bootstrapped";
 /// Which OS the VM runs.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum OsImage {
-    /// The embedded default: the dev host built from Debian packages.
-    DevHost,
+    /// The embedded default: the dev host built from Debian packages (`Selinux`: the
+    /// SELinux-enforcing variant of `up --selinux`).
+    DevHost(crate::devhost::Variant),
     /// An Azure Container Linux QEMU image (qcow2 or raw) at a path, booted with UEFI.
     Acl {
         /// The pristine image.
@@ -74,7 +75,7 @@ pub struct UpOptions {
 impl Default for UpOptions {
     fn default() -> Self {
         Self {
-            os: OsImage::DevHost,
+            os: OsImage::DevHost(crate::devhost::Variant::Plain),
             try_kvm: true,
             cpus: 2,
             memory_mib: 3072,

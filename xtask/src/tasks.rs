@@ -28,6 +28,9 @@ Tasks:
   ssh [-- CMD...]               A root shell in the VM (or CMD, as root)
   console                       Follow the VM's serial console (Ctrl-C ends)
   journal [UNIT...] [FLAGS]     The VM's journal (the agent's units and machines by default)
+  selinux repro|verify          Every kind of host operation the agent performs, from its
+                                container, with results and AVC denials (up --selinux first;
+                                verify fails on any; docs/SELINUX.md)
   bench [FLAGS]                 Measure image sizes, memory and recovery times as medians and
                                 compare them with bench/baseline.json (docs/bench.md)
 
@@ -37,7 +40,7 @@ them). `cargo xtask <TASK> --help` shows a task's flags.";
 /// The tasks `cargo xtask` hands to the `flex-harness` binary, with their flags; the harness's
 /// clap definitions (`flex_harness::cli`) parse those flags.
 pub const HARNESS_TASKS: &[&str] = &[
-    "up", "check", "down", "image", "ssh", "console", "journal", "bench",
+    "up", "check", "down", "image", "ssh", "console", "journal", "selinux", "bench",
 ];
 
 /// `cargo xtask codegen`'s flags (`flex-codegen` parses them again).

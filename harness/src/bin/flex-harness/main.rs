@@ -49,6 +49,7 @@ fn main() -> ExitCode {
             Task::Ssh(a) => vm::ssh(a).await,
             Task::Console(a) => vm::console(a).await,
             Task::Journal(a) => vm::journal(a).await,
+            Task::Selinux(t) => vm::selinux(t).await,
             Task::Bench(a) => {
                 bench::run(bench::BenchOptions {
                     tries: a.tries,

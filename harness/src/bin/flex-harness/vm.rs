@@ -98,7 +98,8 @@ pub async fn up(a: UpArgs) -> anyhow::Result<()> {
             ovmf_code: a.ovmf_code,
             ovmf_vars: a.ovmf_vars,
         },
-        None => OsImage::DevHost,
+        None if a.selinux => OsImage::DevHost(flex_harness::devhost::Variant::Selinux),
+        None => OsImage::DevHost(flex_harness::devhost::Variant::Plain),
     };
     let opts = UpOptions {
         os,
@@ -221,6 +222,28 @@ pub async fn ssh(a: SshArgs) -> anyhow::Result<()> {
     let state = running_vm()?;
     let tty = std::io::stdin().is_terminal() && std::io::stdout().is_terminal();
     run_inherited(&flex_harness::debug::ssh_cmd(&state.ssh, &a.cmd, tty)).await?;
+    Ok(())
+}
+
+/// `cargo xtask selinux repro | verify`: every kind of host operation the agent performs, from
+/// its container, with results and AVC denials; verify fails on any failure or denial. Both
+/// fail when SELinux is off on the VM.
+pub async fn selinux(t: flex_harness::cli::SelinuxTask) -> anyhow::Result<()> {
+    use flex_harness::selinux;
+    let state = running_vm()?;
+    let runner = ProcessRunner::new();
+    let guest = flex_harness::ssh::Guest::new(&runner, &state.ssh);
+    let started = std::time::Instant::now();
+    let (mode, results) = selinux::repro(&guest, state.mode, &|m| eprintln!("{m}")).await?;
+    print!("{}", selinux::report(mode, &results));
+    println!("({:.0} s)", started.elapsed().as_secs_f64());
+    let (failed, denials) = selinux::totals(&results);
+    if t == flex_harness::cli::SelinuxTask::Verify && (failed > 0 || denials > 0) {
+        anyhow::bail!(
+            "selinux verify: {failed} of {} operations failed and {denials} AVC denials",
+            results.len()
+        );
+    }
     Ok(())
 }
 
