@@ -870,6 +870,23 @@ mod tests {
         }
     }
 
+    fn fake_ssh() -> Ssh {
+        Ssh {
+            port: 2222,
+            key: "/w/id".into(),
+        }
+    }
+
+    /// A check context over the faked runner `r`, no cluster.
+    fn fake_ctx<'a>(st: &'a State, ssh: &'a Ssh, r: &'a FakeRunner) -> Ctx<'a> {
+        Ctx {
+            state: st,
+            ssh,
+            cluster: false,
+            runner: r,
+        }
+    }
+
     /// The argv prefix of a guest script starting with `start`.
     fn guest(ssh: &Ssh, start: &str) -> String {
         let base = ssh.cmd("x", Duration::ZERO).display_argv();
@@ -881,18 +898,10 @@ mod tests {
     /// scripted guest answers decide whether it passes or fails, and what it ran is recorded.
     #[tokio::test]
     async fn machine_in_slice_passes_and_fails_on_a_faked_runner() {
-        let ssh = Ssh {
-            port: 2222,
-            key: "/w/id".into(),
-        };
+        let ssh = fake_ssh();
         let st = state(&ssh);
         let r = FakeRunner::new();
-        let ctx = Ctx {
-            state: &st,
-            ssh: &ssh,
-            cluster: false,
-            runner: &r,
-        };
+        let ctx = fake_ctx(&st, &ssh, &r);
         let check = MACHINES.checks[0];
         assert_eq!(check.name, "active machine runs in machine.slice");
         // The agent's report, as `status --output json` prints it (the agent's own snapshot).
@@ -944,18 +953,10 @@ mod tests {
     /// and it removes its copy either way.
     #[tokio::test]
     async fn status_on_a_damaged_state_is_judged_by_exit_report_and_sums() {
-        let ssh = Ssh {
-            port: 2222,
-            key: "/w/id".into(),
-        };
+        let ssh = fake_ssh();
         let st = state(&ssh);
         let r = FakeRunner::new();
-        let ctx = Ctx {
-            state: &st,
-            ssh: &ssh,
-            cluster: false,
-            runner: &r,
-        };
+        let ctx = fake_ctx(&st, &ssh, &r);
         let mut report = node_status::parse(node_status::agent_snapshots::healthy()).unwrap();
         report.healthy = false;
         report.problems = vec![node_status::Problem {

@@ -765,6 +765,20 @@ pub fn repave_command() -> String {
     "ctr -n aks-flex tasks exec --exec-id fault-$$-$(date +%s%N) aks-flex-agent aks-flex-node repave --settings-version harness-$(date +%s)".into()
 }
 
+/// Arms `point` in the agent's unit, restarts it, runs `cmd` in the agent's container (a
+/// transient unit) until it reaches the point, disarms, and cuts as `how`; the guest time it
+/// began (for the journal).
+async fn hold_and_cut(c: &Ctx<'_>, point: &str, cmd: &str, how: Cut) -> anyhow::Result<String> {
+    let since = guest_now(c).await?;
+    sh(c, &arm_script(Unit::Agent, point), T).await?;
+    restart_agent(c).await?;
+    run_transient(c, cmd).await?;
+    wait_reached(c, point, &since, Unit::Agent).await?;
+    sh(c, &disarm_script(), T).await?;
+    cut(c, Unit::Agent, how).await?;
+    Ok(since)
+}
+
 async fn force(c: &Ctx<'_>, case: &Case) -> anyhow::Result<Forced> {
     let point = case.point.unwrap_or_default();
     match case.scenario {
@@ -792,13 +806,7 @@ async fn force(c: &Ctx<'_>, case: &Case) -> anyhow::Result<Forced> {
         }
         Scenario::Upgrade(kind) => {
             let target = candidate(c, kind).await?;
-            let since = guest_now(c).await?;
-            sh(c, &arm_script(Unit::Agent, point), T).await?;
-            restart_agent(c).await?;
-            run_transient(c, &upgrade_command(&target)).await?;
-            wait_reached(c, point, &since, Unit::Agent).await?;
-            sh(c, &disarm_script(), T).await?;
-            cut(c, Unit::Agent, case.cut).await?;
+            let since = hold_and_cut(c, point, &upgrade_command(&target), case.cut).await?;
             Ok(Forced {
                 since,
                 note: format!(
@@ -816,13 +824,7 @@ async fn force(c: &Ctx<'_>, case: &Case) -> anyhow::Result<Forced> {
         }
         Scenario::Repave => {
             let before = health(c).await?.machine;
-            let since = guest_now(c).await?;
-            sh(c, &arm_script(Unit::Agent, point), T).await?;
-            restart_agent(c).await?;
-            run_transient(c, &repave_command()).await?;
-            wait_reached(c, point, &since, Unit::Agent).await?;
-            sh(c, &disarm_script(), T).await?;
-            cut(c, Unit::Agent, case.cut).await?;
+            let since = hold_and_cut(c, point, &repave_command(), case.cut).await?;
             Ok(Forced {
                 since,
                 note: format!(
@@ -974,13 +976,7 @@ async fn force(c: &Ctx<'_>, case: &Case) -> anyhow::Result<Forced> {
             .await?;
             let before = cert_fingerprint(&saved)
                 .ok_or_else(|| anyhow::anyhow!("credential-store save printed {saved:?}"))?;
-            let since = guest_now(c).await?;
-            sh(c, &arm_script(Unit::Agent, point), T).await?;
-            restart_agent(c).await?;
-            run_transient(c, &cert_store_command("save")).await?;
-            wait_reached(c, point, &since, Unit::Agent).await?;
-            sh(c, &disarm_script(), T).await?;
-            cut(c, Unit::Agent, case.cut).await?;
+            let since = hold_and_cut(c, point, &cert_store_command("save"), case.cut).await?;
             Ok(Forced {
                 since,
                 note: format!(
