@@ -297,6 +297,9 @@ fn ci_end_to_end_passes_call_up_as_the_harness_defines_it() {
         let mut args = vec!["up".to_string()];
         args.extend(p.up.iter().map(|a| a.to_string()));
         accepted(&args).unwrap_or_else(|e| panic!("pass {}: {e}", p.name));
+        let mut args = vec!["check".to_string()];
+        args.extend(p.check.iter().map(|a| a.to_string()));
+        accepted(&args).unwrap_or_else(|e| panic!("pass {} check: {e}", p.name));
     }
     let bad = ["up".to_string(), "--mode".into(), "hosted".into()];
     assert!(accepted(&bad).is_err(), "the check would accept anything");
