@@ -330,7 +330,7 @@ pub fn repave_script(cmd: &str) -> String {
         r#"t0=$(date +%s.%N)
 {cmd} >&2 || {{ echo "the repave failed" >&2; exit 1; }}
 t1=$(date +%s.%N)
-m=$(sed -n 's/.*"activeMachine": *"\([^"]*\)".*//p' /etc/aks-flex-node/daemon-state.json)
+m=$(sed -n 's/.*"activeMachine": *"\([^"]*\)".*/\1/p' /etc/aks-flex-node/daemon-state.json)
 if [ "$m" = kube1 ]; then o=kube2; else o=kube1; fi
 k=$(timeout 60 systemd-run --machine="$m" --pipe --wait --quiet systemctl is-active kubelet.service 2>/dev/null)
 [ "$k" = active ] || {{ echo "kubelet in $m is ${{k:-unknown}} after the repave" >&2; exit 2; }}
@@ -531,6 +531,22 @@ mod tests {
         };
         let script = repave_script("aks-flex-node repave --settings-version v2");
         assert!(script.contains("\naks-flex-node repave --settings-version v2 >&2"));
+        // The active machine is read from the daemon state's record (the first bench run on
+        // the VM read nothing: a control character stood where the sed's `\1` belongs).
+        let line = script
+            .lines()
+            .find(|l| l.starts_with("m=$(sed"))
+            .unwrap()
+            .replace("/etc/aks-flex-node/daemon-state.json", "\"$f\"");
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("state.json");
+        std::fs::write(
+            &f,
+            "{\n  \"format\": \"aks-flex-node.record/v1\",\n  \"payload\": {\n    \"activeMachine\": \"kube2\"\n  }\n}\n",
+        )
+        .unwrap();
+        let probe = run(format!("f={}; {line}; echo \"$m\"", f.display())).await;
+        assert_eq!(probe.stdout.trim(), "kube2", "{probe:?}");
         let parsed = ProcessRunner::new()
             .output(
                 &Cmd::new("sh")
