@@ -164,7 +164,9 @@ pub fn parse(argv0: &OsStr, args: &[OsString]) -> Result<Invocation, HostExecErr
 pub fn find_on_host(host_root: &Path, tool: &str) -> Result<PathBuf, HostExecError> {
     for dir in HOST_PATH.split(':') {
         let inside = Path::new(dir).join(tool);
-        let outside = host_root.join(inside.strip_prefix("/").unwrap_or(&inside));
+        let Some(outside) = follow_in_root(host_root, &inside) else {
+            continue;
+        };
         if crate::lookup::which_on(&outside.to_string_lossy(), None).is_some() {
             return Ok(inside);
         }
@@ -173,6 +175,31 @@ pub fn find_on_host(host_root: &Path, tool: &str) -> Result<PathBuf, HostExecErr
         tool: tool.into(),
         path: HOST_PATH.into(),
     })
+}
+
+/// How many links [`follow_in_root`] follows before it gives up (the kernel's own limit).
+const MAX_LINKS: usize = 40;
+
+/// `inside` (a path on the host) as seen from the container under `root`, its links followed
+/// the way the host sees them: a link's absolute target is the host's path, so under `root`
+/// again (Debian's `/usr/sbin/modprobe -> /bin/kmod`, the alternatives' `/usr/sbin/iptables ->
+/// /etc/alternatives/iptables -> /usr/sbin/iptables-nft`), not the container's. `None` for a
+/// loop or more than [`MAX_LINKS`] links. Links in the directories above the last component are
+/// left to the kernel (merged /usr's `/bin -> usr/bin` is relative, so it stays under `root`).
+fn follow_in_root(root: &Path, inside: &Path) -> Option<PathBuf> {
+    let mut p = inside.to_path_buf();
+    for _ in 0..MAX_LINKS {
+        let outside = root.join(p.strip_prefix("/").unwrap_or(&p));
+        let Ok(target) = std::fs::read_link(&outside) else {
+            return Some(outside);
+        };
+        p = if target.is_absolute() {
+            target
+        } else {
+            p.parent().unwrap_or(Path::new("/")).join(target)
+        };
+    }
+    None
 }
 
 /// In the agent's container, the program the runner should start for `program`: the
@@ -353,5 +380,54 @@ mod tests {
             e.to_string().contains("ctr is not installed on the host"),
             "{e}"
         );
+    }
+
+    /// A host tool behind absolute links, as Debian installs modprobe and iptables, is found
+    /// under the host root (the links' targets are the host's paths, not the container's); a
+    /// link loop or a dangling link is "not installed". Real: files and links in a temporary
+    /// root, under names the machine running the test does not have (so the links' targets
+    /// cannot be found outside the root).
+    #[test]
+    fn find_on_host_follows_absolute_links_under_the_host_root() {
+        use std::os::unix::fs::{PermissionsExt, symlink};
+        let d = tempfile::tempdir().unwrap();
+        let r = d.path();
+        for dir in ["usr/bin", "usr/sbin", "etc/alternatives"] {
+            std::fs::create_dir_all(r.join(dir)).unwrap();
+        }
+        symlink("usr/bin", r.join("bin")).unwrap();
+        for exe in ["usr/bin/flexprobe-kmod", "usr/sbin/flexprobe-iptables-nft"] {
+            std::fs::write(r.join(exe), "#!/bin/sh\n").unwrap();
+            std::fs::set_permissions(r.join(exe), std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        symlink("/bin/flexprobe-kmod", r.join("usr/sbin/flexprobe-modprobe")).unwrap();
+        symlink(
+            "/etc/alternatives/flexprobe-iptables",
+            r.join("usr/sbin/flexprobe-iptables"),
+        )
+        .unwrap();
+        symlink(
+            "/usr/sbin/flexprobe-iptables-nft",
+            r.join("etc/alternatives/flexprobe-iptables"),
+        )
+        .unwrap();
+        symlink("/usr/sbin/loop-b", r.join("usr/sbin/loop-a")).unwrap();
+        symlink("/usr/sbin/loop-a", r.join("usr/sbin/loop-b")).unwrap();
+        symlink("/usr/bin/missing", r.join("usr/sbin/dangling")).unwrap();
+        assert_eq!(
+            find_on_host(r, "flexprobe-modprobe").unwrap(),
+            PathBuf::from("/usr/sbin/flexprobe-modprobe")
+        );
+        assert_eq!(
+            find_on_host(r, "flexprobe-iptables").unwrap(),
+            PathBuf::from("/usr/sbin/flexprobe-iptables")
+        );
+        for missing in ["loop-a", "dangling"] {
+            let e = find_on_host(r, missing).unwrap_err();
+            assert!(
+                e.to_string().contains("is not installed on the host"),
+                "{e}"
+            );
+        }
     }
 }
