@@ -138,7 +138,9 @@ pub fn install_env(release: &Artifact) -> String {
 /// downloads the agent when none is installed (the first boot) and uses the installed one
 /// otherwise (`--use-installed-agent`: a later boot, or a bootstrap after `reset`, which keeps
 /// the slots), so a rerun never replaces an upgraded agent with the release; `bootstrap-node`
-/// itself does nothing on a bootstrapped host.
+/// itself does nothing on a bootstrapped host. Once the bootstrap succeeded it removes
+/// bootstrap.env, which carries the token, as the container's first-boot unit does (the unit's
+/// condition then keeps it from running on later boots; the agent's own unit starts the agent).
 pub fn bootstrap_unit() -> String {
     format!(
         "[Unit]\n\
@@ -150,6 +152,7 @@ pub fn bootstrap_unit() -> String {
          [Service]\n\
          Type=oneshot\n\
          ExecStart=/bin/bash -c 'if [ -x {AGENT} ]; then exec /bin/bash {BOOTSTRAP_SH} --use-installed-agent --env-file /etc/aks-flex-node/bootstrap.env; else exec /bin/bash {BOOTSTRAP_SH} --env-file /etc/aks-flex-node/bootstrap.env; fi'\n\
+         ExecStartPost=/bin/rm -f /etc/aks-flex-node/bootstrap.env\n\
          RemainAfterExit=yes\n\
          TimeoutStartSec=1800\n\
          \n\
@@ -289,6 +292,11 @@ mod tests {
         let unit = bootstrap_unit();
         assert!(unit.contains("--use-installed-agent"), "{unit}");
         assert!(unit.contains(&format!("if [ -x {AGENT} ]")), "{unit}");
+        // The token file goes once the bootstrap succeeded (ExecStartPost runs only then).
+        assert!(
+            unit.contains("\nExecStartPost=/bin/rm -f /etc/aks-flex-node/bootstrap.env\n"),
+            "{unit}"
+        );
         assert_eq!(AgentMode::parse("host"), Some(AgentMode::Host));
         assert_eq!(AgentMode::default(), AgentMode::Image);
         assert_eq!(serde_json::to_string(&AgentMode::Host).unwrap(), "\"host\"");
