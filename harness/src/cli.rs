@@ -169,6 +169,12 @@ pub struct UpArgs {
     /// image build (its own cached image; docs/SELINUX.md)
     #[arg(long, env = "ACLC_SELINUX", conflicts_with_all = ["acl_image", "acl_gallery"])]
     pub selinux: bool,
+    /// Debugging: one more kernel argument for the dev host's boot, after the variant's own
+    /// (repeatable; a later `enforcing=` or `loglevel=` wins), for example `--kernel-arg
+    /// enforcing=0` to boot the SELinux variant permissive and read every denial. The image and
+    /// its cache entry are unchanged. Not for ACL, whose kernel command line is its own.
+    #[arg(long, value_name = "ARG", conflicts_with_all = ["acl_image", "acl_gallery"])]
+    pub kernel_arg: Vec<String>,
     /// Label /var/lib/containerd for SELinux before containerd starts (image/label-containerd.bu)
     #[arg(long, env = "ACLC_LABEL_CONTAINERD")]
     pub label_containerd: bool,
@@ -251,6 +257,7 @@ impl UpArgs {
             ovmf_vars: "/usr/share/OVMF/OVMF_VARS_4M.fd".into(),
             tcg: false,
             selinux: false,
+            kernel_arg: Vec::new(),
             label_containerd: false,
             no_snapshot: false,
             cluster: false,

@@ -245,6 +245,12 @@ const SELINUX_ASSETS: &[Asset] = &[
         mode: 0o755,
         contents: include_str!("devhost/setfiles-selinux"),
     },
+    // The local policy module the SELinux hook installs (docs/SELINUX.md, each rule's denials).
+    Asset {
+        path: "usr/local/share/flex-devhost/selinux/flex-devhost.cil",
+        mode: 0o644,
+        contents: include_str!("devhost/flex-devhost.cil"),
+    },
 ];
 
 impl Variant {
@@ -431,7 +437,8 @@ pub fn variant_recipe_hash(suite: Suite, variant: Variant) -> String {
             let mut h = RecipeHasher::default();
             h.part("base", base.as_bytes())
                 .part("variant", b"selinux")
-                .part("kernel", variant.kernel_args().join(" ").as_bytes());
+                .part("kernel", variant.kernel_args().join(" ").as_bytes())
+                .part("skip", SELINUX_MMDEBSTRAP_SKIP.join("\n").as_bytes());
             h.finish()
         }
     }
@@ -535,6 +542,13 @@ pub fn variant_mmdebstrap_args(
         format!("--include={}", variant.packages().join(",")),
     ];
     a.extend(DPKG_OPTIONS.iter().map(|o| format!("--dpkgopt={o}")));
+    if variant == Variant::Selinux {
+        a.extend(
+            SELINUX_MMDEBSTRAP_SKIP
+                .iter()
+                .map(|s| format!("--skip={s}")),
+        );
+    }
     for hook in hooks {
         a.push(format!(
             "--customize-hook=sh {} \"$1\" {}",
@@ -741,7 +755,19 @@ pub const SELINUX_LABEL_CHECKS: &[(&str, &str)] = &[
     ("/usr/lib/systemd/systemd", "init_exec_t"),
     ("/etc/ssh/sshd_config", "etc_t"),
     ("/usr/local/sbin/firstboot-init", "bin_t"),
+    // Rewritten by mmdebstrap after the hooks unless skipped ([`SELINUX_MMDEBSTRAP_SKIP`]);
+    // unlabelled, every
+    // confined reader of it (journald, networkd, tmpfiles) is refused and journald never starts.
+    ("/etc/machine-id", "etc_t"),
+    // Unconfined, as on ACL (customize-selinux.sh, file_contexts.local).
+    ("/usr/bin/systemd-nspawn", "bin_t"),
 ];
+
+/// mmdebstrap steps the SELinux variant skips. Its `cleanup/reproducible` runs after the
+/// customize hooks, so after the hook's `setfiles`, and empties `/etc/machine-id` by creating
+/// the file anew, without a label; the variant's hook does the same clean-up itself, before it
+/// labels the tree (`customize-selinux.sh`).
+pub const SELINUX_MMDEBSTRAP_SKIP: &[&str] = &["cleanup/reproducible"];
 
 /// Whether debugfs's `ea_get` output for `path` shows the label type `ty`. Pure.
 pub fn label_has_type(ea_get_output: &str, ty: &str) -> bool {
@@ -990,6 +1016,22 @@ mod tests {
             argv.iter()
                 .any(|a| a.starts_with("--include=") && a.ends_with(",selinux-utils"))
         );
+        // mmdebstrap's clean-up would recreate /etc/machine-id unlabelled after the hooks: the
+        // variant skips it and its hook empties the file in place before setfiles.
+        assert!(argv.contains(&"--skip=cleanup/reproducible".to_string()));
+        let plain = mmdebstrap_args(
+            Suite::Bookworm,
+            Path::new("/t"),
+            Path::new("/h"),
+            Path::new("/o"),
+        );
+        assert!(!plain.iter().any(|a| a.starts_with("--skip=")));
+        let (empty, label) = (
+            SELINUX_HOOK.find(": > \"$R\"/etc/machine-id").unwrap(),
+            SELINUX_HOOK.find("setfiles -F").unwrap(),
+        );
+        assert!(empty < label);
+        assert!(SELINUX_LABEL_CHECKS.contains(&("/etc/machine-id", "etc_t")));
     }
 
     #[test]

@@ -155,11 +155,16 @@ pub fn dev_host_append(extra: &[&str]) -> String {
         "ignition.firstboot=ignition",
         "net.ifnames=0",
     ];
-    // An `init=` among the extra arguments replaces the default one.
-    if extra.iter().any(|a| a.starts_with("init=")) {
-        v.retain(|a| !a.starts_with("init="));
+    // A `key=value` argument replaces any earlier one with the same key (the default `init=`,
+    // or a variant's `enforcing=1` replaced by `up --kernel-arg enforcing=0`): the kernel takes
+    // the last, but systemd's policy load reads the first `enforcing=`.
+    for a in extra {
+        if let Some((key, _)) = a.split_once('=') {
+            let prefix = format!("{key}=");
+            v.retain(|b| !b.starts_with(&prefix));
+        }
+        v.push(a);
     }
-    v.extend_from_slice(extra);
     v.join(" ")
 }
 
@@ -185,6 +190,31 @@ mod tests {
             pidfile: "/w/vm/qemu.pid".into(),
             daemonize: true,
         }
+    }
+
+    /// `up --kernel-arg enforcing=0` on the SELinux variant: one `enforcing=`, the last given
+    /// (systemd's policy load would read the first), the variant's `init=` in place of the
+    /// default's, arguments without a value kept as they come.
+    #[test]
+    fn a_later_kernel_argument_replaces_an_earlier_one_with_its_key() {
+        let a = dev_host_append(&[
+            "security=selinux",
+            "enforcing=1",
+            "init=/usr/local/sbin/firstboot-init-selinux",
+            "enforcing=0",
+            "quiet",
+        ]);
+        let words: Vec<&str> = a.split(' ').collect();
+        let count = |p: &str| words.iter().filter(|w| w.starts_with(p)).count();
+        assert_eq!(count("enforcing="), 1, "{a}");
+        assert!(words.contains(&"enforcing=0"), "{a}");
+        assert_eq!(count("init="), 1, "{a}");
+        assert!(
+            words.contains(&"init=/usr/local/sbin/firstboot-init-selinux"),
+            "{a}"
+        );
+        assert_eq!(count("quiet"), 2, "{a}");
+        assert_eq!(dev_host_append(&[]).split(' ').count(), 8);
     }
 
     #[test]

@@ -325,7 +325,11 @@ async fn os_image(
                 boot: Boot::Kernel {
                     kernel: img.kernel.clone(),
                     initrd: Some(img.initrd.clone()),
-                    append: crate::qemu::dev_host_append(variant.kernel_args()),
+                    append: {
+                        let mut args = variant.kernel_args().to_vec();
+                        args.extend(opts.kernel_args.iter().map(String::as_str));
+                        crate::qemu::dev_host_append(&args)
+                    },
                 },
                 fw_key: devhost::FWCFG_IGNITION_KEY,
                 spec: flex_ignition::SpecVersion::V3_3_0,

@@ -109,10 +109,17 @@ pub const OPERATIONS: &[Operation] = &[
         "busctl",
         "busctl call org.freedesktop.systemd1 /org/freedesktop/systemd1 org.freedesktop.DBus.Peer Ping",
     ),
+    // The directory as a machine's unit makes it (its ExecStartPre's mkdir, in the unit's
+    // domain), then the mount from the container.
+    op(
+        Kind::Mount,
+        "mkdir",
+        "systemd-run --wait --quiet --collect /usr/bin/mkdir -p /run/aks-flex-selinux-probe",
+    ),
     op(
         Kind::Mount,
         "mount",
-        "mount --mkdir -t bpf bpffs /run/aks-flex-selinux-probe",
+        "mount -t bpf bpffs /run/aks-flex-selinux-probe",
     ),
     op(
         Kind::Mount,
@@ -120,6 +127,11 @@ pub const OPERATIONS: &[Operation] = &[
         "mountpoint /run/aks-flex-selinux-probe",
     ),
     op(Kind::Mount, "umount", "umount /run/aks-flex-selinux-probe"),
+    op(
+        Kind::Mount,
+        "rmdir",
+        "systemd-run --wait --quiet --collect /usr/bin/rmdir /run/aks-flex-selinux-probe",
+    ),
     op(Kind::Dbus, "systemd", "aks-flex-node debug dbus-systemd"),
     op(Kind::Machinectl, "machinectl", "machinectl list --no-pager"),
     op(
@@ -467,6 +479,11 @@ mod tests {
                 .unwrap()
         };
         assert!(pos("mount ") < pos("mountpoint ") && pos("mountpoint ") < pos("umount "));
+        let (mkdir, rmdir) = (
+            pos("systemd-run --wait --quiet --collect /usr/bin/mkdir"),
+            pos("systemd-run --wait --quiet --collect /usr/bin/rmdir"),
+        );
+        assert!(mkdir < pos("mount ") && pos("umount ") < rmdir);
         assert!(pos("ip link add") < pos("ip link del"));
         assert!(pos("nft add") < pos("nft delete"));
         for o in OPERATIONS.iter().filter(|o| o.kind == Kind::Mount) {

@@ -70,6 +70,8 @@ pub struct UpOptions {
     pub mode: crate::hostmode::AgentMode,
     /// The agent's release binary, which host mode installs (`cargo xtask image` builds it).
     pub agent_binary: Option<PathBuf>,
+    /// More kernel arguments for a dev host's boot, after the variant's (`up --kernel-arg`).
+    pub kernel_args: Vec<String>,
 }
 
 impl Default for UpOptions {
@@ -86,6 +88,7 @@ impl Default for UpOptions {
             kubernetes_bin: None,
             mode: crate::hostmode::AgentMode::Image,
             agent_binary: None,
+            kernel_args: Vec::new(),
         }
     }
 }

@@ -13,6 +13,21 @@ for m in "$R"/usr/local/share/flex-devhost/selinux/*.cil; do
   [ -e "$m" ] || continue
   chroot "$R" semodule -i "/usr/local/share/flex-devhost/selinux/$(basename "$m")"
 done
+# mmdebstrap's cleanup/reproducible, which the variant skips (--skip): it runs after this hook
+# and would create /etc/machine-id anew, unlabelled (journald, networkd and tmpfiles are then
+# refused reading it). The same files go, and machine-id is emptied in place, before labelling.
+rm -f "$R"/var/log/dpkg.log "$R"/var/log/apt/history.log "$R"/var/log/apt/term.log \
+  "$R"/var/log/alternatives.log "$R"/var/cache/ldconfig/aux-cache "$R"/var/log/apt/eipp.log.xz \
+  "$R"/var/lib/dbus/machine-id
+if [ -e "$R"/etc/machine-id ]; then : > "$R"/etc/machine-id; fi
+# systemd-nspawn runs unconfined (initrc_t, as systemd starts bin_t services here), as it does
+# on ACL (kernel_t): refpolicy's systemd_nspawn_t cannot run a whole OS from a var_lib_t tree
+# (its first boot logged over 200 denials, the machine's systemd among them). A local file
+# context, in the policy store and where libselinux reads it, so a later rebuild keeps it.
+for f in "$R"/var/lib/selinux/default/active/file_contexts.local \
+         "$R"/etc/selinux/default/contexts/files/file_contexts.local; do
+  echo '/usr/bin/systemd-nspawn -- system_u:object_r:bin_t:s0' >> "$f"
+done
 chroot "$R" setfiles -F -e /proc -e /sys -e /dev /etc/selinux/default/contexts/files/file_contexts /
 # For the build log (the build checks the labels in the finished image with debugfs).
-chroot "$R" ls -dZ /usr/lib/systemd/systemd /etc/ssh /var/lib || true
+chroot "$R" ls -dZ /usr/lib/systemd/systemd /etc/ssh /var/lib /etc/machine-id /usr/bin/systemd-nspawn || true

@@ -113,6 +113,7 @@ pub async fn up(a: UpArgs) -> anyhow::Result<()> {
         kubernetes_bin: a.k8s_bin_dir.clone(),
         mode: a.mode,
         agent_binary: Some(binary),
+        kernel_args: a.kernel_arg.clone(),
     };
     let state = flex_harness::run::up(
         &runner,
