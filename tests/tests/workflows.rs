@@ -291,7 +291,7 @@ fn ci_end_to_end_passes_call_up_as_the_harness_defines_it() {
     let passes = xtask::ci::E2E_PASSES;
     assert_eq!(
         passes.iter().map(|p| p.name).collect::<Vec<_>>(),
-        ["image", "host"]
+        ["image", "host", "selinux"]
     );
     for p in passes {
         let mut args = vec!["up".to_string()];
@@ -300,7 +300,15 @@ fn ci_end_to_end_passes_call_up_as_the_harness_defines_it() {
         let mut args = vec!["check".to_string()];
         args.extend(p.check.iter().map(|a| a.to_string()));
         accepted(&args).unwrap_or_else(|e| panic!("pass {} check: {e}", p.name));
+        for task in p.then {
+            let args: Vec<String> = task.iter().map(|a| a.to_string()).collect();
+            accepted(&args).unwrap_or_else(|e| panic!("pass {} {task:?}: {e}", p.name));
+        }
     }
+    // The SELinux pass boots the SELinux variant and ends with `selinux verify`.
+    let se = &passes[2];
+    assert!(se.up.contains(&"--selinux"));
+    assert_eq!(se.then, [&["selinux", "verify"][..]]);
     let bad = ["up".to_string(), "--mode".into(), "hosted".into()];
     assert!(accepted(&bad).is_err(), "the check would accept anything");
 }
