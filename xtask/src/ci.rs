@@ -97,12 +97,13 @@ pub const E2E_PASSES: &[Pass] = &[
         then: &[],
     },
     // The SELinux dev host, enforcing (docs/SELINUX.md): the container group (its SELinux check
-    // runs, no skip), then every kind of host operation the agent performs, failing on any AVC
-    // denial. Not `machines`: its `machinectl shell` check fails there (TODO.md).
+    // runs, no skip) and machines (the nspawn machine, machinectl and systemd-run from the
+    // agent's container, NodeReboot, a VM reboot), then every kind of host operation the agent
+    // performs, failing on any AVC denial.
     Pass {
         name: "selinux",
         up: &["--selinux"],
-        check: &["--only", "container"],
+        check: &["--only", "container,machines"],
         then: &[&["selinux", "verify"]],
     },
 ];
