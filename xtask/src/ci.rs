@@ -89,7 +89,7 @@ pub const E2E_PASSES: &[Pass] = &[
         then: &[],
     },
     // Every offline group: the host variants of machines and upgrade, the others as they are;
-    // container and faults report skipped, with the reason (docs/host-mode.md).
+    // container reports skipped, with the reason; faults runs only when named (docs/host-mode.md).
     Pass {
         name: "host",
         up: &["--mode", "host"],
