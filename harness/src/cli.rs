@@ -175,7 +175,8 @@ pub struct UpArgs {
     /// its cache entry are unchanged. Not for ACL, whose kernel command line is its own.
     #[arg(long, value_name = "ARG", conflicts_with_all = ["acl_image", "acl_gallery"])]
     pub kernel_arg: Vec<String>,
-    /// Label /var/lib/containerd for SELinux before containerd starts (image/label-containerd.bu)
+    /// Label /var/lib/containerd and /run/containerd for SELinux before containerd starts
+    /// (image/label-containerd.bu); always on with --selinux, whose policy confines runc
     #[arg(long, env = "ACLC_LABEL_CONTAINERD")]
     pub label_containerd: bool,
     /// Do not save the bootstrapped snapshot (check then runs groups in sequence)

@@ -1,4 +1,4 @@
-//! The dev host: the embedded default OS of `cargo xtask up`, an ACL-like Debian guest built
+//! The dev host: the embedded def.any(|a| a.starts_with("--include=") && a.ends_with(",selinux-policy-dev"))ult OS of `cargo xtask up`, an ACL-like Debian guest built
 //! offline from Debian packages with mmdebstrap, following the measured recipe in
 //! `shared/spec/guest-host.md` (§3.1 image, §5.3 first boot).
 //!
@@ -207,10 +207,22 @@ pub enum Variant {
 }
 
 /// The packages the SELinux variant adds: the policy (refpolicy, MCS), `policycoreutils`
-/// (setfiles, restorecon, semodule, load_policy) and `selinux-utils` (getenforce). No auditd:
-/// as on ACL, the kernel's AVC records go to the journal.
-pub const SELINUX_PACKAGES: &[&str] =
-    &["selinux-policy-default", "policycoreutils", "selinux-utils"];
+/// (setfiles, restorecon, semodule, load_policy) and `selinux-utils` (getenforce); and, to
+/// build refpolicy's container module, which Debian's policy leaves out, its source and the
+/// policy headers ([`SELINUX_BUILD_PACKAGES`], purged by the hook) and `zstd` (the source is a
+/// `.tar.zst`). No auditd: as on ACL, the kernel's AVC records go to the journal.
+pub const SELINUX_PACKAGES: &[&str] = &[
+    "selinux-policy-default",
+    "policycoreutils",
+    "selinux-utils",
+    "zstd",
+    "selinux-policy-src",
+    "selinux-policy-dev",
+];
+
+/// The packages of [`SELINUX_PACKAGES`] only the container module's build needs; the SELinux
+/// hook purges them, with what only they pulled in (python3, make, the policy compiler).
+pub const SELINUX_BUILD_PACKAGES: &[&str] = &["selinux-policy-src", "selinux-policy-dev"];
 
 /// The SELinux variant's second customize hook: local policy modules, then `setfiles` over
 /// the tree.
@@ -761,6 +773,9 @@ pub const SELINUX_LABEL_CHECKS: &[(&str, &str)] = &[
     ("/etc/machine-id", "etc_t"),
     // Unconfined, as on ACL (customize-selinux.sh, file_contexts.local).
     ("/usr/bin/systemd-nspawn", "bin_t"),
+    // refpolicy's container module is in the policy (built by customize-selinux.sh): runc is
+    // the container engine that moves the agent's container to spc_t.
+    ("/usr/sbin/runc", "container_engine_exec_t"),
 ];
 
 /// mmdebstrap steps the SELinux variant skips. Its `cleanup/reproducible` runs after the
@@ -948,6 +963,23 @@ mod tests {
             !pk.contains(&"auditd"),
             "ACL has no auditd; AVCs go to the journal"
         );
+        // The container module's build packages are installed, and purged by the hook.
+        let purge: String = SELINUX_HOOK
+            .split("apt-get purge")
+            .nth(1)
+            .unwrap_or_default()
+            .lines()
+            .take(3)
+            .collect();
+        for p in SELINUX_BUILD_PACKAGES {
+            assert!(pk.contains(p), "{p}");
+            assert!(purge.contains(p), "the hook purges {p}");
+        }
+        assert!(SELINUX_HOOK.contains("semodule -i \"$B/container.pp\""));
+        assert!(
+            SELINUX_LABEL_CHECKS.contains(&("/usr/sbin/runc", "container_engine_exec_t")),
+            "the build checks the module's labels"
+        );
         let assets = v.assets();
         let find = |path: &str| assets.iter().find(|a| a.path == path);
         let shim = find("usr/local/lib/ignition-shim/setfiles")
@@ -1014,7 +1046,7 @@ mod tests {
         assert!(hooks[0].contains("/h0.sh") && hooks[1].contains("/h1.sh"));
         assert!(
             argv.iter()
-                .any(|a| a.starts_with("--include=") && a.ends_with(",selinux-utils"))
+                .any(|a| a.starts_with("--include=") && a.ends_with(",selinux-policy-dev"))
         );
         // mmdebstrap's clean-up would recreate /etc/machine-id unlabelled after the hooks: the
         // variant skips it and its hook empties the file in place before setfiles.

@@ -673,7 +673,7 @@ fn write_ignition(
                 insecure_registries: vec![images.registry.guest_addr()],
             },
             bootstrap_env: Some(env.to_string()),
-            label_containerd: opts.label_containerd,
+            label_containerd: opts.labels_containerd(),
         },
         os.spec,
     )?;

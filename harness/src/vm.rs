@@ -93,6 +93,16 @@ impl Default for UpOptions {
     }
 }
 
+impl UpOptions {
+    /// Whether the VM's config merges `image/label-containerd.bu`: when asked, and always on the
+    /// SELinux dev host, whose policy has refpolicy's container module: it confines runc
+    /// (`container_engine_t`), which may only read a bundle and run a container from
+    /// containerd's directories when they carry container labels (docs/SELINUX.md). Pure.
+    pub fn labels_containerd(&self) -> bool {
+        self.label_containerd || self.os == OsImage::DevHost(crate::devhost::Variant::Selinux)
+    }
+}
+
 /// What `up` started, for `check` and `down`.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct State {
@@ -692,6 +702,24 @@ pub fn qemu_spec(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The SELinux dev host always labels containerd's directories; the plain one and ACL only
+    /// when asked.
+    #[test]
+    fn selinux_dev_host_labels_containerd() {
+        use crate::devhost::Variant;
+        let with = |os, asked| {
+            UpOptions {
+                os,
+                label_containerd: asked,
+                ..UpOptions::default()
+            }
+            .labels_containerd()
+        };
+        assert!(with(OsImage::DevHost(Variant::Selinux), false));
+        assert!(!with(OsImage::DevHost(Variant::Plain), false));
+        assert!(with(OsImage::DevHost(Variant::Plain), true));
+    }
 
     #[test]
     fn state_roundtrip() {

@@ -9,6 +9,25 @@
 set -eu
 R=$1
 grep -q '^CONFIG_SECURITY_SELINUX=y' "$R"/boot/config-*
+# refpolicy's container module, which Debian's policy package leaves out: built from Debian's
+# own policy source (selinux-policy-src) against the image's policy headers
+# (selinux-policy-dev), both then purged with what only they pulled in (python3, make, the
+# policy compiler: apt would keep what an installed package merely suggests). It labels runc container_engine_exec_t and
+# containerd's directories container_*, and moves runc, executing a container's files
+# labelled so, to spc_t: ACL's domain for the agent's container when /var/lib/containerd is
+# labelled (docs/SELINUX.md). The local modules below may name its types.
+B=/usr/local/src/flex-container-module
+mkdir -p "$R$B"
+chroot "$R" tar --zstd -xf /usr/src/selinux-policy-src.tar.zst -C "$B" --strip-components=4 \
+  selinux-policy-src/policy/modules/services/container.te \
+  selinux-policy-src/policy/modules/services/container.fc
+chroot "$R" make -s -C "$B" -f /usr/share/selinux/devel/Makefile container.pp
+chroot "$R" semodule -i "$B/container.pp"
+rm -rf "$R$B"
+chroot "$R" env DEBIAN_FRONTEND=noninteractive apt-get purge -y -q \
+  -o APT::AutoRemove::SuggestsImportant=false -o APT::AutoRemove::RecommendsImportant=false \
+  --autoremove selinux-policy-src selinux-policy-dev
+chroot "$R" semodule -l | grep -qx container
 for m in "$R"/usr/local/share/flex-devhost/selinux/*.cil; do
   [ -e "$m" ] || continue
   chroot "$R" semodule -i "/usr/local/share/flex-devhost/selinux/$(basename "$m")"
