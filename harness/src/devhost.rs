@@ -1,4 +1,4 @@
-//! The dev host: the embedded def.any(|a| a.starts_with("--include=") && a.ends_with(",selinux-policy-dev"))ult OS of `cargo xtask up`, an ACL-like Debian guest built
+//! The dev host: the embedded default OS of `cargo xtask up`, an ACL-like Debian guest built
 //! offline from Debian packages with mmdebstrap, following the measured recipe in
 //! `shared/spec/guest-host.md` (§3.1 image, §5.3 first boot).
 //!
@@ -224,8 +224,8 @@ pub const SELINUX_PACKAGES: &[&str] = &[
 /// hook purges them, with what only they pulled in (python3, make, the policy compiler).
 pub const SELINUX_BUILD_PACKAGES: &[&str] = &["selinux-policy-src", "selinux-policy-dev"];
 
-/// The SELinux variant's second customize hook: local policy modules, then `setfiles` over
-/// the tree.
+/// The SELinux variant's second customize hook: refpolicy's container module, the local policy
+/// modules, then `setfiles` over the tree.
 pub const SELINUX_HOOK: &str = include_str!("devhost/customize-selinux.sh");
 
 /// Where the SELinux variant's `init=` wrapper lives.

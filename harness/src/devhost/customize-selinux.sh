@@ -12,10 +12,10 @@ grep -q '^CONFIG_SECURITY_SELINUX=y' "$R"/boot/config-*
 # refpolicy's container module, which Debian's policy package leaves out: built from Debian's
 # own policy source (selinux-policy-src) against the image's policy headers
 # (selinux-policy-dev), both then purged with what only they pulled in (python3, make, the
-# policy compiler: apt would keep what an installed package merely suggests). It labels runc container_engine_exec_t and
-# containerd's directories container_*, and moves runc, executing a container's files
-# labelled so, to spc_t: ACL's domain for the agent's container when /var/lib/containerd is
-# labelled (docs/SELINUX.md). The local modules below may name its types.
+# policy compiler; apt would keep what an installed package merely suggests). It labels runc
+# container_engine_exec_t and containerd's directories container_*, and moves runc, executing
+# a container's files labelled so, to spc_t: ACL's domain for the agent's container when
+# /var/lib/containerd is labelled (docs/SELINUX.md). The local modules below name its types.
 B=/usr/local/src/flex-container-module
 mkdir -p "$R$B"
 chroot "$R" tar --zstd -xf /usr/src/selinux-policy-src.tar.zst -C "$B" --strip-components=4 \
