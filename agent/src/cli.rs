@@ -11,9 +11,9 @@ use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 
 use crate::config;
-use crate::context::Host;
 use crate::flows::preflight::{self, OutputFormat};
-use crate::hostinfo::{HostInfo, RealHostInfo};
+use flex_host::context::Host;
+use flex_host::hostinfo::{HostInfo, RealHostInfo};
 
 /// `aks-flex-node`.
 #[derive(Debug, Parser)]
@@ -465,7 +465,7 @@ async fn run_debug(cmd: DebugCommand) -> anyhow::Result<()> {
             Ok(())
         }
         DebugCommand::HttpsGet { url, ca } => {
-            crate::http::install_crypto();
+            flex_host::http::install_crypto();
             let mut b = reqwest::Client::builder();
             if let Some(ca) = ca {
                 let pem = std::fs::read(&ca).with_context(|| format!("read {}", ca.display()))?;
@@ -571,7 +571,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             let format = OutputFormat::parse(&a.output).map_err(|e| anyhow::anyhow!(e))?;
             let mut host = Host::real().await?;
             if let Some(root) = a.root {
-                host.fs = crate::fs::HostFs::new(root);
+                host.fs = flex_host::fs::HostFs::new(root);
             }
             let report = crate::flows::status::status(&host).await;
             match format {
@@ -724,7 +724,7 @@ fn run_ignition(a: &IgnitionArgs) -> anyhow::Result<()> {
         }
         e => anyhow::anyhow!(e),
     })?;
-    crate::fs::write_new(&a.output, json.as_bytes(), 0o600)?;
+    flex_host::fs::write_new(&a.output, json.as_bytes(), 0o600)?;
     println!(
         "wrote {} (mode 0600; it carries the bootstrap inputs)",
         a.output.display()
@@ -754,7 +754,7 @@ fn bootstrap_dry_run(env_file: Option<&Path>, output_dir: Option<&Path>) -> anyh
         })?),
         None => None,
     };
-    let fs = crate::fs::HostFs::host();
+    let fs = flex_host::fs::HostFs::host();
     let info = RealHostInfo;
     let facts = crate::machine::lifecycle::host_facts_from(&info, &fs)?;
     let resolv = fs

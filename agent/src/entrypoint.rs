@@ -10,7 +10,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::hostexec::HOST_ROOT;
+use flex_host::hostexec::HOST_ROOT;
 
 /// What kind of host path an entry is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -4,9 +4,10 @@
 //! The binary (`src/main.rs`) only dispatches and calls [`cli::run`]. The library is layered so
 //! that the layers show in the tree; each layer uses only the ones below it:
 //!
-//! 1. the host seams and API types, from their crates and re-exported here: [`runner`],
-//!    [`fs`], [`hostexec`], [`hostinfo`], [`http`], [`context`] (`flex-host`), [`machina`]
-//!    (`flex-api`), [`oci`] (`flex-oci`);
+//! 1. the host seams and API types, used from their crates under their own names (never
+//!    re-exported here): `flex_host` (runner, files, host-exec, host info, HTTP, the `Host`
+//!    bundle, systemd, retry), `flex_api` (the Machina API, the goal, the decision tables),
+//!    `flex_oci` (machine images);
 //! 2. adapters and stores: [`config`] (the JSON config, defaults, validation), [`state`] (the
 //!    daemon state file), [`systemd`] (the agent's units and the systemd manager),
 //!    [`kubeclient`] (the daemon's Kubernetes client and certificate), [`goalclient`] (where the
@@ -21,10 +22,6 @@
 //!    [`butane`] (the ACL host provisioning rendered from the agent's own units).
 //!
 //! The recording fakes of the host traits are `flex-testkit`'s (a dev-dependency only).
-
-pub use flex_api::machina;
-pub use flex_host::{context, fs, hostexec, hostinfo, http, runner};
-pub use flex_oci as oci;
 
 pub mod butane;
 pub mod cli;

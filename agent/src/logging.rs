@@ -2,9 +2,9 @@
 //! whose journal stamps them) and, when `agent.logDir` is set, appended to
 //! `<logDir>/aks-flex-node.log` (0600, directory 0750).
 //!
-//! Secrets never reach a log line: config secrets are [`crate::config::Secret`] (whose `Debug`
+//! Secrets never reach a log line: config secrets are [`flex_host::secret::Secret`] (whose `Debug`
 //! is redacted and which has no `Display`), and secret command arguments are redacted by
-//! [`crate::runner::Cmd`]. `tests/secrets.rs` runs whole flows with secrets in the config and
+//! [`flex_host::runner::Cmd`]. `tests/secrets.rs` runs whole flows with secrets in the config and
 //! checks the captured log.
 
 use std::fs::OpenOptions;

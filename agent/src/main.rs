@@ -18,10 +18,10 @@ fn main() -> ExitCode {
     match name.as_str() {
         // Both must stay single-threaded until they exec (mount namespaces, chroot).
         "entrypoint" => fail(aks_flex_node::entrypoint::main(rest).map(|_| ())),
-        n if n == "host-exec" || aks_flex_node::hostexec::mode_of(n).is_some() => {
-            match aks_flex_node::hostexec::parse(&argv0, &rest) {
+        n if n == "host-exec" || flex_host::hostexec::mode_of(n).is_some() => {
+            match flex_host::hostexec::parse(&argv0, &rest) {
                 Ok(inv) => fail(
-                    aks_flex_node::hostexec::exec(&inv)
+                    flex_host::hostexec::exec(&inv)
                         .map(|_| ())
                         .map_err(Into::into),
                 ),

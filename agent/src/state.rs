@@ -53,7 +53,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use sha2::{Digest, Sha256};
 
-use crate::fs::{FsError, HostFs};
+use flex_host::fs::{FsError, HostFs};
 
 /// Default location of the state file.
 pub const STATE_PATH: &str = "/etc/aks-flex-node/daemon-state.json";

@@ -10,7 +10,7 @@ use std::io::Write as _;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-use aks_flex_node::runner::{Cmd, Output, ProcessRunner, Runner};
+use flex_host::runner::{Cmd, Output, ProcessRunner, Runner};
 use sha2::Digest;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -519,7 +519,7 @@ async fn the_script_and_the_agent_parse_env_files_alike() {
             format!("AKS_FLEX_NODE_INSTALL_DIR={base}/{i}-{tail}")
         };
         let text = format!("{line}\r\nAKS_FLEX_NODE_USE_INSTALLED_AGENT=true\n");
-        let entries = aks_flex_node::flows::bootstrap::env::parse(&text).unwrap();
+        let entries = flex_api::bootstrap_env::parse(&text).unwrap();
         let dir = PathBuf::from(&entries[0].value);
         assert!(dir.starts_with(d.path()), "{line}");
         let agent = fake_agent(&dir);

@@ -519,7 +519,7 @@ async fn the_kube_client_sends_the_token_that_token_kubelogin_prints() {
     cfg.azure.service_principal = Some(aks_flex_node::config::ServicePrincipal {
         tenant_id: "tenant-1".into(),
         client_id: "client-1".into(),
-        client_secret: aks_flex_node::config::Secret::new(SP_SECRET),
+        client_secret: flex_host::secret::Secret::new(SP_SECRET),
     });
     let mut kc = aks_flex_node::kubeclient::bootstrap_config(&cfg)
         .await

@@ -16,14 +16,15 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use aks_flex_node::config::{Config, OfflineArtifacts};
-use aks_flex_node::context::Host;
-use aks_flex_node::fs::HostFs;
 use aks_flex_node::machine::components::{
     CHECK_CNI, CHECK_CRI, CHECK_KUBERNETES, Component, ComponentPlan, ComponentsError, Downloads,
-    Failure, InstallReport, Outcome, RetryPolicy, STAGING_PREFIX, Step, check_reachable_with,
+    Failure, InstallReport, Outcome, STAGING_PREFIX, Step, check_reachable_with,
     install_components,
 };
-use aks_flex_node::runner::ProcessRunner;
+use flex_host::context::Host;
+use flex_host::fs::HostFs;
+use flex_host::retry::Backoff;
+use flex_host::runner::ProcessRunner;
 use flex_testkit::{FakeHostInfo, FakeSystemd};
 use sha2::Digest;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -304,8 +305,8 @@ fn config() -> Config {
     c
 }
 
-fn fast_retry() -> RetryPolicy {
-    RetryPolicy::new(4, Duration::from_millis(10), Duration::from_millis(40))
+fn fast_retry() -> Backoff {
+    Backoff::new(4, Duration::from_millis(10), Duration::from_millis(40))
 }
 
 fn plan_for(server: &Server) -> ComponentPlan {
@@ -321,13 +322,13 @@ fn plan_for(server: &Server) -> ComponentPlan {
 }
 
 fn http() -> reqwest::Client {
-    aks_flex_node::http::client().unwrap()
+    flex_host::http::client().unwrap()
 }
 
 async fn install(host: &Host, plan: &ComponentPlan) -> Result<InstallReport, ComponentsError> {
     // The machine image would have been unpacked here first.
     std::fs::create_dir_all(host.fs.path(Path::new(ROOTFS))).unwrap();
-    let registry = aks_flex_node::oci::RegistryClient::new(http());
+    let registry = flex_oci::RegistryClient::new(http());
     install_components(host, &http(), &registry, Path::new(ROOTFS), plan).await
 }
 
@@ -762,8 +763,8 @@ async fn offline_file_url_tar_gz_real_processes_zero_http_requests() {
 
 struct NoRegistry;
 
-fn no_registry(reference: &str) -> aks_flex_node::oci::OciError {
-    aks_flex_node::oci::OciError::Layout {
+fn no_registry(reference: &str) -> flex_oci::OciError {
+    flex_oci::OciError::Layout {
         reference: reference.into(),
         dir: "/nonexistent".into(),
         reason: "no registry in this test".into(),
@@ -772,11 +773,11 @@ fn no_registry(reference: &str) -> aks_flex_node::oci::OciError {
 
 #[async_trait::async_trait]
 impl aks_flex_node::machine::components::ArtifactFetcher for NoRegistry {
-    async fn check(&self, r: &str) -> Result<(), aks_flex_node::oci::OciError> {
+    async fn check(&self, r: &str) -> Result<(), flex_oci::OciError> {
         Err(no_registry(r))
     }
 
-    async fn fetch(&self, r: &str, _: &Path) -> Result<(), aks_flex_node::oci::OciError> {
+    async fn fetch(&self, r: &str, _: &Path) -> Result<(), flex_oci::OciError> {
         Err(no_registry(r))
     }
 }

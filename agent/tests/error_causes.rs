@@ -9,14 +9,14 @@ use std::path::{Path, PathBuf};
 
 use aks_flex_node::entrypoint::EntrypointError;
 use aks_flex_node::flows::operations::ReconcileError;
-use aks_flex_node::fs::FsError;
 use aks_flex_node::machine::components::{Component, ComponentError, Failure, Step};
 use aks_flex_node::machine::containerd::ContainerdError;
 use aks_flex_node::machine::nspawn::MachineError;
-use aks_flex_node::oci::OciError;
-use aks_flex_node::runner::CmdError;
 use aks_flex_node::state::StateError;
 use aks_flex_node::task::StepError;
+use flex_host::fs::FsError;
+use flex_host::runner::CmdError;
+use flex_oci::OciError;
 use flex_testkit::assert_cause_once;
 
 fn missing() -> PathBuf {

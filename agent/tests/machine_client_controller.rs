@@ -13,9 +13,10 @@ use std::time::Duration;
 use aks_flex_controller::{Args, MemoryStore, Server};
 use aks_flex_node::flows::start::{GoalState, MachineRegistry, ensure_machine};
 use aks_flex_node::goalclient::{
-    InClusterClient, MachineClient, MachineClientRegistry, MachineError, MachineStatus, RetryPolicy,
+    InClusterClient, MachineClient, MachineClientRegistry, MachineError, MachineStatus,
 };
 use clap::Parser;
+use flex_host::retry::Backoff;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -42,8 +43,8 @@ fn machine_json(version: &str, etag: &str) -> String {
     .to_string()
 }
 
-fn fast_retry(attempts: u32) -> RetryPolicy {
-    RetryPolicy {
+fn fast_retry(attempts: u32) -> Backoff {
+    Backoff {
         attempts,
         initial: Duration::from_millis(10),
         max: Duration::from_millis(40),
@@ -252,7 +253,7 @@ async fn the_controller_store_recovering_during_retries() {
         store.fail_with(None);
     });
     let m = client(&c.base, "/")
-        .with_retry(RetryPolicy {
+        .with_retry(Backoff {
             attempts: 20,
             initial: Duration::from_millis(10),
             max: Duration::from_millis(20),
@@ -530,7 +531,7 @@ async fn put_adopts_on_403_405_204_and_empty_bodies() {
     );
     let s = scripted(vec![(500, "nope")]).await;
     let e = client(&s.base, PROXY)
-        .with_retry(RetryPolicy::none())
+        .with_retry(Backoff::none())
         .create(&goal("1.35.0"))
         .await
         .unwrap_err()

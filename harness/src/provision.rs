@@ -328,7 +328,7 @@ mod tests {
     /// machine client.
     #[test]
     fn cluster_env_renders_a_joining_config() {
-        use aks_flex_node::flows::bootstrap::{env, inputs::Inputs, render};
+        use aks_flex_node::flows::bootstrap::{inputs::Inputs, render};
         let text = cluster_bootstrap_env(
             &join(),
             "10.0.2.2:5000/aks-flex/machine@sha256:00",
@@ -336,7 +336,7 @@ mod tests {
             None,
             None,
         );
-        let entries = env::parse(&text).unwrap();
+        let entries = flex_api::bootstrap_env::parse(&text).unwrap();
         let inputs = Inputs::from_sources(None, &entries, Vec::new()).unwrap();
         let rendered = render::render(&inputs, &|| Ok("flex-dev-node".to_string())).unwrap();
         let c = &rendered.config;
@@ -363,7 +363,7 @@ mod tests {
     /// mode and its URL.
     #[test]
     fn cluster_env_with_a_local_controller_uses_controller_mode() {
-        use aks_flex_node::flows::bootstrap::{env, inputs::Inputs, render};
+        use aks_flex_node::flows::bootstrap::{inputs::Inputs, render};
         let mut j = join();
         j.machine_endpoint = Some("http://10.0.2.2:18080".into());
         let bundle = OfflineBundle {
@@ -383,7 +383,7 @@ mod tests {
             ),
             "{text}"
         );
-        let entries = env::parse(&text).unwrap();
+        let entries = flex_api::bootstrap_env::parse(&text).unwrap();
         let inputs = Inputs::from_sources(None, &entries, Vec::new()).unwrap();
         let rendered = render::render(&inputs, &|| Ok("flex-dev-node".to_string())).unwrap();
         let json: serde_json::Value = serde_json::from_slice(rendered.bytes()).unwrap();

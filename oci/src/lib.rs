@@ -50,7 +50,7 @@ pub use manifest::{
     Arch, ArchError, Compression, Descriptor, ImageConfig, ImageIndex, ImageManifest,
 };
 pub use reference::{ImageRef, ImageSource, LayoutTarget, ReferenceError};
-pub use registry::{REGISTRY_RETRY, RegistryClient, RetryPolicy};
+pub use registry::{REGISTRY_RETRY, RegistryClient};
 pub use unpack::{LayerFile, LayerStats, UnpackError, UnpackOptions, unpack, unpack_layer};
 
 /// The marker file written at the top of every root file system this module builds.

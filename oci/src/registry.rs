@@ -44,15 +44,11 @@ use super::manifest::{
 };
 use super::reference::ImageRef;
 use flex_host::http::InsecureRegistries;
-use flex_host::retry::Attempt;
+use flex_host::retry::{Attempt, Backoff};
 
-/// How transient failures are retried: the workspace's one backoff. Registries default to
-/// [`REGISTRY_RETRY`].
-pub use flex_host::retry::Backoff as RetryPolicy;
-
-/// 5 attempts, 2 s doubling (2, 4, 8, 16 s), at most 30 s apart.
-pub const REGISTRY_RETRY: RetryPolicy =
-    RetryPolicy::new(5, Duration::from_secs(2), Duration::from_secs(30));
+/// How registries retry transient failures by default: 5 attempts, 2 s doubling (2, 4, 8, 16 s), at most 30 s apart.
+pub const REGISTRY_RETRY: Backoff =
+    Backoff::new(5, Duration::from_secs(2), Duration::from_secs(30));
 
 /// A manifest or index as fetched.
 #[derive(Clone, Debug)]
@@ -71,7 +67,7 @@ pub struct FetchedManifest {
 #[derive(Clone)]
 pub struct RegistryClient {
     http: reqwest::Client,
-    retry: RetryPolicy,
+    retry: Backoff,
     insecure: InsecureRegistries,
     tokens: Arc<Mutex<HashMap<String, String>>>,
 }
@@ -262,8 +258,8 @@ impl RegistryClient {
     }
 
     /// The same client with another retry policy.
-    pub fn with_retry(mut self, retry: RetryPolicy) -> Self {
-        self.retry = RetryPolicy {
+    pub fn with_retry(mut self, retry: Backoff) -> Self {
+        self.retry = Backoff {
             attempts: retry.max_attempts(),
             ..retry
         };
@@ -271,7 +267,7 @@ impl RegistryClient {
     }
 
     /// The retry policy in force.
-    pub fn retry_policy(&self) -> RetryPolicy {
+    pub fn retry_policy(&self) -> Backoff {
         self.retry
     }
 

@@ -15,10 +15,11 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use flex_host::retry::Backoff;
 use flex_oci::manifest::{Platform, media_type};
 use flex_oci::{
     Arch, Descriptor, Digest, ImageIndex, ImageRef, ImageSource, MARKER_FILE, PullOptions,
-    RegistryClient, RetryPolicy, fetch_artifact, manifest_reachable, pull_rootfs,
+    RegistryClient, fetch_artifact, manifest_reachable, pull_rootfs,
 };
 use flex_testkit::layer_builder::{LayerBuilder, gzip, zstd};
 
@@ -123,7 +124,7 @@ impl Registry {
 /// A client with `reg` (and only it) opted in to plain HTTP.
 fn client(reg: &Registry) -> RegistryClient {
     RegistryClient::new(flex_host::http::client().unwrap())
-        .with_retry(RetryPolicy::new(
+        .with_retry(Backoff::new(
             3,
             Duration::from_millis(20),
             Duration::from_secs(1),

@@ -35,8 +35,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use aks_flex_node::hostinfo::{HostInfo, RealHostInfo};
-use aks_flex_node::runner::{Cmd, Output, ProcessRunner, Runner, run_inherited, which_on};
+use flex_host::hostinfo::{HostInfo, RealHostInfo};
+use flex_host::runner::{Cmd, Output, ProcessRunner, Runner, run_inherited, which_on};
 use flex_image::{AgentImageOptions, ImageInfo, build_agent_image};
 
 use flex_tests::daemon::{Daemon, spawn_daemon, wait_for};

@@ -33,16 +33,15 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use aks_flex_node::hostinfo::{HostInfo, RealHostInfo};
 use aks_flex_node::machine::containerd::{
     CtrImages, GrpcImages, HostImages, Images, PullOptions, grpc::chain_ids, host_images_at,
 };
-use aks_flex_node::oci::manifest::{Platform, media_type};
-use aks_flex_node::oci::{
-    Arch, Descriptor, Digest, ImageIndex, ImageRef, RegistryClient, RetryPolicy,
-};
-use aks_flex_node::runner::{Cmd, Output, ProcessRunner, Runner, which_on};
 use bytes::Bytes;
+use flex_host::hostinfo::{HostInfo, RealHostInfo};
+use flex_host::retry::Backoff;
+use flex_host::runner::{Cmd, Output, ProcessRunner, Runner, which_on};
+use flex_oci::manifest::{Platform, media_type};
+use flex_oci::{Arch, Descriptor, Digest, ImageIndex, ImageRef, RegistryClient};
 use flex_testkit::FakeRunner;
 
 use flex_tests::daemon::{Daemon, spawn_daemon};
@@ -98,7 +97,7 @@ async fn start_registry(dir: &Path) -> (Daemon, u16) {
         &["serve", &config.to_string_lossy()],
         &dir.join("registry.log"),
     );
-    let http = aks_flex_node::http::client().unwrap();
+    let http = flex_host::http::client().unwrap();
     let start = Instant::now();
     loop {
         if let Ok(r) = http
@@ -191,8 +190,8 @@ struct Pushed {
 }
 
 /// The opt-in for the test registry (and only it): plain HTTP to `127.0.0.1:<port>`.
-fn listed(port: u16) -> aks_flex_node::http::InsecureRegistries {
-    aks_flex_node::http::InsecureRegistries::parse("test", &format!("127.0.0.1:{port}")).unwrap()
+fn listed(port: u16) -> flex_host::http::InsecureRegistries {
+    flex_host::http::InsecureRegistries::parse("test", &format!("127.0.0.1:{port}")).unwrap()
 }
 
 /// Builds the busybox image with `flex-image` and pushes it (manifest, then an index over it)
@@ -230,8 +229,8 @@ async fn push_test_image(port: u16) -> Pushed {
         &diff_ids,
     )
     .unwrap();
-    let client = RegistryClient::new(aks_flex_node::http::client().unwrap())
-        .with_retry(RetryPolicy::new(
+    let client = RegistryClient::new(flex_host::http::client().unwrap())
+        .with_retry(Backoff::new(
             3,
             Duration::from_millis(50),
             Duration::from_secs(1),
@@ -319,7 +318,7 @@ async fn grpc_pull_into_real_containerd_from_real_registry_then_real_ctr_runs_it
     let (registry, port) = start_registry(dir).await;
     let (containerd, sock, snapshotter) = start_containerd(dir).await;
     let pushed = push_test_image(port).await;
-    let registry_client = RegistryClient::new(aks_flex_node::http::client().unwrap());
+    let registry_client = RegistryClient::new(flex_host::http::client().unwrap());
     let grpc = GrpcImages::connect(
         Path::new(&sock),
         registry_client,

@@ -19,8 +19,9 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use flex_host::secret::Secret;
+
 pub use flex_api::duration::{GoDuration, format_go_duration, parse_go_duration};
-pub use flex_host::secret::Secret;
 pub use validate::{
     ControllerEndpoint, MIN_RECONCILE_INTERVAL, TAINT_EFFECTS, ValidationError, api_server_url,
     check_ip, check_label_key, check_label_value, check_registry_mirror, check_taint,

@@ -14,7 +14,8 @@ use std::path::Path;
 use flex_ignition::node::{AgentImage, ArgError, BaseConfigError, BootstrapArgs, NodeError};
 use flex_ignition::{SpecVersion, to_ignition_json};
 
-use crate::flows::bootstrap::{Inputs, env, render::RenderError};
+use crate::flows::bootstrap::{Inputs, render::RenderError};
+use flex_api::bootstrap_env;
 
 /// The node name the renderer falls back to when the inputs name none: the node's hostname,
 /// unknown here. Only used to validate the rest; nothing of it is written.
@@ -55,7 +56,7 @@ pub enum IgnitionCmdError {
 /// The node's Ignition JSON for `req`.
 pub fn render(req: &Request<'_>) -> Result<String, IgnitionCmdError> {
     let args = BootstrapArgs::parse(req.bootstrap_args).map_err(IgnitionCmdError::Args)?;
-    if args.get(env::keys::CONFIG).is_none() {
+    if args.get(bootstrap_env::keys::CONFIG).is_none() {
         validate_inputs(&args)?;
     }
     let base = flex_ignition::node::parse_base_config(req.base_config, req.files_dir)
@@ -67,8 +68,8 @@ pub fn render(req: &Request<'_>) -> Result<String, IgnitionCmdError> {
 
 /// Renders the config the inputs give with the bootstrap's renderer, which validates it.
 fn validate_inputs(args: &BootstrapArgs) -> Result<(), IgnitionCmdError> {
-    let entries =
-        env::parse(&args.env_file()).map_err(|e| IgnitionCmdError::Inputs(e.to_string()))?;
+    let entries = bootstrap_env::parse(&args.env_file())
+        .map_err(|e| IgnitionCmdError::Inputs(e.to_string()))?;
     let inputs = Inputs::from_sources(None, &entries, Vec::new())
         .map_err(|e| IgnitionCmdError::Inputs(e.to_string()))?;
     crate::flows::bootstrap::render::render(&inputs, &|| Ok(PLACEHOLDER_HOSTNAME.to_string()))

@@ -11,9 +11,9 @@ use std::path::Path;
 use serde::Serialize;
 
 use crate::config::Config;
-use crate::context::Host;
 use crate::machine::nodegoal::MachineGoal;
 pub use crate::machine::seams::RemoteProbe;
+use flex_host::context::Host;
 
 /// How bad a result is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]

@@ -31,10 +31,10 @@
 use serde::{Deserialize, Serialize};
 
 use crate::flows::start::GoalState;
-use crate::fs::HostFs;
 use crate::machine::nspawn::alternate;
 pub use crate::machine::seams::{NodeOps, SeamError};
 use crate::state::{DaemonState, JsonStore, StateError, StateStore};
+use flex_host::fs::HostFs;
 
 /// Where the repave journal lives.
 pub const JOURNAL_PATH: &str = "/etc/aks-flex-node/repave-state.json";

@@ -10,11 +10,11 @@
 use std::collections::BTreeSet;
 use std::path::Path;
 
-use crate::context::Host;
-use crate::fs::Removed;
 use crate::machine::nspawn::{self, MACHINES, Timings};
-use crate::runner::Cmd;
 use crate::task::{StepError, step};
+use flex_host::context::Host;
+use flex_host::fs::Removed;
+use flex_host::runner::Cmd;
 
 /// Runtime directories reset removes (upstream removes the default log dir, not `agent.logDir`).
 pub const RUNTIME_DIRS: &[&str] = &["/etc/aks-flex-node", "/var/log/aks-flex-node"];
@@ -317,7 +317,8 @@ pub async fn remove_runtime_dirs(host: &Host) -> anyhow::Result<()> {
                 // In the agent's container the directory is a bind mount of the host's: its
                 // contents are gone, and the host's (now empty) directory is removed through
                 // the host's root, which is not a mount point here.
-                let on_host = Path::new(crate::hostexec::HOST_ROOT).join(d.trim_start_matches('/'));
+                let on_host =
+                    Path::new(flex_host::hostexec::HOST_ROOT).join(d.trim_start_matches('/'));
                 if host.containerized() && host.fs.exists(&on_host) {
                     host.fs.remove_dir_all(&on_host)?;
                 }

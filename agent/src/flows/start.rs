@@ -17,12 +17,12 @@ use std::path::Path;
 use async_trait::async_trait;
 
 use crate::config::Config;
-use crate::context::Host;
 use crate::state::{BootstrapMark, BootstrapMarkStore, DaemonState, KUBE1, StateStore};
 use crate::systemd::{
     RECOVERY_UNIT_PATH, install_service, render_agent_unit_for, render_recovery_unit_for,
 };
 use crate::task::step;
+use flex_host::context::Host;
 
 pub use crate::machine::seams::{MachineRegistry, NodeStarter, RemoteMachine};
 pub use flex_api::goal::GoalState;
@@ -183,7 +183,7 @@ pub fn progress_on(host: &Host) -> BootstrapProgress {
 }
 
 /// The [`BootstrapProgress`] of the node whose files `fs` holds (read-only).
-pub fn progress_in(fs: &crate::fs::HostFs) -> BootstrapProgress {
+pub fn progress_in(fs: &flex_host::fs::HostFs) -> BootstrapProgress {
     bootstrap_progress(
         BootstrapMarkStore::new(fs.clone()).is_marked(),
         fs.exists(Path::new(crate::state::STATE_PATH)),

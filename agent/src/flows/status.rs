@@ -10,7 +10,7 @@
 
 use std::path::Path;
 
-use crate::context::Host;
+use flex_host::context::Host;
 use flex_host::runner::Cmd;
 
 use crate::flows::operations::record::{RECORDS_DIR, Record, RecordStore};

@@ -17,8 +17,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
 
-use crate::config::Secret;
 use crate::goalclient::azure::{AccessToken, AuthError, AzureCredential, Env};
+use flex_host::secret::Secret;
 
 /// The AKS Microsoft Entra ID server application: the default `--server-id`.
 pub use crate::machine::nodegoal::AKS_AAD_SERVER_ID as DEFAULT_SERVER_ID;

@@ -14,7 +14,7 @@ use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::fs::HostFs;
+use flex_host::fs::HostFs;
 
 /// Where the lock lives (a tmpfs: nothing of it survives a boot).
 pub const WORK_LOCK_PATH: &str = "/run/aks-flex-node/work.lock";

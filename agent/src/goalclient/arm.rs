@@ -20,12 +20,14 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use super::armmodel::{parse_arm_machine, put_body};
 use super::azure::{AccessToken, AuthError, AzureCredential};
-use super::retry::{RetryPolicy, parse_retry_after, retryable_status};
+use super::retry::{parse_retry_after, retryable_status};
 use super::{Machine, MachineClient, MachineError, MachineStatus};
-use crate::config::{Config, Secret};
+use crate::config::Config;
+use flex_api::arm::{parse_arm_machine, put_body};
 use flex_api::goal::GoalState;
+use flex_host::retry::Backoff;
+use flex_host::secret::Secret;
 
 /// What every call of an ARM client without a credential fails with.
 pub const NO_CREDENTIAL: &str = "ARM machine client needs an Azure credential: the config sets neither azure.servicePrincipal nor azure.managedIdentity, and the default Azure credential chain is not implemented in this agent (set one of them, or use agent.machineClient.mode=in-cluster)";
@@ -197,7 +199,7 @@ pub struct ArmMachineClient {
     credential: Arc<dyn AzureCredential>,
     scope: String,
     api_version: String,
-    retry: RetryPolicy,
+    retry: Backoff,
     poll_interval: Duration,
     poll_timeout: Duration,
 }
@@ -264,7 +266,7 @@ impl ArmMachineClient {
                 "ARM endpoint {endpoint} must be an absolute http or https URL"
             )));
         }
-        crate::http::install_crypto();
+        flex_host::http::install_crypto();
         let http = reqwest::Client::builder()
             .user_agent(concat!("aks-flex-node/", env!("CARGO_PKG_VERSION")))
             .connect_timeout(Duration::from_secs(30))
@@ -279,14 +281,14 @@ impl ArmMachineClient {
             id,
             credential,
             api_version: API_VERSION.into(),
-            retry: RetryPolicy::default(),
+            retry: Backoff::default(),
             poll_interval: Duration::from_secs(5),
             poll_timeout: Duration::from_secs(600),
         })
     }
 
     /// Replaces the retry policy.
-    pub fn with_retry(mut self, retry: RetryPolicy) -> Self {
+    pub fn with_retry(mut self, retry: Backoff) -> Self {
         self.retry = retry;
         self
     }
@@ -359,7 +361,7 @@ impl ArmMachineClient {
                             .get(reqwest::header::RETRY_AFTER)
                             .and_then(|v| v.to_str().ok()),
                     );
-                    let bytes = crate::http::read_capped(resp, crate::http::DOCUMENT_LIMIT)
+                    let bytes = flex_host::http::read_capped(resp, flex_host::http::DOCUMENT_LIMIT)
                         .await
                         .map_err(|e| other(anyhow::anyhow!("{op}: {e}")))?;
                     if !retryable_status(status.as_u16()) || attempt >= max {

@@ -18,7 +18,7 @@
 //! the public cloud's. The IMDS token endpoint is `AKS_FLEX_NODE_IMDS_ENDPOINT` when set (this
 //! agent's variable, a full URL: no Azure SDK has one for IMDS itself), otherwise
 //! [`DEFAULT_IMDS_ENDPOINT`]. Plain `http` is accepted only for loopback, private and
-//! link-local hosts (`crate::http::is_local_address`), so a client secret never crosses a
+//! link-local hosts (`flex_host::http::is_local_address`), so a client secret never crosses a
 //! network unencrypted.
 //!
 //! Every request has a timeout ([`REQUEST_TIMEOUT`]) and goes through the workspace's one
@@ -41,7 +41,8 @@ use flex_host::retry::{Attempt, Backoff, retry};
 use url::Url;
 
 use super::retry::{parse_retry_after, retryable_status};
-use crate::config::{Config, Secret};
+use crate::config::Config;
+use flex_host::secret::Secret;
 
 /// The public cloud's authority host.
 pub const DEFAULT_AUTHORITY_HOST: &str = "https://login.microsoftonline.com/";
@@ -203,7 +204,7 @@ fn endpoint_url(what: &str, value: &str) -> Result<Url, AuthError> {
     match url.scheme() {
         _ if host.is_empty() => Err(bad("has no host".into())),
         "https" => Ok(url),
-        "http" if crate::http::is_local_address(host) => Ok(url),
+        "http" if flex_host::http::is_local_address(host) => Ok(url),
         "http" => Err(bad(
             "must be https (plain http only to loopback, private or link-local hosts)".into(),
         )),
@@ -311,7 +312,7 @@ fn status_error(
     };
     let clean = |s: String| {
         let s = match secret.map(Secret::expose).filter(|s| !s.is_empty()) {
-            Some(secret) => s.replace(secret, crate::runner::REDACTED),
+            Some(secret) => s.replace(secret, flex_host::runner::REDACTED),
             None => s,
         };
         match s.char_indices().nth(DETAIL_LIMIT) {
@@ -367,7 +368,7 @@ impl TokenEndpoint {
             what,
             url,
             retry_status,
-            http: crate::http::client()
+            http: flex_host::http::client()
                 .map_err(|e| AuthError::Setting(format!("build the token HTTP client: {e}")))?,
             backoff: Backoff::default(),
             cache: TokenCache::default(),
@@ -416,9 +417,11 @@ impl TokenEndpoint {
                         .get(reqwest::header::RETRY_AFTER)
                         .and_then(|v| v.to_str().ok()),
                 );
-                let body = match crate::http::read_capped(resp, crate::http::DOCUMENT_LIMIT).await {
+                let body = match flex_host::http::read_capped(resp, flex_host::http::DOCUMENT_LIMIT)
+                    .await
+                {
                     Ok(b) => b,
-                    Err(crate::http::BodyError::Read(e)) => {
+                    Err(flex_host::http::BodyError::Read(e)) => {
                         return Err(Attempt::retry(transport(e)));
                     }
                     Err(e) => {

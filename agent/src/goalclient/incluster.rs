@@ -10,7 +10,7 @@
 //! takes the current client, so a rotated client certificate is used from the next request on.
 //! A client built with kube's defaults also retries 429/503/504 itself
 //! (kube's `default_retry`); [`InClusterClient::from_kube_config`] turns that off so
-//! [`RetryPolicy`] alone decides.
+//! [`Backoff`] alone decides.
 //!
 //! The status-code rules are upstream's:
 //! - GET: non-2xx is an error; the body is ARM machine JSON; a missing `id` reads as the request
@@ -33,11 +33,12 @@ use bytes::Bytes;
 use http::{Method, Request, StatusCode, header};
 use http_body_util::BodyExt;
 
-use super::armmodel::{parse_arm_machine, put_body, status_patch_body};
-use super::retry::{RetryPolicy, parse_retry_after, retryable_status};
+use super::retry::{parse_retry_after, retryable_status};
 use super::{Machine, MachineClient, MachineError, MachineStatus};
 use crate::kubeclient::KubeClients;
+use flex_api::arm::{parse_arm_machine, put_body, status_patch_body};
 use flex_api::goal::GoalState;
+use flex_host::retry::Backoff;
 
 pub use flex_api::arm::DEFAULT_ENDPOINT_PATH;
 /// How much of an error response's body is read.
@@ -196,7 +197,7 @@ pub struct InClusterClient {
     endpoint: Endpoint,
     node_name: String,
     server: String,
-    retry: RetryPolicy,
+    retry: Backoff,
     timeout: Duration,
 }
 
@@ -242,7 +243,7 @@ impl InClusterClient {
             endpoint,
             node_name: node_name.to_string(),
             server: String::new(),
-            retry: RetryPolicy::default(),
+            retry: Backoff::default(),
             timeout: DEFAULT_TIMEOUT,
         })
     }
@@ -267,7 +268,7 @@ impl InClusterClient {
     }
 
     /// Replaces the retry policy.
-    pub fn with_retry(mut self, retry: RetryPolicy) -> Self {
+    pub fn with_retry(mut self, retry: Backoff) -> Self {
         self.retry = retry;
         self
     }

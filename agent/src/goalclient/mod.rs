@@ -16,10 +16,8 @@ pub mod select;
 
 pub use arm::{ArmMachineClient, MachineResourceId, NoAzureCredential};
 pub use azure::{AccessToken, AuthError, AzureCredential};
-pub use flex_api::arm as armmodel;
 pub use flex_api::arm::{ArmMachine, parse_arm_machine};
 pub use incluster::{Endpoint, InClusterClient};
-pub use retry::RetryPolicy;
 pub use select::{MachineClientRegistry, client_for_daemon, client_for_start, machine_client};
 
 pub use flex_api::goal::{Machine, MachineStatus};

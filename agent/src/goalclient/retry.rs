@@ -8,10 +8,6 @@
 
 use std::time::Duration;
 
-/// How a client retries: the workspace's one backoff; its default (5 attempts, 500 ms
-/// doubling to 8 s, about 15 s of waiting in all) is the machine clients'.
-pub use flex_host::retry::Backoff as RetryPolicy;
-
 /// Whether an HTTP status can succeed when asked again.
 pub fn retryable_status(code: u16) -> bool {
     matches!(code, 408 | 409 | 429 | 500 | 502 | 503 | 504)

@@ -304,7 +304,7 @@ mod tests {
         c.azure.service_principal = Some(crate::config::ServicePrincipal {
             tenant_id: "t".into(),
             client_id: "c".into(),
-            client_secret: crate::config::Secret::new("s"),
+            client_secret: flex_host::secret::Secret::new("s"),
         });
         assert!(client_for_start(&c).await.is_ok());
         if let Some(sp) = c.azure.service_principal.as_mut() {

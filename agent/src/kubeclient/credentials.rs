@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 use super::csr::{self, Waits, generate_key, request_certificate};
 use super::store::{self, CredentialStore, Issued, needs_rotation, rotation_deadline};
 use super::{Discovery, ISSUE_TIMEOUT, KubeClientError, KubeClients, client_from, discover};
-use crate::fs::HostFs;
+use flex_host::fs::HostFs;
 
 /// Waits and retries of the credential flow (tests shorten them).
 #[derive(Clone, Copy, Debug)]

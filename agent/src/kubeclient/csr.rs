@@ -18,7 +18,8 @@ use super::{
     CERT_LIFETIME, DAEMON_GROUP, DAEMON_NAME, KubeClientError, NODES_GROUP, SIGNER_NAME, USAGES,
     describe, is_refused,
 };
-use crate::config::{Secret, format_go_duration};
+use crate::config::format_go_duration;
+use flex_host::secret::Secret;
 
 /// The certificate's common name for `node`.
 pub fn common_name(node: &str) -> String {

@@ -42,8 +42,9 @@ use rustls::pki_types::pem::PemObject as _;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{Config, Secret};
-use crate::fs::{FsError, HostFs};
+use crate::config::Config;
+use flex_host::fs::{FsError, HostFs};
+use flex_host::secret::Secret;
 
 pub use credentials::{CredentialTimings, DaemonCredentials};
 pub use csr::{csr_name, csr_pem, csr_resource};
@@ -310,7 +311,7 @@ pub async fn bootstrap_config(cfg: &Config) -> Result<kube::Config, KubeClientEr
 
 /// Builds a client from a REST config (kube's rustls with the ring provider).
 pub fn client_from(config: kube::Config) -> Result<kube::Client, KubeClientError> {
-    crate::http::install_crypto();
+    flex_host::http::install_crypto();
     kube::Client::try_from(config).map_err(|e| KubeClientError::Client(describe(&e)))
 }
 

@@ -18,7 +18,7 @@ use sha2::{Digest, Sha256};
 
 use super::KubeClientError;
 use super::store::{CredentialStore, Issued, cert_facts};
-use crate::fs::HostFs;
+use flex_host::fs::HostFs;
 
 /// Why the scratch store refused or failed.
 #[derive(Debug, thiserror::Error)]

@@ -14,8 +14,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use rcgen::KeyPair;
 
 use super::{CERT_FILE, CREDENTIAL_DIR, KEY_FILE, KubeClientError, PAIR_FILE, PENDING_KEY_FILE};
-use crate::config::Secret;
-use crate::fs::HostFs;
+use flex_host::fs::HostFs;
+use flex_host::secret::Secret;
 
 /// A certificate's validity period.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -188,7 +188,7 @@ impl CredentialStore {
         if self.fs.mode(dir) != Some(0o700) {
             use std::os::unix::fs::PermissionsExt;
             std::fs::set_permissions(self.fs.path(dir), std::fs::Permissions::from_mode(0o700))
-                .map_err(|cause| crate::fs::FsError {
+                .map_err(|cause| flex_host::fs::FsError {
                     op: "chmod",
                     path: dir.to_path_buf(),
                     cause,
@@ -199,13 +199,14 @@ impl CredentialStore {
 
     fn remove_stale_temps(&self) -> Result<(), KubeClientError> {
         let dir = Path::new(CREDENTIAL_DIR);
-        let entries = std::fs::read_dir(self.fs.path(dir)).map_err(|cause| crate::fs::FsError {
-            op: "list",
-            path: dir.to_path_buf(),
-            cause,
-        })?;
+        let entries =
+            std::fs::read_dir(self.fs.path(dir)).map_err(|cause| flex_host::fs::FsError {
+                op: "list",
+                path: dir.to_path_buf(),
+                cause,
+            })?;
         for entry in entries {
-            let entry = entry.map_err(|cause| crate::fs::FsError {
+            let entry = entry.map_err(|cause| flex_host::fs::FsError {
                 op: "list",
                 path: dir.to_path_buf(),
                 cause,

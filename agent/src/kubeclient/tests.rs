@@ -483,7 +483,7 @@ async fn csr_flow_issues_stores_and_never_sends_or_logs_the_key() {
     assert_eq!(fs.mode(Path::new(CREDENTIAL_DIR)), Some(0o700));
     assert_eq!(
         fs.mode(Path::new("/etc/aks-flex-node")),
-        Some(crate::fs::DIR_MODE)
+        Some(flex_host::fs::DIR_MODE)
     );
     assert_eq!(fs.mode(Path::new(PAIR_FILE)), Some(0o600));
     assert!(!fs.exists(Path::new(KEY_FILE)) && !fs.exists(Path::new(CERT_FILE)));

@@ -11,10 +11,10 @@
 use std::path::{Path, PathBuf};
 
 use crate::config;
-use crate::context::Host;
 use crate::machine::nodeconfig::{self, LIFECYCLE_HELPER};
 use crate::machine::nodegoal::{self, HostFacts, OPTIONAL_DEVICES};
 use crate::machine::nspawn::{self, MACHINES};
+use flex_host::context::Host;
 
 /// Where the agent binary goes inside a machine (kubelet's exec credential runs it there).
 pub const AGENT_IN_MACHINE: &str = "usr/local/bin/aks-flex-node";
@@ -29,7 +29,7 @@ pub fn install_helper(host: &Host, exe: &Path) -> anyhow::Result<bool> {
 
 /// `install-binary-in-rootfs`: copies the agent binary into the machine (0750), through the
 /// machine's own directories: its symlinks are resolved inside it
-/// ([`HostFs::confined`](crate::fs::HostFs::confined)), never onto the host.
+/// ([`HostFs::confined`](flex_host::fs::HostFs::confined)), never onto the host.
 pub fn install_binary_in_rootfs(host: &Host, exe: &Path, machine: &str) -> anyhow::Result<()> {
     let bytes = std::fs::read(exe)?;
     let rootfs = host.fs.confined(&nspawn::machine_dir(machine))?;
@@ -50,8 +50,8 @@ pub fn host_facts(host: &Host) -> anyhow::Result<HostFacts> {
 /// [`host_facts`] from the host-info and file seams alone (reads only: `bootstrap-node
 /// --dry-run` uses it without the rest of [`Host`]).
 pub fn host_facts_from(
-    info: &dyn crate::hostinfo::HostInfo,
-    fs: &crate::fs::HostFs,
+    info: &dyn flex_host::hostinfo::HostInfo,
+    fs: &flex_host::fs::HostFs,
 ) -> anyhow::Result<HostFacts> {
     Ok(HostFacts {
         hostname: info.hostname()?,

@@ -9,14 +9,14 @@ use async_trait::async_trait;
 
 use super::seams::{NodeOps, NodeStarter, RemoteProbe, SeamError};
 use crate::config::Config;
-use crate::context::Host;
 use crate::machine::components::{self, ComponentPlan, Downloads};
 use crate::machine::lifecycle;
 use crate::machine::nodeconfig;
 use crate::machine::nodegoal::{self, MachineGoal};
 use crate::machine::nspawn::{self, Timings};
-use crate::oci::{self, Arch, ImageSource, PullOptions, RegistryClient};
 use crate::task::step;
+use flex_host::context::Host;
+use flex_oci::{Arch, ImageSource, PullOptions, RegistryClient};
 
 /// A provision's inputs, checked.
 struct Inputs {
@@ -40,7 +40,7 @@ pub struct NodeMachines {
 impl NodeMachines {
     /// Machines for `config` on `host`, provisioning with the running agent binary.
     pub fn new(host: Host, config: Config) -> anyhow::Result<Self> {
-        let http = crate::http::client()?;
+        let http = flex_host::http::client()?;
         let insecure = config.bootstrap.insecure_registries()?;
         Ok(Self {
             registry: RegistryClient::new(http.clone()).with_insecure_registries(insecure),
@@ -131,7 +131,7 @@ impl NodeMachines {
                 rebuild_owned,
                 ..Default::default()
             };
-            let info = oci::pull_rootfs(&self.registry, &source, &dest, &opts).await?;
+            let info = flex_oci::pull_rootfs(&self.registry, &source, &dest, &opts).await?;
             tracing::info!(machine, image = %info.reference, status = ?info.status, "machine root file system ready");
             anyhow::Ok(())
         })
@@ -255,7 +255,7 @@ impl RemoteProbe for NodeMachines {
     async fn image_reachable(&self, config: &Config, goal: &MachineGoal) -> Result<String, String> {
         let source = ImageSource::parse(&goal.oci_image).map_err(|e| e.to_string())?;
         let arch = goal.arch.parse().map_err(|e| format!("{e}"))?;
-        oci::manifest_reachable(&self.registry_for(config)?, &source, arch)
+        flex_oci::manifest_reachable(&self.registry_for(config)?, &source, arch)
             .await
             .map(|d| d.to_string())
             .map_err(|e| format!("rootfs image is not reachable: {e}"))

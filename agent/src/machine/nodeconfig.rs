@@ -14,9 +14,9 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use crate::config;
-use crate::fs::{ConfinedFs, FsError, HostFs};
 use crate::machine::nodegoal::{AGENT_IN_ROOTFS, AKS_AAD_SERVER_ID, KubeletAuth, MachineGoal};
 use crate::machine::nspawn::{bpffs_dir, dropin_dir, machine_dir, nspawn_file};
+use flex_host::fs::{ConfinedFs, FsError, HostFs};
 
 /// Host path of the lifecycle helper: a copy of the agent binary that host systemd runs as
 /// `nspawn-lifecycle pre-start|post-start <m>`. It is a copy, not a link, so an agent upgrade

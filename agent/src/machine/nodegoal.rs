@@ -5,8 +5,9 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use crate::config::{Config, Secret};
+use crate::config::Config;
 use crate::machine::nspawn;
+use flex_host::secret::Secret;
 
 /// Default node rootfs image (upstream's Ubuntu 24.04 agent image).
 pub const DEFAULT_OCI_IMAGE: &str = "ghcr.io/azure/agent-ubuntu2404:v20260619";

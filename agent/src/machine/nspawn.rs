@@ -2,15 +2,15 @@
 //! `StopNode`, `StopMachine` and `CleanupMachine` do. Provisioning and starting machines build on
 //! this in the node-machines layer.
 //!
-//! Every command is upstream's argv through the [`crate::runner::Runner`], so the agent's
+//! Every command is upstream's argv through the [`flex_host::runner::Runner`], so the agent's
 //! container can route `machinectl`, `systemd-run`, `mountpoint` and `umount` to `host-exec`.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::context::Host;
-use crate::runner::Cmd;
+use flex_host::context::Host;
+use flex_host::runner::Cmd;
 
 pub use crate::state::{KUBE1, KUBE2};
 
@@ -121,14 +121,14 @@ impl Timings {
 pub enum MachineError {
     /// Listing registered machines failed.
     #[error("inspect registered machines: {0}")]
-    Inspect(crate::runner::CmdError),
+    Inspect(flex_host::runner::CmdError),
     /// Reading the machine unit's unit-file state failed.
     #[error("machine {machine}: read unit-file state: {cause}")]
     UnitState {
         /// Machine.
         machine: String,
         /// The command error (in the message, not a `source()`).
-        cause: crate::runner::CmdError,
+        cause: flex_host::runner::CmdError,
     },
     /// `machinectl disable` failed and the unit is still enabled.
     #[error("machine {machine}: disable: {message}")]
@@ -162,7 +162,7 @@ pub enum MachineError {
         /// Mount point.
         path: String,
         /// The command error (in the message, not a `source()`).
-        cause: crate::runner::CmdError,
+        cause: flex_host::runner::CmdError,
     },
     /// A file operation failed.
     #[error("machine {machine}: {cause}")]
@@ -170,7 +170,7 @@ pub enum MachineError {
         /// Machine.
         machine: String,
         /// The error (in the message, not a `source()`).
-        cause: crate::fs::FsError,
+        cause: flex_host::fs::FsError,
     },
 }
 
@@ -535,7 +535,7 @@ pub async fn cleanup_machine(host: &Host, machine: &str, t: Timings) -> Result<(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::runner::{CmdError, Output, Runner};
+    use flex_host::runner::{CmdError, Output, Runner};
     use flex_testkit::{FakeHost, FakeRunner};
 
     #[test]

@@ -12,9 +12,9 @@
 use async_trait::async_trait;
 
 use crate::config::Config;
-use crate::context::Host;
 use crate::machine::nodegoal::MachineGoal;
 use flex_api::goal::GoalState;
+use flex_host::context::Host;
 
 /// Why a call across a seam failed, as far as its caller decides on it.
 #[derive(Debug, thiserror::Error)]

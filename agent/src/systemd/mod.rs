@@ -1,13 +1,12 @@
 //! systemd: the agent's own units (rendered in [`units`]), installing and uninstalling its
-//! service, and the host crate's manager ([`flex_host::systemd`]), re-exported.
+//! service; the manager is the host crate's ([`flex_host::systemd`]).
 
 mod units;
 
 use std::path::Path;
 
-pub use flex_host::systemd::*;
-
-use crate::fs::HostFs;
+use flex_host::fs::HostFs;
+use flex_host::systemd::{SystemdError, SystemdManager};
 
 pub use units::{
     AGENT_IMAGE_ENV, AGENT_UNIT, AGENT_UNIT_PATH, BOOTSTRAP_UNIT, CONTAINER_SETTINGS,

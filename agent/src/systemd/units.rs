@@ -16,7 +16,7 @@ pub const RECOVERY_UNIT_PATH: &str = "/etc/systemd/system/aks-flex-node-recovery
 /// starts the recovery unit at once, without waiting for it (`--no-block`: recovery restarts
 /// this unit). `OnFailure=` alone fires on systemd < 254 only once the start limit is reached,
 /// after every `RestartSec=30` retry (115–127 s for a candidate that exits at once); recovery
-/// decides what a failure means ([`crate::flows::upgrade::plan::recovery`]: an unproven
+/// decides what a failure means ([`flex_api::upgrade::recovery`]: an unproven
 /// candidate is rolled back now, a proven agent is left to its own restarts). The `-` keeps a
 /// failed guard (e.g. during shutdown) from changing the unit's result.
 pub const STOP_GUARD: &str = "ExecStopPost=-/bin/sh -c 'test \"$$SERVICE_RESULT\" = success || exec systemctl start --no-block aks-flex-node-recovery.service'\n";

@@ -155,8 +155,8 @@ impl Fake {
     }
 }
 
-fn fast() -> RetryPolicy {
-    RetryPolicy::new(5, Duration::from_millis(5), Duration::from_secs(1))
+fn fast() -> Backoff {
+    Backoff::new(5, Duration::from_millis(5), Duration::from_secs(1))
 }
 
 /// A client that opts in to plain HTTP for `registry` only (the fakes speak plain HTTP).
@@ -301,7 +301,7 @@ async fn loopback_registry_is_https_unless_listed_and_plain_http_warns() {
         .build()
         .unwrap();
     let unlisted =
-        RegistryClient::new(short).with_retry(RetryPolicy::new(1, Duration::ZERO, Duration::ZERO));
+        RegistryClient::new(short).with_retry(Backoff::new(1, Duration::ZERO, Duration::ZERO));
     let e = unlisted
         .resolve(&image, Arch::host())
         .await
@@ -329,9 +329,9 @@ async fn loopback_registry_is_https_unless_listed_and_plain_http_warns() {
 fn default_retry_policy_is_five_attempts_from_two_seconds() {
     assert_eq!(
         REGISTRY_RETRY,
-        RetryPolicy::new(5, Duration::from_secs(2), Duration::from_secs(30))
+        Backoff::new(5, Duration::from_secs(2), Duration::from_secs(30))
     );
-    let c = RegistryClient::new(flex_host::http::client().unwrap()).with_retry(RetryPolicy::new(
+    let c = RegistryClient::new(flex_host::http::client().unwrap()).with_retry(Backoff::new(
         0,
         Duration::ZERO,
         Duration::ZERO,
@@ -524,7 +524,7 @@ async fn connection_refused_is_retried_then_reported() {
         l.local_addr().unwrap().port()
     };
     let image = ImageRef::parse(&format!("127.0.0.1:{port}/x/y:z")).unwrap();
-    let c = client_for(&format!("127.0.0.1:{port}")).with_retry(RetryPolicy::new(
+    let c = client_for(&format!("127.0.0.1:{port}")).with_retry(Backoff::new(
         3,
         Duration::from_millis(1),
         Duration::from_secs(1),

@@ -249,7 +249,7 @@ pub fn show(plan: &Plan) -> String {
 /// Writes the plan's files under `dir` (their host paths below it, with their modes, secrets
 /// included; a link as a link to its target, as given); returns the paths written.
 pub fn write_under(plan: &Plan, dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
-    let fs = crate::fs::HostFs::new(dir);
+    let fs = flex_host::fs::HostFs::new(dir);
     let mut written = Vec::new();
     for f in &plan.files {
         match &f.link {

@@ -25,10 +25,10 @@ use anyhow::Context;
 use async_trait::async_trait;
 
 use crate::config::{self, Config, DEFAULT_CONFIG_PATH};
-use crate::context::Host;
 use crate::flows::preflight::{self, RemoteProbe};
 use crate::flows::start::{BootstrapProgress, NodeStarter};
 use crate::state::{BOOTSTRAP_MARK_PATH, BOOTSTRAP_STARTED_PATH, STATE_PATH};
+use flex_host::context::Host;
 
 use super::inputs::{CONFIG, Inputs};
 use super::render::render;

@@ -11,9 +11,9 @@
 use std::ffi::OsString;
 use std::path::PathBuf;
 
-use crate::config::Secret;
+use flex_host::secret::Secret;
 
-use super::env::{self, Entry};
+use flex_api::bootstrap_env::{self, Entry};
 
 /// What an input is for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -154,7 +154,7 @@ pub enum InputError {
         /// The file.
         path: PathBuf,
         /// The line and problem (in the message, not a `source()`).
-        cause: env::EnvError,
+        cause: bootstrap_env::EnvError,
     },
     /// An environment variable that is an input is not UTF-8.
     #[error("environment variable {0} is not valid UTF-8")]
@@ -237,11 +237,11 @@ impl Inputs {
         environ: impl IntoIterator<Item = (OsString, OsString)>,
     ) -> Result<Self, InputError> {
         let mut inputs = Self::default();
-        for e in env::to_map(entries).values() {
+        for e in bootstrap_env::to_map(entries).values() {
             if !inputs.set(&e.key, &e.value) {
                 return Err(InputError::Syntax {
                     path: path.map_or_else(|| PathBuf::from("bootstrap.env"), PathBuf::from),
-                    cause: env::EnvError {
+                    cause: bootstrap_env::EnvError {
                         line: e.line,
                         message: format!(
                             "{} is not a bootstrap input (see docs/bootstrap.md)",
@@ -265,7 +265,7 @@ impl Inputs {
         Ok(inputs)
     }
 
-    /// Reads `env_file` (when given) as data with [`env::parse`], then the environment.
+    /// Reads `env_file` (when given) as data with [`bootstrap_env::parse`], then the environment.
     pub fn load(
         env_file: Option<&std::path::Path>,
         environ: impl IntoIterator<Item = (OsString, OsString)>,
@@ -298,7 +298,7 @@ impl Inputs {
                         "the file is not valid UTF-8",
                     ))
                 })?;
-                env::parse(&text).map_err(|cause| InputError::Syntax {
+                bootstrap_env::parse(&text).map_err(|cause| InputError::Syntax {
                     path: p.to_path_buf(),
                     cause,
                 })?
@@ -334,7 +334,7 @@ mod tests {
         let mut seen = std::collections::BTreeSet::new();
         for s in INPUTS {
             assert!(seen.insert(s.name), "duplicate {}", s.name);
-            assert!(s.name.starts_with(env::KEY_PREFIX));
+            assert!(s.name.starts_with(bootstrap_env::KEY_PREFIX));
             let mut i = Inputs::default();
             assert!(i.set(s.name, "x"), "{}", s.name);
             let rendered = i.render_inputs_set().contains(&s.name);
@@ -346,7 +346,7 @@ mod tests {
 
     #[test]
     fn environment_wins_unless_empty_and_unknown_env_names_are_ignored() {
-        let entries = env::parse(
+        let entries = bootstrap_env::parse(
             "AKS_FLEX_NODE_NODE_NAME=from-file\nAKS_FLEX_NODE_LOCATION=westus2\nAKS_FLEX_NODE_VERSION=v1\n",
         )
         .unwrap();
@@ -368,7 +368,7 @@ mod tests {
 
     #[test]
     fn unknown_file_keys_name_the_line() {
-        let entries = env::parse("# c\nAKS_FLEX_NODE_NODENAME=x\n").unwrap();
+        let entries = bootstrap_env::parse("# c\nAKS_FLEX_NODE_NODENAME=x\n").unwrap();
         let e = Inputs::from_sources(
             Some(std::path::Path::new("/etc/aks-flex-node/bootstrap.env")),
             &entries,
@@ -424,7 +424,11 @@ mod tests {
             .collect();
         let want: Vec<String> = INPUTS
             .iter()
-            .map(|s| s.name.trim_start_matches(env::KEY_PREFIX).to_string())
+            .map(|s| {
+                s.name
+                    .trim_start_matches(bootstrap_env::KEY_PREFIX)
+                    .to_string()
+            })
             .collect();
         assert_eq!(rows, want, "docs/bootstrap.md's inputs table");
         let script = std::fs::read_to_string(root.join("scripts/bootstrap.sh")).unwrap();

@@ -5,15 +5,13 @@
 //! `aks-flex-node-bootstrap` runs the same flow on `/etc/aks-flex-node/bootstrap.env`. So the
 //! rendering, preflight and `start` logic exists once, here (see `docs/bootstrap.md`):
 //!
-//! - [`env`](mod@env): the `bootstrap.env` format, read as data, never evaluated;
+//! - the `bootstrap.env` format, read as data, never evaluated, is `flex_api::bootstrap_env`;
 //! - [`inputs`]: the input names ([`INPUTS`]) and [`Inputs`], from the file and the
 //!   environment;
 //! - [`render`](mod@render): inputs → `config.json`, validated by the agent's own config parser;
 //! - [`flow`]: config, preflight, then `start` once ([`main_entry`], [`run`]);
 //! - [`dry_run`]: what the bootstrap would write, rendered and validated, the host unchanged
 //!   (`bootstrap-node --dry-run`).
-
-pub use flex_api::bootstrap_env as env;
 
 pub mod dry_run;
 pub mod flow;

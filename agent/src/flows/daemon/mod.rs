@@ -51,16 +51,15 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use flex_host::retry::Backoff;
+
 pub use flex_api::repave::{Action, Decision, MachineSnapshot, decide};
 pub use node_state::{KubeNodeState, NodeStatePublisher, Reporter};
 pub use operations::{ClusterOperations, Discovery, Guard};
-pub use queue::{
-    Backoff, DAEMON_BACKOFF, Item, QueueSender, RepaveSource, WorkQueue, jitter, secure_unit,
-};
+pub use queue::{DAEMON_BACKOFF, Item, QueueSender, RepaveSource, WorkQueue, jitter, secure_unit};
 pub use work::{FAILED, RECONCILING, SUCCEEDED};
 
 use crate::config::Config;
-use crate::context::Host;
 use crate::flows::repave::Stores;
 use crate::flows::worklock::WorkLock;
 use crate::goalclient::MachineClient;
@@ -68,6 +67,7 @@ use crate::kubeclient::KubeClients;
 use crate::machine::nspawn::Timings;
 use crate::machine::seams::{NodeOps, SeamError};
 use flex_api::node_state::Event as NodeEvent;
+use flex_host::context::Host;
 use flex_host::retry::Attempt;
 use work::{Ctx, Flow};
 
@@ -418,7 +418,7 @@ const WORK_LOCK_POLL: Duration = Duration::from_millis(500);
 /// cannot be taken at all (its file cannot be created) is logged and the work goes on without
 /// it: the daemon's own work is serialised by its queue, and the node must not stop for a lock.
 pub(crate) async fn work_lock(
-    fs: &crate::fs::HostFs,
+    fs: &flex_host::fs::HostFs,
     shutdown: &CancellationToken,
 ) -> Option<Option<WorkLock>> {
     loop {
@@ -447,7 +447,7 @@ pub(crate) async fn work_lock(
 pub(crate) async fn resume_interrupted_repave(
     ops: &dyn NodeOps,
     stores: &Stores,
-    fs: &crate::fs::HostFs,
+    fs: &flex_host::fs::HostFs,
     shutdown: &CancellationToken,
 ) -> bool {
     let Some(_lock) = work_lock(fs, shutdown).await else {

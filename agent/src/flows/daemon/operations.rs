@@ -36,12 +36,12 @@ use tokio_util::sync::CancellationToken;
 use super::watch::watch_error;
 use super::{OperationOutcome, Operations, QueueSender, until_reachable};
 use crate::config::Config;
-use crate::context::Host;
 use crate::flows::operations::{
     Handlers, HostHandlers, ReconcileError, Reconciler, ReconcilerConfig, RecordStore, watch_stream,
 };
 use crate::flows::repave::{NodeOps, SeamError};
 use crate::kubeclient::KubeClients;
+use flex_host::context::Host;
 use flex_host::retry::Attempt;
 
 /// Logged when the reconciler is enabled.
@@ -441,7 +441,9 @@ mod tests {
         let cfg = ReconcilerConfig {
             machine_name: "n1".into(),
             node_name: "n1".into(),
-            records: RecordStore::new(crate::fs::HostFs::new(std::path::Path::new("/nonexistent"))),
+            records: RecordStore::new(flex_host::fs::HostFs::new(std::path::Path::new(
+                "/nonexistent",
+            ))),
             containerized: false,
         };
         let ops = Arc::new(ClusterOperations::new(

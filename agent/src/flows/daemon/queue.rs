@@ -15,6 +15,8 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use flex_host::retry::Backoff;
+
 /// Why a repave reconcile runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum RepaveSource {
@@ -101,11 +103,8 @@ impl QueueSender {
     }
 }
 
-/// Retry delays of failed work items: the workspace's one backoff, with no attempt limit (an
-/// item is retried until it succeeds or newer work replaces it). See [`DAEMON_BACKOFF`].
-pub use flex_host::retry::Backoff;
-
-/// 1 s, doubling per consecutive failure, at most 5 minutes; never gives up.
+/// Retry delays of failed work items: 1 s, doubling per consecutive failure, at most 5
+/// minutes; no attempt limit (an item is retried until it succeeds or newer work replaces it).
 pub const DAEMON_BACKOFF: Backoff =
     Backoff::new(u32::MAX, Duration::from_secs(1), Duration::from_secs(300));
 

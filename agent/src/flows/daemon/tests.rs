@@ -21,9 +21,9 @@ use crate::flows::start::GoalState;
 use crate::goalclient::{Machine, MachineError, MachineStatus};
 use crate::kubeclient::mock::{Log, Reply, Seen, seen, serve};
 use crate::machine::fakes::RecordingOps;
-use crate::runner::Output;
 use crate::state::{DaemonState, JsonStore, StateStore};
 use flex_api::repave::DELETION_TAINT_KEY;
+use flex_host::runner::Output;
 use flex_testkit::FakeHost;
 
 const NODE: &str = "flex-node-1";
@@ -1612,7 +1612,7 @@ async fn the_upgraded_agent_becomes_last_good_after_its_first_successful_reconci
     let rec = upgrader.record().unwrap();
     assert_eq!(rec.stage, Stage::Finished);
     let result = rec.result.unwrap();
-    assert_eq!(result.phase, crate::machina::OperationPhase::Complete);
+    assert_eq!(result.phase, flex_api::machina::OperationPhase::Complete);
     assert!(
         result.message.contains("green (version v2)"),
         "{}",

@@ -16,7 +16,6 @@ use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 
 use super::{OperationOutcome, Operations};
-use crate::context::Host;
 use crate::flows::repave::{NodeOps, Stores};
 use crate::flows::start::GoalState;
 use crate::goalclient::{MachineClient, MachineError, MachineStatus};
@@ -26,6 +25,7 @@ use crate::machine::seams::SeamError;
 use crate::state::DaemonState;
 use flex_api::node_state::Event as NodeEvent;
 use flex_api::repave::{Action, Decision, MachineSnapshot, decide};
+use flex_host::context::Host;
 
 /// `provisioningState` values the daemon reports.
 pub const RECONCILING: &str = "Reconciling";

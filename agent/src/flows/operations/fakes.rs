@@ -6,15 +6,15 @@ use super::decide::{Action, UpgradeRequest, admit};
 use super::handlers::Handlers;
 use super::record::Record;
 use super::{EXECUTION_FAILED, OperationResult};
-use crate::context::Host;
 use crate::flows::reboot::restart_node;
 use crate::flows::upgrade::{OperationRef, Resumed, Started, Upgrader};
-use crate::machina::OperationPhase;
-use crate::machina::yaml_scalar;
 use crate::machine::nspawn::Timings;
 use crate::machine::seams::NodeOps;
 use crate::state::{STATE_PATH, StateStore};
 use async_trait::async_trait;
+use flex_api::machina::OperationPhase;
+use flex_api::machina::yaml_scalar;
+use flex_host::context::Host;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 

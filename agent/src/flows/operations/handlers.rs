@@ -16,14 +16,14 @@ use async_trait::async_trait;
 use super::decide::{Action, UpgradeRequest, admit};
 use super::record::Record;
 use super::{EXECUTION_FAILED, OperationResult};
-use crate::context::Host;
 use crate::flows::reboot::restart_node;
 use crate::flows::upgrade::{OperationRef, Resumed, Started, Upgrader};
-use crate::machina::OperationPhase;
-use crate::machina::yaml_scalar;
 use crate::machine::nspawn::Timings;
 use crate::machine::seams::NodeOps;
 use crate::state::{STATE_PATH, StateStore};
+use flex_api::machina::OperationPhase;
+use flex_api::machina::yaml_scalar;
+use flex_host::context::Host;
 
 /// What operations do to the node.
 #[async_trait]
@@ -114,7 +114,7 @@ pub fn handoff_result(message: &str) -> (OperationPhase, &'static str, String) {
 
 /// Whether a finished `kind` with `result` stops the daemon next (a completed AgentReset).
 pub fn stops_daemon(kind: &str, result: &OperationResult) -> bool {
-    kind == crate::machina::AGENT_RESET && result.succeeded()
+    kind == flex_api::machina::AGENT_RESET && result.succeeded()
 }
 
 /// Runs one operation node-locally, without a cluster, through the same validation and

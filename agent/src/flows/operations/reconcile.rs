@@ -34,8 +34,8 @@ use super::record::{Record, RecordStore, Stage};
 use super::{IN_PROGRESS, OperationResult};
 use crate::flows::upgrade::{OperationRef, Resumed};
 use crate::kubeclient::describe;
-use crate::machina::{CONDITION_COMPLETED, Machine, MachineOperation, OperationPhase};
 use crate::state::StateError;
+use flex_api::machina::{CONDITION_COMPLETED, Machine, MachineOperation, OperationPhase};
 
 /// Conflicting writes in a row after which a reconcile gives up (the queue retries later).
 pub const MAX_CONFLICTS: usize = 5;

@@ -4,8 +4,8 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::fs::HostFs;
 use crate::state::{JsonStore, StateError, checksum};
+use flex_host::fs::HostFs;
 
 /// Where the records live (reset removes them with the rest of `/etc/aks-flex-node`).
 pub const RECORDS_DIR: &str = "/etc/aks-flex-node/operations";
@@ -87,7 +87,7 @@ impl RecordStore {
             Ok(e) => e,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
             Err(e) => {
-                return Err(StateError::Fs(crate::fs::FsError {
+                return Err(StateError::Fs(flex_host::fs::FsError {
                     path: self.dir.clone(),
                     op: "read directory",
                     cause: e,

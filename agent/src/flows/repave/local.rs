@@ -21,8 +21,8 @@ use std::time::Duration;
 
 use crate::flows::start::GoalState;
 use crate::flows::worklock::{LockError, WORK_LOCK_PATH, WorkLock};
-use crate::fs::HostFs;
 use crate::state::{ActiveMachineError, DaemonState, STATE_PATH, StateError};
+use flex_host::fs::HostFs;
 
 use super::{JOURNAL_PATH, Journal, NodeOps, RepaveError, Stores};
 

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use super::*;
 use crate::machine::nspawn::{bpffs_dir, dropin_dir, machine_dir, nspawn_file};
-use crate::runner::Output;
+use flex_host::runner::Output;
 use flex_testkit::FakeHost;
 use flex_testkit::tree_snapshot;
 
@@ -207,7 +207,7 @@ async fn arc_is_removed_when_detected() {
 /// is removed.
 #[tokio::test]
 async fn containerized_runtime_dirs_are_emptied_and_removed_on_the_host() {
-    use crate::runner::{Cmd, ProcessRunner, Runner};
+    use flex_host::runner::{Cmd, ProcessRunner, Runner};
     if !rustix::process::geteuid().is_root() {
         eprintln!("skipped: mounting a tmpfs needs root");
         return;

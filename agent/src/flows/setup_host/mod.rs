@@ -10,8 +10,8 @@ mod os;
 mod packages;
 
 use crate::config::Config;
-use crate::context::Host;
 use crate::task::{StepError, step};
+use flex_host::context::Host;
 
 pub use os::{
     APT_NEEDRESTART_PATH, APT_UNATTENDED_PATH, DOCKER_DAEMON_JSON, NFT_CLEAR_PATH, NFT_FLUSH_UNIT,

@@ -5,8 +5,8 @@ use std::path::Path;
 
 use serde::Serialize;
 
-use crate::context::Host;
-use crate::runner::Cmd;
+use flex_host::context::Host;
+use flex_host::runner::Cmd;
 
 /// Kernel settings file.
 pub const SYSCTL_PATH: &str = "/etc/sysctl.d/99-kubernetes.conf";

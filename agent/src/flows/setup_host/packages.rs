@@ -4,8 +4,8 @@
 //! programs are checked and the missing ones listed.
 
 use crate::config::Config;
-use crate::context::Host;
-use crate::runner::Cmd;
+use flex_host::context::Host;
+use flex_host::runner::Cmd;
 use std::path::Path;
 use std::time::Duration;
 
@@ -34,7 +34,7 @@ pub enum PackageError {
     },
     /// A package manager command failed.
     #[error(transparent)]
-    Command(#[from] crate::runner::CmdError),
+    Command(#[from] flex_host::runner::CmdError),
 }
 
 /// The `pkg (provides bin)` entries whose program is not on `PATH`.

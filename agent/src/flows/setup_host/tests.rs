@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use super::*;
-use crate::runner::Output;
+use flex_host::runner::Output;
 use flex_testkit::FakeHost;
 use flex_testkit::{FakeHostInfo, tree_snapshot};
 

@@ -1,4 +1,4 @@
-//! [`Upgrader`]: the I/O of an upgrade, driven by the pure decisions in [`super::plan`]. Every
+//! [`Upgrader`]: the I/O of an upgrade, driven by the pure decisions in [`flex_api::upgrade`]. Every
 //! side effect goes through the host's seams ([`Host`]: runner, files, systemd) and, in the
 //! container, the image store ([`Images`]).
 
@@ -11,20 +11,20 @@ use std::time::Duration;
 use k8s_openapi::jiff::Timestamp;
 
 use super::layout::{LIB_DIR, Layout, Slot};
-use super::plan::{
-    self, Mode, OperationRef, Recorded, RecoveryAction, Resumed, Selection, Stage, UpgradeRecord,
-    Write,
-};
 use super::{
     CHECK_TIMEOUT, IMAGE_AGENT_BINARY, RECORD_PATH, RECOVERY_RESTART_DELAY, RESTART_ACCURACY,
     RESTART_DELAY,
 };
-use crate::context::Host;
 use crate::flows::operations::{EXECUTION_FAILED, OperationResult, UpgradeRequest};
 use crate::machine::containerd::{Images, PullOptions};
-use crate::runner::Cmd;
 use crate::state::JsonStore;
-use crate::systemd::{AGENT_IMAGE_ENV, AGENT_UNIT, CONTAINER_SETTINGS, TransientTimer};
+use crate::systemd::{AGENT_IMAGE_ENV, AGENT_UNIT, CONTAINER_SETTINGS};
+use flex_api::upgrade::{
+    Mode, OperationRef, Recorded, RecoveryAction, Resumed, Selection, Stage, UpgradeRecord, Write,
+};
+use flex_host::context::Host;
+use flex_host::runner::Cmd;
+use flex_host::systemd::TransientTimer;
 
 /// The environment variable through which the agent's container unit tells the agent which
 /// image it runs.
@@ -56,7 +56,7 @@ pub enum UpgradeError {
     /// The selected agent has not proven itself (`current` ≠ `last-good`): the candidate would
     /// replace the last good agent.
     #[error(transparent)]
-    Unproven(#[from] plan::Unproven),
+    Unproven(#[from] flex_api::upgrade::Unproven),
     /// A step failed.
     #[error("{step}: {message}")]
     Step {
@@ -131,7 +131,7 @@ impl Upgrader {
         self
     }
 
-    /// The HTTP client for downloads (default: [`crate::http::client`]).
+    /// The HTTP client for downloads (default: [`flex_host::http::client`]).
     pub fn with_http(mut self, http: reqwest::Client) -> Self {
         self.http = Some(http);
         self
@@ -209,7 +209,7 @@ impl Upgrader {
         }
     }
 
-    /// Makes `writes` in order (each atomic by itself; see [`plan::Write`]).
+    /// Makes `writes` in order (each atomic by itself; see [`flex_api::upgrade::Write`]).
     fn apply(&self, mode: Mode, writes: &[Write]) -> Result<(), UpgradeError> {
         for w in writes {
             match (w, mode) {
@@ -239,10 +239,10 @@ impl Upgrader {
     }
 
     /// Refuses a new upgrade while the selected agent has not proven itself: the candidate
-    /// would take the last good agent's place ([`plan::may_upgrade`]).
+    /// would take the last good agent's place ([`flex_api::upgrade::may_upgrade`]).
     fn check_proven(&self) -> Result<(), UpgradeError> {
         let (current, last_good) = self.selection();
-        plan::may_upgrade(Selection {
+        flex_api::upgrade::may_upgrade(Selection {
             current: current.as_deref(),
             last_good: last_good.as_deref(),
         })?;
@@ -397,9 +397,9 @@ impl Upgrader {
         let file = dir.path().join("artifact");
         let http = match &self.http {
             Some(c) => c.clone(),
-            None => crate::http::client().map_err(|e| step("download")(e.to_string()))?,
+            None => flex_host::http::client().map_err(|e| step("download")(e.to_string()))?,
         };
-        let redacted = crate::machine::components::redact_url(url);
+        let redacted = flex_host::secret::redact_url(url);
         let got = crate::machine::components::download_to_file(
             &http,
             url,
@@ -436,7 +436,7 @@ impl Upgrader {
 
     fn read_env_file(&self, path: &str) -> BTreeMap<String, String> {
         match self.host.fs.read_to_string(Path::new(path)) {
-            Ok(Some(text)) => match crate::flows::bootstrap::env::parse(&text) {
+            Ok(Some(text)) => match flex_api::bootstrap_env::parse(&text) {
                 Ok(entries) => entries.into_iter().map(|e| (e.key, e.value)).collect(),
                 Err(e) => {
                     tracing::warn!(path, error = %e, "settings file unreadable; ignoring it");
@@ -649,13 +649,13 @@ impl Upgrader {
     /// proven yet: it is after its first successful reconcile ([`Self::prove`]).
     pub fn on_daemon_start(&self, running: Option<&str>) -> Option<OperationResult> {
         let mut rec = self.record()?;
-        match plan::on_start(Some(&rec), running) {
-            plan::StartAction::Nothing => None,
-            plan::StartAction::AwaitProof => {
+        match flex_api::upgrade::on_start(Some(&rec), running) {
+            flex_api::upgrade::StartAction::Nothing => None,
+            flex_api::upgrade::StartAction::AwaitProof => {
                 tracing::info!(candidate = %rec.candidate, "the upgraded agent started; it becomes last-good after its first successful reconcile");
                 None
             }
-            plan::StartAction::Finish(result) => {
+            flex_api::upgrade::StartAction::Finish(result) => {
                 tracing::warn!(reason = %result.reason, message = %result.message, "AgentUpgrade finished at start");
                 self.finish(&mut rec, result.clone());
                 Some(result)
@@ -664,20 +664,21 @@ impl Upgrader {
     }
 
     /// Whether the daemon running `running` is an upgrade's candidate that has yet to prove
-    /// itself ([`plan::on_start`] answers [`plan::StartAction::AwaitProof`]).
+    /// itself ([`flex_api::upgrade::on_start`] answers [`flex_api::upgrade::StartAction::AwaitProof`]).
     pub fn awaits_proof(&self, running: Option<&str>) -> bool {
-        plan::on_start(self.record().as_ref(), running) == plan::StartAction::AwaitProof
+        flex_api::upgrade::on_start(self.record().as_ref(), running)
+            == flex_api::upgrade::StartAction::AwaitProof
     }
 
     /// At the candidate's own proof deadline (`after`): why the daemon running `running` gives
-    /// up, when the record still waits for its proof ([`plan::on_prove_deadline`]).
+    /// up, when the record still waits for its proof ([`flex_api::upgrade::on_prove_deadline`]).
     pub fn proof_overdue(&self, running: Option<&str>, after: Duration) -> Option<String> {
-        plan::on_prove_deadline(self.record().as_ref(), running, after.as_secs())
+        flex_api::upgrade::on_prove_deadline(self.record().as_ref(), running, after.as_secs())
     }
 
     /// After the daemon's first successful reconcile: the running agent (`running`) has
     /// proven itself. Makes it last-good and finishes the upgrade that switched to it `Complete`
-    /// ([`plan::on_reconciled`]); idempotent. Returns the upgrade's result and its
+    /// ([`flex_api::upgrade::on_reconciled`]); idempotent. Returns the upgrade's result and its
     /// MachineOperation's name when it finished one.
     pub fn prove(
         &self,
@@ -685,7 +686,7 @@ impl Upgrader {
     ) -> Result<Option<(OperationResult, Option<String>)>, UpgradeError> {
         let rec = self.loaded().ok().flatten();
         let (current, last_good) = self.selection();
-        let proof = plan::on_reconciled(
+        let proof = flex_api::upgrade::on_reconciled(
             rec.as_ref(),
             Selection {
                 current: current.as_deref(),
@@ -712,10 +713,10 @@ impl Upgrader {
 
     /// How the AgentUpgrade `uid` ended, per the upgrade record.
     pub fn resume(&self, uid: &str) -> Resumed {
-        plan::resume(self.record().as_ref(), uid)
+        flex_api::upgrade::resume(self.record().as_ref(), uid)
     }
 
-    /// The recovery unit's work (`aks-flex-node recover`): see [`plan::recovery`]. While the
+    /// The recovery unit's work (`aks-flex-node recover`): see [`flex_api::upgrade::recovery`]. While the
     /// agent's unit is still stopping (recovery started by its stop guard), it looks again
     /// every [`super::RECOVERY_POLL`], for up to [`super::RECOVERY_STOP_WAIT`].
     pub async fn recover(&self) -> anyhow::Result<RecoveryAction> {
@@ -746,13 +747,13 @@ impl Upgrader {
         };
         let (current, last_good) = self.selection();
         let unit = self.host.systemd.unit_state(AGENT_UNIT).await?;
-        let action = plan::recovery(
+        let action = flex_api::upgrade::recovery(
             recorded,
             Selection {
                 current: current.as_deref(),
                 last_good: last_good.as_deref(),
             },
-            &plan::AgentUnit {
+            &flex_api::upgrade::AgentUnit {
                 active_state: &unit.active_state,
                 sub_state: &unit.sub_state,
                 result: &unit.result,
@@ -773,7 +774,7 @@ impl Upgrader {
                 self.schedule_restart(RECOVERY_RESTART_DELAY).await?;
             }
             (RecoveryAction::RetryCandidate, Some(r)) => {
-                self.apply(r.mode, &plan::retry_writes(&r))?;
+                self.apply(r.mode, &flex_api::upgrade::retry_writes(&r))?;
                 self.reset_agent_unit().await?;
                 self.schedule_restart(RESTART_DELAY).await?;
             }
@@ -784,7 +785,7 @@ impl Upgrader {
                 }
                 // Switch back first, then record it: a crash between leaves `previous` selected
                 // and the record `switched`, which the next start finishes the same way.
-                let writes = plan::rollback_writes(&r, &message);
+                let writes = flex_api::upgrade::rollback_writes(&r, &message);
                 let (switch, record) = writes.split_at(1);
                 self.apply(r.mode, switch)?;
                 if let Err(e) = self.apply(r.mode, record) {
@@ -814,7 +815,8 @@ impl Upgrader {
             ) => {
                 tracing::warn!(from = %from, to = %to, "{message}");
                 let at = crate::flows::operations::decide::format_time(&self.now());
-                let writes = plan::rollback_to_last_good_writes(&action, self.mode(), &at);
+                let writes =
+                    flex_api::upgrade::rollback_to_last_good_writes(&action, self.mode(), &at);
                 let (switch, record) = writes.split_at(1);
                 self.apply(self.mode(), switch)?;
                 if let Err(e) = self.apply(self.mode(), record) {
@@ -830,7 +832,7 @@ impl Upgrader {
 
     /// `systemctl reset-failed` of the agent's unit (which also resets its start limit), logged
     /// with [`super::START_LIMIT_RESET_LOG`].
-    async fn reset_agent_unit(&self) -> Result<(), crate::systemd::SystemdError> {
+    async fn reset_agent_unit(&self) -> Result<(), flex_host::systemd::SystemdError> {
         self.host.systemd.reset_failed(AGENT_UNIT).await?;
         tracing::info!(unit = AGENT_UNIT, "{}", super::START_LIMIT_RESET_LOG);
         Ok(())
@@ -884,7 +886,7 @@ fn stage_name(s: Stage) -> &'static str {
 /// `reason`, `message`, `candidate`, `previous` (and `operation` when it came from the
 /// cluster).
 pub fn render_record(r: &UpgradeRecord) -> String {
-    use crate::machina::yaml_scalar;
+    use flex_api::machina::yaml_scalar;
     let stage = stage_name(r.stage);
     let (phase, reason, message) = match &r.result {
         Some(res) => (
@@ -893,7 +895,7 @@ pub fn render_record(r: &UpgradeRecord) -> String {
             res.message.clone(),
         ),
         None => (
-            crate::machina::OperationPhase::InProgress.to_string(),
+            flex_api::machina::OperationPhase::InProgress.to_string(),
             if r.stage == Stage::Switched {
                 super::RESTART_SCHEDULED.to_string()
             } else {
@@ -962,7 +964,7 @@ pub fn open_agent_binary(file: &Path) -> Result<Box<dyn Read + Send>, String> {
             {
                 let mut bytes = Vec::new();
                 (&mut entry)
-                    .take(crate::fs::MAX_INSTALL_BYTES + 1)
+                    .take(flex_host::fs::MAX_INSTALL_BYTES + 1)
                     .read_to_end(&mut bytes)
                     .map_err(|e| format!("read {}: {e}", path.display()))?;
                 return Ok(Box::new(std::io::Cursor::new(bytes)));

@@ -15,7 +15,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::fs::{FsError, HostFs};
+use flex_host::fs::{FsError, HostFs};
 
 /// The layout's directory.
 pub const LIB_DIR: &str = "/usr/local/lib/aks-flex-node";

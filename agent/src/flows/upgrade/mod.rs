@@ -10,7 +10,7 @@
 //! # The flow
 //!
 //! 1. The handler ([`Upgrader::start`]) writes the upgrade record
-//!    (`/etc/aks-flex-node/upgrade/pending.json`, [`plan::UpgradeRecord`]) at `staged`, fetches
+//!    (`/etc/aks-flex-node/upgrade/pending.json`, [`flex_api::upgrade::UpgradeRecord`]) at `staged`, fetches
 //!    the candidate (on a host: download `downloadURL`, verify `sha256`, install into the
 //!    inactive slot; in the container: pull `image` through containerd, which verifies the
 //!    digest), and checks that the candidate's agent runs (`version`: the slot's binary, or a
@@ -26,12 +26,12 @@
 //!    it in `AKS_FLEX_NODE_IMAGE`). It has not proven itself yet: after the daemon's first
 //!    successful reconcile ([`Upgrader::prove`], called through the daemon's `Proven` hook) it
 //!    becomes last-good and the record is finished `Complete`; the MachineOperation reconciler
-//!    reports it (the operation's own record is at `executing`, and [`plan::resume`] answers
-//!    for it). A new upgrade is refused while `current` ≠ `last-good` ([`plan::may_upgrade`]).
+//!    reports it (the operation's own record is at `executing`, and [`flex_api::upgrade::resume`] answers
+//!    for it). A new upgrade is refused while `current` ≠ `last-good` ([`flex_api::upgrade::may_upgrade`]).
 //! 4. If the candidate fails to start, the agent unit's `OnFailure=` starts
 //!    `aks-flex-node-recovery.service`, which runs `aks-flex-node recover` from the last good
 //!    agent (the `last-good` slot, or a container of the last good image) and
-//!    [`Upgrader::recover`] acts on [`plan::recovery`]: switch back, finish `Failed` with reason
+//!    [`Upgrader::recover`] acts on [`flex_api::upgrade::recovery`]: switch back, finish `Failed` with reason
 //!    `DaemonFailed` and the unit's failure, remove a broken image this upgrade pulled, reset the
 //!    unit's failed state (which also resets its start limit) and restart it with the same
 //!    timer. The previous image stays until the candidate has proven itself. With no readable
@@ -60,15 +60,14 @@
 
 pub mod flow;
 pub mod layout;
-pub use flex_api::upgrade as plan;
 
 use std::time::Duration;
 
-pub use flow::{Started, Upgrader, restart_timer};
-pub use plan::{
+pub use flex_api::upgrade::{
     DAEMON_FAILED, Mode, OperationRef, RESTART_SCHEDULED, RecoveryAction, Resumed,
     START_LIMIT_RESET_LOG, Stage, StartAction, UpgradeRecord,
 };
+pub use flow::{Started, Upgrader, restart_timer};
 
 /// The upgrade record (the signal file).
 pub const RECORD_PATH: &str = "/etc/aks-flex-node/upgrade/pending.json";
@@ -81,7 +80,7 @@ pub const RECOVERY_RESTART_DELAY: Duration = Duration::from_secs(30);
 /// How long a candidate's `version` check may take.
 pub const CHECK_TIMEOUT: Duration = Duration::from_secs(120);
 /// How often recovery looks at the agent's unit again while it is still stopping
-/// ([`plan::RecoveryAction::Wait`]).
+/// ([`flex_api::upgrade::RecoveryAction::Wait`]).
 pub const RECOVERY_POLL: Duration = Duration::from_millis(250);
 /// How long recovery waits for the agent's unit to finish stopping (beyond the unit's
 /// `TimeoutStopSec=60`, after which systemd kills it); then it leaves the unit to systemd's

@@ -15,7 +15,7 @@ use flate2::read::GzDecoder;
 
 use super::error::Failure;
 use super::spec::Members;
-use crate::fs::{ConfinedFs, HostFs};
+use flex_host::fs::{ConfinedFs, HostFs};
 
 /// Mode of installed binaries.
 pub(crate) const BINARY_MODE: u32 = 0o755;

@@ -12,24 +12,21 @@ use std::time::Duration;
 use sha2::{Digest, Sha256};
 use tokio::io::AsyncWriteExt;
 
-use flex_host::retry::Attempt;
+use flex_host::retry::{Attempt, Backoff};
 
 use super::error::Failure;
-use super::sources::redact_url;
+use flex_host::secret::redact_url;
 
-/// Largest artifact accepted (as [`crate::fs::MAX_INSTALL_BYTES`]).
-pub const MAX_DOWNLOAD_BYTES: u64 = crate::fs::MAX_INSTALL_BYTES;
+/// Largest artifact accepted (as [`flex_host::fs::MAX_INSTALL_BYTES`]).
+pub const MAX_DOWNLOAD_BYTES: u64 = flex_host::fs::MAX_INSTALL_BYTES;
 
 /// Largest `.sha256` file read.
 const MAX_CHECKSUM_BYTES: usize = 1024;
 
-/// How failed downloads are retried: the workspace's one [`Backoff`]. Downloads default to
-/// [`DOWNLOAD_RETRY`].
-pub use flex_host::retry::Backoff as RetryPolicy;
-
-/// 4 attempts (3 retries) after 1 s, 2 s, 4 s, at most 10 s apart.
-pub const DOWNLOAD_RETRY: RetryPolicy =
-    RetryPolicy::new(4, Duration::from_secs(1), Duration::from_secs(10));
+/// How failed downloads are retried by default: 4 attempts (3 retries) after 1 s, 2 s, 4 s, at
+/// most 10 s apart.
+pub const DOWNLOAD_RETRY: Backoff =
+    Backoff::new(4, Duration::from_secs(1), Duration::from_secs(10));
 
 /// One attempt's failure and whether another attempt may help.
 struct AttemptError {
@@ -73,7 +70,7 @@ pub(crate) fn describe(e: reqwest::Error) -> String {
 }
 
 async fn with_retries<T, F, Fut>(
-    retry: &RetryPolicy,
+    retry: &Backoff,
     what: &str,
     url: &str,
     mut attempt: F,
@@ -104,7 +101,7 @@ pub(crate) async fn download_to_file(
     client: &reqwest::Client,
     url: &str,
     dest: &Path,
-    retry: &RetryPolicy,
+    retry: &Backoff,
     what: &str,
 ) -> Result<String, Failure> {
     with_retries(retry, what, url, || async {
@@ -139,7 +136,7 @@ pub(crate) async fn download_to_file(
 pub(crate) async fn fetch_checksum(
     client: &reqwest::Client,
     url: &str,
-    retry: &RetryPolicy,
+    retry: &Backoff,
     what: &str,
 ) -> Result<String, Failure> {
     let body = with_retries(retry, what, url, || async {

@@ -5,7 +5,7 @@
 use std::fmt;
 
 use super::spec::Component;
-use crate::fs::FsError;
+use flex_host::fs::FsError;
 
 /// What was being done when a component failed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

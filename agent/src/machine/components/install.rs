@@ -3,19 +3,19 @@
 //! Components are independent and run concurrently; every failure is reported
 //! ([`ComponentsError::Failed`]). For each component:
 //! 1. its skip rule ([`SkipRule`]): the `--version` probe runs through the host's
-//!    [`Runner`](crate::runner::Runner) as the binary's symlink-free host path inside the
+//!    [`Runner`](flex_host::runner::Runner) as the binary's symlink-free host path inside the
 //!    rootfs (`<rootfs>/usr/local/bin/kubelet --version`); a probe that cannot run counts as
 //!    "not installed";
 //! 2. otherwise its artifacts are fetched into a staging directory inside the rootfs
 //!    (`<rootfs>/.aks-flex-node-staging-*`, removed afterwards) or read from the offline
 //!    bundle; Kubernetes binaries are all checked against their `.sha256` before any is
 //!    installed, so a mismatch leaves the installed binaries as they were;
-//! 3. files are written through [`ConfinedFs::install`](crate::fs::ConfinedFs::install):
+//! 3. files are written through [`ConfinedFs::install`](flex_host::fs::ConfinedFs::install):
 //!    temporary file, mode 0755, rename; missing directories are created 0755.
 //!
 //! The rootfs comes from an image, so everything done inside it — the skip rules' checks and
 //! reads, the probe's path, every write — goes through
-//! [`HostFs::confined`](crate::fs::HostFs::confined): the image's symlinks are resolved inside
+//! [`HostFs::confined`](flex_host::fs::HostFs::confined): the image's symlinks are resolved inside
 //! the rootfs (an absolute one from the rootfs's root, as the machine sees it), one climbing out
 //! of it fails the install step, and none is ever followed onto the host.
 
@@ -25,14 +25,15 @@ use std::time::{Duration, Instant};
 use futures::future::join_all;
 
 use super::archive::{self, BINARY_MODE, InstallMemberError};
-use super::download::{self, RetryPolicy};
+use super::download;
 use super::error::{ComponentError, ComponentsError, Failure, Step};
 use super::offline::{self, ArtifactFetcher, BundleIndex, OciArtifactFetcher};
 use super::plan::{ComponentPlan, PlanSource};
 use super::spec::{Binary, Component, ComponentSpec, Location, Members, Payload, SkipRule};
-use crate::context::Host;
-use crate::fs::ConfinedFs;
-use crate::runner::Cmd;
+use flex_host::context::Host;
+use flex_host::fs::ConfinedFs;
+use flex_host::retry::Backoff;
+use flex_host::runner::Cmd;
 
 /// Name prefix of the staging directory created inside the rootfs.
 pub const STAGING_PREFIX: &str = ".aks-flex-node-staging-";
@@ -90,7 +91,7 @@ pub enum Outcome {
 pub async fn install_components(
     host: &Host,
     http: &reqwest::Client,
-    registry: &crate::oci::RegistryClient,
+    registry: &flex_oci::RegistryClient,
     rootfs: &Path,
     plan: &ComponentPlan,
 ) -> Result<InstallReport, ComponentsError> {
@@ -160,7 +161,7 @@ struct Ctx<'a> {
     /// The rootfs, confined: every access inside it.
     tree: ConfinedFs,
     staging: &'a Path,
-    retry: &'a RetryPolicy,
+    retry: &'a Backoff,
 }
 
 fn failure(

@@ -13,9 +13,9 @@
 //!   (directory, `.tar.gz`, `oci://`) and the bundle layout (`docs/offline-artifacts.md`);
 //! - `download`: HTTP downloads with retries into a staging directory, SHA-256 while streaming;
 //! - `archive`: gzip tar reading with member-name checks;
-//! - `install`: [`install_components`] — skip probes through the [`Runner`](crate::runner),
+//! - `install`: [`install_components`] — skip probes through the [`Runner`](flex_host::runner),
 //!   concurrent installs, atomic writes confined to the rootfs
-//!   ([`ConfinedFs`](crate::fs::ConfinedFs));
+//!   ([`ConfinedFs`](flex_host::fs::ConfinedFs));
 //! - `reachability`: [`check_reachable`] for the `kubernetes-artifacts`, `cri-artifacts` and
 //!   `cni-artifacts` preflight checks;
 //! - `error`: [`ComponentsError`] and [`ComponentError`] (component, step, URL, cause).
@@ -38,7 +38,7 @@ mod versions;
 mod tests;
 
 pub(crate) use download::download_to_file;
-pub use download::{DOWNLOAD_RETRY, MAX_DOWNLOAD_BYTES, RetryPolicy};
+pub use download::{DOWNLOAD_RETRY, MAX_DOWNLOAD_BYTES};
 pub use error::{ComponentError, ComponentsError, Failure, Step};
 pub use install::{
     ComponentReport, InstallReport, Outcome, STAGING_PREFIX, install_components,
@@ -53,7 +53,7 @@ pub use reachability::{
 };
 pub use sources::{
     CNI_BASE_URL, CONTAINERD_BASE_URL, CRICTL_BASE_URL, DownloadSource, Downloads,
-    KUBERNETES_BASE_URL, RUNC_BASE_URL, go_format, redact_url,
+    KUBERNETES_BASE_URL, RUNC_BASE_URL, go_format,
 };
 pub use spec::{
     Binary, Component, ComponentSpec, Location, Members, Payload, SkipRule, VersionMatch,

@@ -23,14 +23,14 @@ use async_trait::async_trait;
 
 use super::archive;
 use super::error::ComponentsError;
-use super::sources::redact_url;
 use super::spec::{
     Component, ComponentSpec, KUBE_BINARIES, Location, cni_spec, containerd_spec, crictl_spec,
     kubernetes_spec, runc_spec,
 };
 use super::versions::{RequestedVersions, is_version, strip_v};
-use crate::fs::HostFs;
-use crate::oci::{ImageSource, OciError, RegistryClient};
+use flex_host::fs::HostFs;
+use flex_host::secret::redact_url;
+use flex_oci::{ImageSource, OciError, RegistryClient};
 
 /// The config field the source comes from (every error about it names it).
 pub const SOURCE_FIELD: &str = "bootstrap.offlineArtifacts.source";
@@ -136,8 +136,8 @@ pub trait ArtifactFetcher: Send + Sync {
     async fn check(&self, reference: &str) -> Result<(), OciError>;
 }
 
-/// The real [`ArtifactFetcher`]: [`crate::oci::fetch_artifact`] and
-/// [`crate::oci::manifest_reachable`] through a [`RegistryClient`] over the agent's HTTP
+/// The real [`ArtifactFetcher`]: [`flex_oci::fetch_artifact`] and
+/// [`flex_oci::manifest_reachable`] through a [`RegistryClient`] over the agent's HTTP
 /// client (anonymous access, plain HTTP only for the registries the client lists as insecure,
 /// retries).
 #[derive(Clone, Debug)]
@@ -156,14 +156,14 @@ impl OciArtifactFetcher {
 impl ArtifactFetcher for OciArtifactFetcher {
     async fn fetch(&self, reference: &str, dest_dir: &Path) -> Result<(), OciError> {
         let source = ImageSource::parse(reference)?;
-        crate::oci::fetch_artifact(&self.registry, &source, dest_dir)
+        flex_oci::fetch_artifact(&self.registry, &source, dest_dir)
             .await
             .map(|_| ())
     }
 
     async fn check(&self, reference: &str) -> Result<(), OciError> {
         let source = ImageSource::parse(reference)?;
-        crate::oci::manifest_reachable(&self.registry, &source, crate::oci::Arch::host())
+        flex_oci::manifest_reachable(&self.registry, &source, flex_oci::Arch::host())
             .await
             .map(|_| ())
     }

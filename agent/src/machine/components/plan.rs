@@ -15,7 +15,7 @@
 //! Resolution is pure: online plans carry every URL; offline plans carry the expanded source
 //! and are turned into specs once the bundle is on disk (`offline`).
 
-use super::download::{DOWNLOAD_RETRY, RetryPolicy};
+use super::download::DOWNLOAD_RETRY;
 use super::error::ComponentsError;
 use super::offline::{OfflineSource, expand_source_template};
 use super::sources::{self, Downloads};
@@ -25,6 +25,7 @@ use super::spec::{
 };
 use super::versions::{RequestedVersions, Versions};
 use crate::config::Config;
+use flex_host::retry::Backoff;
 
 /// Where the components come from.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -53,7 +54,7 @@ pub struct ComponentPlan {
     /// Downloads or an offline bundle.
     pub source: PlanSource,
     /// Retries for failed downloads (3 with backoff by default; tests shorten it).
-    pub retry: RetryPolicy,
+    pub retry: Backoff,
 }
 
 impl ComponentPlan {

@@ -18,7 +18,7 @@ use super::archive;
 use super::offline::{self, ArtifactFetcher, BundleIndex, OciArtifactFetcher, OfflineSource};
 use super::plan::{ComponentPlan, PlanSource};
 use super::spec::{Component, Location, Payload};
-use crate::fs::HostFs;
+use flex_host::fs::HostFs;
 
 pub use super::spec::{CHECK_CNI, CHECK_CRI, CHECK_KUBERNETES};
 
@@ -40,7 +40,7 @@ fn unreachable_message(check: &str) -> &'static str {
 /// URLs)` for [`CHECK_KUBERNETES`], [`CHECK_CRI`], [`CHECK_CNI`], in that order.
 pub async fn check_reachable(
     http: &reqwest::Client,
-    registry: &crate::oci::RegistryClient,
+    registry: &flex_oci::RegistryClient,
     plan: &ComponentPlan,
 ) -> Vec<(String, Result<(), String>)> {
     let fetcher = OciArtifactFetcher::new(registry.clone());

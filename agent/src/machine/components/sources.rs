@@ -13,6 +13,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::error::ComponentsError;
+use flex_host::secret::redact_url;
 
 /// Default base of the Kubernetes binaries (`<base>/v<ver>/bin/linux/<arch>/<bin>`).
 pub const KUBERNETES_BASE_URL: &str = "https://dl.k8s.io";
@@ -246,5 +247,3 @@ pub fn go_format(template: &str, args: &[&str]) -> Result<String, String> {
     }
     Ok(out)
 }
-
-pub use flex_host::secret::redact_url;

@@ -86,7 +86,7 @@ pub enum Location {
     /// An `http`/`https` URL.
     Url(String),
     /// A file of an offline bundle, as a real path on this machine (already under the
-    /// [`HostFs`](crate::fs::HostFs) root).
+    /// [`HostFs`](flex_host::fs::HostFs) root).
     File(PathBuf),
 }
 

@@ -10,7 +10,9 @@ use super::download::parse_checksum;
 use super::offline::{BundleIndex, bundle_specs};
 use super::*;
 use crate::config::{Config, OfflineArtifacts};
-use crate::runner::Output;
+use flex_host::retry::Backoff;
+use flex_host::runner::Output;
+use flex_host::secret::redact_url;
 use flex_testkit::FakeHost;
 
 fn config(k8s: &str) -> Config {
@@ -528,14 +530,14 @@ fn unreachable_plan() -> ComponentPlan {
         s.base_url = "http://127.0.0.1:9/none".into();
     }
     let mut plan = ComponentPlan::resolve(&config("1.35.0"), "amd64", d).unwrap();
-    plan.retry = RetryPolicy::none();
+    plan.retry = Backoff::none();
     plan
 }
 
 struct NoFetcher;
 
-fn no_registry(reference: &str) -> crate::oci::OciError {
-    crate::oci::OciError::Layout {
+fn no_registry(reference: &str) -> flex_oci::OciError {
+    flex_oci::OciError::Layout {
         reference: reference.into(),
         dir: "/nonexistent".into(),
         reason: "no registry in this test".into(),
@@ -544,18 +546,18 @@ fn no_registry(reference: &str) -> crate::oci::OciError {
 
 #[async_trait::async_trait]
 impl ArtifactFetcher for NoFetcher {
-    async fn check(&self, r: &str) -> Result<(), crate::oci::OciError> {
+    async fn check(&self, r: &str) -> Result<(), flex_oci::OciError> {
         Err(no_registry(r))
     }
 
-    async fn fetch(&self, r: &str, _: &Path) -> Result<(), crate::oci::OciError> {
+    async fn fetch(&self, r: &str, _: &Path) -> Result<(), flex_oci::OciError> {
         Err(no_registry(r))
     }
 }
 
 async fn install(fake: &FakeHost, plan: &ComponentPlan) -> Result<InstallReport, ComponentsError> {
     std::fs::create_dir_all(fake.host.fs.path(Path::new(ROOTFS))).unwrap();
-    let http = crate::http::client().unwrap();
+    let http = flex_host::http::client().unwrap();
     install_components_with(&fake.host, &http, &NoFetcher, Path::new(ROOTFS), plan).await
 }
 
@@ -822,7 +824,7 @@ async fn image_symlinks_never_lead_installs_outside_the_rootfs() {
 #[tokio::test]
 async fn a_missing_rootfs_is_an_error_and_is_not_created() {
     let fake = FakeHost::new().unwrap();
-    let http = crate::http::client().unwrap();
+    let http = flex_host::http::client().unwrap();
     let e = install_components_with(
         &fake.host,
         &http,
@@ -985,11 +987,11 @@ struct DirFetcher(PathBuf);
 
 #[async_trait::async_trait]
 impl ArtifactFetcher for DirFetcher {
-    async fn check(&self, _: &str) -> Result<(), crate::oci::OciError> {
+    async fn check(&self, _: &str) -> Result<(), flex_oci::OciError> {
         Ok(())
     }
 
-    async fn fetch(&self, reference: &str, dest: &Path) -> Result<(), crate::oci::OciError> {
+    async fn fetch(&self, reference: &str, dest: &Path) -> Result<(), flex_oci::OciError> {
         assert_eq!(reference, "oci://registry.local/bundle:v1.35.0");
         // Copies a prepared bundle, as the registry client would unpack it.
         let mut stack = vec![self.0.clone()];
@@ -1022,7 +1024,7 @@ async fn offline_oci_goes_through_the_fetcher_and_its_errors_name_the_field() {
         Downloads::default(),
     )
     .unwrap();
-    let http = crate::http::client().unwrap();
+    let http = flex_host::http::client().unwrap();
     let fetcher = DirFetcher(fake.host.fs.path(Path::new("/prepared")));
     std::fs::create_dir_all(fake.host.fs.path(Path::new(ROOTFS))).unwrap();
     let report = install_components_with(&fake.host, &http, &fetcher, Path::new(ROOTFS), &plan)
@@ -1052,7 +1054,7 @@ async fn preflight_offline_bundle_checks_name_missing_files_without_paths() {
         Downloads::default(),
     )
     .unwrap();
-    let http = crate::http::client().unwrap();
+    let http = flex_host::http::client().unwrap();
     let results = check_reachable_with(&fake.host.fs, &NoFetcher, &http, &plan).await;
     assert_eq!(results[0], ("kubernetes-artifacts".to_string(), Ok(())));
     assert_eq!(results[1], ("cri-artifacts".to_string(), Ok(())));

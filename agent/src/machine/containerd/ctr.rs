@@ -19,8 +19,8 @@ use super::{
     AGENT_SLICE, CTR_NAMESPACE, ContainerdError, Images, PullOptions, PulledImage,
     check_container_name,
 };
-use crate::oci::{Digest, ImageRef};
-use crate::runner::{Cmd, CmdError, Runner, check_status};
+use flex_host::runner::{Cmd, CmdError, Runner, check_status};
+use flex_oci::{Digest, ImageRef};
 
 /// Default deadline of a pull.
 pub const PULL_TIMEOUT: Duration = Duration::from_secs(600);

@@ -8,7 +8,7 @@
 //!    request of the pull carries `containerd-lease`, and the lease is deleted at the end,
 //!    whatever the outcome (what a failed pull wrote is then collected);
 //! 2. the reference is resolved with the agent's registry client: an index is followed to its
-//!    `linux/<arch>` manifest ([`crate::oci::manifest::select_platform`]), each document
+//!    `linux/<arch>` manifest ([`flex_oci::manifest::select_platform`]), each document
 //!    verified against its digest;
 //! 3. the config and each layer missing from the content store are downloaded (verified) into
 //!    a staging directory and written with `Content.Write` (stat, writes from offset 0, commit
@@ -66,9 +66,9 @@ use futures::{SinkExt, StreamExt, TryStreamExt};
 use tokio::io::{AsyncRead, AsyncReadExt};
 
 use super::{CTR_NAMESPACE, ContainerdError, CtrImages, Images, PullOptions, PulledImage};
-use crate::oci::manifest::{Manifest, media_type, select_platform};
-use crate::oci::registry::FetchedManifest;
-use crate::oci::{Arch, Descriptor, Digest, ImageConfig, ImageRef, RegistryClient};
+use flex_oci::manifest::{Manifest, media_type, select_platform};
+use flex_oci::registry::FetchedManifest;
+use flex_oci::{Arch, Descriptor, Digest, ImageConfig, ImageRef, RegistryClient};
 
 /// Default deadline of a pull.
 pub const PULL_TIMEOUT: Duration = Duration::from_secs(600);
@@ -397,7 +397,7 @@ impl Pull<'_> {
         GrpcImages::api_err(self.reference, step, call)
     }
 
-    fn registry(&self, step: &'static str) -> impl FnOnce(crate::oci::OciError) -> ContainerdError {
+    fn registry(&self, step: &'static str) -> impl FnOnce(flex_oci::OciError) -> ContainerdError {
         let image = self.reference.to_string();
         move |cause| ContainerdError::Registry { image, step, cause }
     }
@@ -447,7 +447,7 @@ impl Pull<'_> {
                     );
                 }
                 Manifest::Index(ix) => {
-                    if indexes.len() >= crate::oci::MAX_INDEX_DEPTH {
+                    if indexes.len() >= flex_oci::MAX_INDEX_DEPTH {
                         return Err(self.failed("resolve", "indexes nested too deep"));
                     }
                     let arch = self.store.arch;

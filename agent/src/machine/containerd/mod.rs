@@ -13,7 +13,7 @@
 //! - [`GrpcImages`] ([`grpc`]): containerd's API over the host's socket
 //!   ([`CONTAINERD_SOCKET`]) with the `containerd-client` crate. containerd 1.6 (what hosts run)
 //!   has no server-side pull, so the pull is done client-side as `ctr` does it: the manifest is
-//!   resolved with the agent's own registry client ([`crate::oci::RegistryClient`]), each blob
+//!   resolved with the agent's own registry client ([`flex_oci::RegistryClient`]), each blob
 //!   written into the content store under a lease (containerd verifies digest and size on
 //!   commit), the garbage-collection labels `ctr` sets are set, the layers are unpacked into the
 //!   snapshotter (overlayfs by default) under their chain IDs, and the image record is created
@@ -39,9 +39,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::oci::{ImageRef, OciError};
-use crate::runner::{CmdError, Runner};
 use flex_host::http::{INSECURE_REGISTRIES_ENV, InsecureRegistries, InsecureRegistryError};
+use flex_host::runner::{CmdError, Runner};
+use flex_oci::{ImageRef, OciError};
 
 pub use crate::systemd::CTR_NAMESPACE;
 pub use ctr::CtrImages;
@@ -384,8 +384,8 @@ pub async fn host_images_at(runner: Arc<dyn Runner>, socket: &Path) -> Arc<dyn I
     if socket != Path::new(CONTAINERD_SOCKET) {
         ctr = ctr.with_address(socket.to_string_lossy());
     }
-    let registry = match crate::http::client() {
-        Ok(http) => crate::oci::RegistryClient::new(http),
+    let registry = match flex_host::http::client() {
+        Ok(http) => flex_oci::RegistryClient::new(http),
         Err(e) => {
             tracing::warn!(error = %e, "image store: no HTTP client for the registry; using ctr");
             return Arc::new(ctr);

@@ -10,10 +10,10 @@ use std::time::Duration;
 
 use super::grpc::{chain_ids, document_media_type, rfc3339};
 use super::*;
-use crate::oci::Digest;
-use crate::oci::manifest::parse_manifest;
-use crate::oci::registry::FetchedManifest;
-use crate::runner::{CmdError, Output};
+use flex_host::runner::{CmdError, Output};
+use flex_oci::Digest;
+use flex_oci::manifest::parse_manifest;
+use flex_oci::registry::FetchedManifest;
 use flex_testkit::FakeRunner;
 
 const REF: &str = "10.0.2.2:5000/aks-flex-node@sha256:1111111111111111111111111111111111111111111111111111111111111111";
@@ -307,8 +307,8 @@ async fn ctr_check_failure_names_image_argv_exit_and_stderr() {
 struct TimingOut(FakeRunner);
 
 #[async_trait::async_trait]
-impl crate::runner::Runner for TimingOut {
-    async fn output(&self, cmd: &crate::runner::Cmd) -> Result<Output, CmdError> {
+impl flex_host::runner::Runner for TimingOut {
+    async fn output(&self, cmd: &flex_host::runner::Cmd) -> Result<Output, CmdError> {
         let out = self.0.output(cmd).await?;
         if cmd.display_argv().contains(" run --rm ") {
             return Err(CmdError::Timeout {
@@ -363,7 +363,7 @@ async fn host_images_without_a_socket_uses_ctr() {
 #[tokio::test]
 async fn grpc_connect_to_a_missing_socket_is_a_transport_error() {
     let fake = FakeRunner::new();
-    let registry = crate::oci::RegistryClient::new(crate::http::client().unwrap());
+    let registry = flex_oci::RegistryClient::new(flex_host::http::client().unwrap());
     let e = GrpcImages::connect(
         Path::new("/nonexistent/containerd.sock"),
         registry,

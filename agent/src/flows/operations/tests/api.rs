@@ -72,7 +72,7 @@ impl FakeApi {
     }
 
     /// Adds an operation (its resourceVersion becomes the server's).
-    pub fn put_op(&self, op: &crate::machina::MachineOperation) -> &Self {
+    pub fn put_op(&self, op: &flex_api::machina::MachineOperation) -> &Self {
         let mut v = serde_json::to_value(op).unwrap();
         let mut st = self.state();
         v["metadata"]["resourceVersion"] = json!(st.rv.to_string());

@@ -10,11 +10,11 @@ use super::super::record::{Record, RecordStore, Stage};
 use super::super::{OperationResult, execute};
 use super::labels;
 use crate::flows::operations::decide::Action;
-use crate::fs::HostFs;
-use crate::machina::OperationPhase;
 use crate::machine::fakes::RecordingOps;
 use crate::machine::nspawn::Timings;
 use crate::state::{DaemonState, StateStore};
+use flex_api::machina::OperationPhase;
+use flex_host::fs::HostFs;
 use flex_testkit::FakeHost;
 
 /// The finished result (panics on a handoff).

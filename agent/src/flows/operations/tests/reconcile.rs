@@ -14,7 +14,7 @@ use super::super::record::{Record, RecordStore, Stage};
 use super::super::{Handlers, OperationResult, RecordingHandlers};
 use super::api::FakeApi;
 use super::*;
-use crate::fs::HostFs;
+use flex_host::fs::HostFs;
 
 const ME: &str = "node1";
 const OP: &str = "/apis/unbounded-cloud.io/v1alpha3/machineoperations/op";

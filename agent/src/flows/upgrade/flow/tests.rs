@@ -9,10 +9,10 @@ use std::sync::Arc;
 use super::*;
 use crate::flows::upgrade::DAEMON_FAILED;
 use crate::flows::upgrade::layout::{BIN_LINK, CURRENT_EXEC, LAST_GOOD_EXEC};
-use crate::machina::OperationPhase;
 use crate::machine::containerd::FakeImages;
-use crate::runner::Output;
-use crate::systemd::{SystemdManager, UnitState};
+use flex_api::machina::OperationPhase;
+use flex_host::runner::Output;
+use flex_host::systemd::{SystemdManager, UnitState};
 use flex_testkit::FakeHost;
 use flex_testkit::FakeHostInfo;
 
@@ -603,7 +603,7 @@ fn artifacts_that_are_neither_elf_nor_tgz_are_refused() {
 fn the_restart_timer_is_rendered_with_100ms_accuracy() {
     // Asserted on the rendered transient unit (systemd-run's argv), not by timing.
     let r = flex_testkit::FakeRunner::new();
-    let m = crate::systemd::SystemctlManager::new(Arc::new(r.clone()));
+    let m = flex_host::systemd::SystemctlManager::new(Arc::new(r.clone()));
     let rt = tokio::runtime::Builder::new_current_thread()
         .build()
         .unwrap();
