@@ -272,6 +272,7 @@ async fn run_operation(cmd: OperationCommand) -> anyhow::Result<()> {
         }
     };
     require_root("operation run")?;
+    let kind = flex_api::machina::OperationKind::parse(&kind);
     let params = crate::flows::operations::parse_params(&params).map_err(|e| anyhow::anyhow!(e))?;
     let host = Host::real().await?;
     if let Err(f) = crate::flows::operations::decide::admit(&kind, &params, host.containerized()) {

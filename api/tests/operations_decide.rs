@@ -9,7 +9,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
     LabelSelector, LabelSelectorRequirement, Time,
 };
 
-use flex_api::machina::MachineOperation;
+use flex_api::machina::{MachineOperation, OperationKind};
 use flex_api::operations::decide::*;
 use flex_api::operations::record::{Record, Stage};
 use flex_api::operations::{INTERRUPTED, OperationResult};
@@ -588,7 +588,7 @@ fn agent_upgrade_parameters() {
             .into_iter()
             .map(|(k, v)| (k.to_string(), v))
             .collect();
-        let got = validate("AgentUpgrade", &params, containerized);
+        let got = validate(&OperationKind::AgentUpgrade, &params, containerized);
         match (got, want) {
             (Ok(Action::AgentUpgrade(r)), Ok(w)) => assert_eq!(r, w, "{what}"),
             (Err(f), Err(w)) => {
@@ -604,7 +604,7 @@ fn agent_upgrade_parameters() {
 fn a_valid_agent_upgrade_is_claimed() {
     let image = format!("registry.example.com/aks/agent@{DIGEST}");
     let params = labels(&[("image", &image)]);
-    let action = admit("AgentUpgrade", &params, true).unwrap();
+    let action = admit(&OperationKind::AgentUpgrade, &params, true).unwrap();
     assert_eq!(
         action,
         Action::AgentUpgrade(flex_api::operations::UpgradeRequest::Image(image.clone()))
@@ -644,7 +644,7 @@ fn watch_filter() {
 
 #[test]
 fn interrupted_names_the_kind() {
-    let r = interrupted("NodeReboot");
+    let r = interrupted(&OperationKind::NodeReboot);
     assert_eq!(r.reason, INTERRUPTED);
     assert_eq!(
         r.message,

@@ -84,7 +84,7 @@ fn operations(host: &Host) -> Vec<OperationView> {
                 Ok(Some(r)) => OperationView {
                     file,
                     name: r.name,
-                    kind: r.kind,
+                    kind: r.kind.to_string(),
                     stage: r.stage.as_str().into(),
                     started_at: r.started_at,
                     result: r.result.as_ref().map(result_view),

@@ -6,9 +6,10 @@
 //! The types are kube-rs custom resources; [`crd_yaml`] renders both CustomResourceDefinitions
 //! as the YAML committed in `deploy/crds/machina.yaml` (written by `cargo xtask codegen`; a test
 //! and `cargo xtask codegen --check` keep it current). Fields follow upstream's Go types:
-//! strings the API server does not constrain (an operation's kind and phase) stay strings here,
-//! so an object written by a newer controller still decodes, and the decision layer
-//! ([`crate::operations`]) says what an unknown value means. `status.reason` is this agent's
+//! values the API server may widen (an operation's kind and phase) decode whatever they say, so an
+//! object written by a newer controller still decodes: the kind as [`OperationKind`], an unknown
+//! one kept as written, the phase as a string; the decision layer ([`crate::operations`]) says
+//! what an unknown value means. `status.reason` is this agent's
 //! addition, the `Completed` condition's reason, for `kubectl get -o` and scripts; a cluster
 //! with upstream's CRD prunes it, and the condition still carries it.
 
@@ -20,7 +21,10 @@ use kube::core::CustomResourceExt;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+mod kind;
 mod yaml;
+
+pub use kind::{Handler, OperationKind};
 
 /// The group every daemon certificate carries besides `system:nodes` (the RBAC subject of
 /// `deploy/controller/rbac.yaml` and the controller's CSR approver).
@@ -33,31 +37,12 @@ pub const GROUP: &str = "unbounded-cloud.io";
 /// The API version.
 pub const VERSION: &str = "v1alpha3";
 
-/// `NodeReboot`: restart the active nspawn machine (the in-VM agent's).
+/// `NodeReboot`, as [`OperationKind::NodeReboot`] writes it.
 pub const NODE_REBOOT: &str = "NodeReboot";
-/// `AgentUpgrade`: replace the agent (the in-VM agent's).
+/// `AgentUpgrade`, as [`OperationKind::AgentUpgrade`] writes it.
 pub const AGENT_UPGRADE: &str = "AgentUpgrade";
-/// `AgentReset`: reset the node and stop the agent (the in-VM agent's).
+/// `AgentReset`, as [`OperationKind::AgentReset`] writes it.
 pub const AGENT_RESET: &str = "AgentReset";
-/// Kinds machina's host, cloud and PXE controllers handle; the agent leaves them alone.
-pub const HOST_KINDS: &[&str] = &[
-    "HostReboot",
-    "HostPowerOff",
-    "HostPowerOn",
-    "HostReplace",
-    "HostReimage",
-];
-/// The kinds the CRD accepts (upstream's latest enum, plus the retired `HostReimage`).
-pub const OPERATION_KINDS: &[&str] = &[
-    NODE_REBOOT,
-    AGENT_UPGRADE,
-    AGENT_RESET,
-    "HostReboot",
-    "HostPowerOff",
-    "HostPowerOn",
-    "HostReplace",
-    "HostReimage",
-];
 
 /// The one condition type the agent writes on an operation.
 pub const CONDITION_COMPLETED: &str = "Completed";
@@ -176,7 +161,7 @@ pub struct MachineOperationSpec {
     pub machine_selector: Option<LabelSelector>,
     /// OperationKind is the operation to perform on the target machine.
     #[schemars(schema_with = "operation_kind_schema")]
-    pub operation_kind: String,
+    pub operation_kind: OperationKind,
     /// Parameters is an optional set of key-value pairs passed to the operation's handler,
     /// for example AgentUpgrade's `image`.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -620,7 +605,7 @@ fn operation_kind_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema 
     schema(serde_json::json!({
         "description": "OperationKind is the operation to perform on the target machine.",
         "type": "string",
-        "enum": OPERATION_KINDS,
+        "enum": OperationKind::KNOWN.iter().map(OperationKind::as_str).collect::<Vec<_>>(),
     }))
 }
 

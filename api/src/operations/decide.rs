@@ -12,9 +12,7 @@ use super::{
     INTERRUPTED, INVALID_PARAMETERS, OperationResult, UNKNOWN_KIND, UNSUPPORTED_OPERATION,
 };
 use crate::image::ImageRef;
-use crate::machina::{
-    AGENT_RESET, AGENT_UPGRADE, HOST_KINDS, MachineOperation, NODE_REBOOT, OperationPhase,
-};
+use crate::machina::{Handler, MachineOperation, OperationKind, OperationPhase};
 
 /// What an operation's agent upgrade names.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -43,11 +41,11 @@ pub enum Action {
 
 impl Action {
     /// The operation kind.
-    pub fn kind(&self) -> &'static str {
+    pub fn kind(&self) -> OperationKind {
         match self {
-            Self::NodeReboot => NODE_REBOOT,
-            Self::AgentReset => AGENT_RESET,
-            Self::AgentUpgrade(_) => AGENT_UPGRADE,
+            Self::NodeReboot => OperationKind::NodeReboot,
+            Self::AgentReset => OperationKind::AgentReset,
+            Self::AgentUpgrade(_) => OperationKind::AgentUpgrade,
         }
     }
 
@@ -84,58 +82,56 @@ impl Failure {
     }
 }
 
-/// Parameters each kind accepts, for messages.
-fn accepted(kind: &str) -> &'static str {
-    match kind {
-        AGENT_UPGRADE => "image, or downloadURL and sha256",
-        _ => "none",
-    }
-}
-
 /// Validates `kind` and its parameters (empty values count as absent). `containerized`: whether
 /// the agent runs in its container image (AgentUpgrade takes `image` there, and `downloadURL` +
-/// `sha256` on a host).
+/// `sha256` on a host). Every kind is matched here by name, so a new one cannot be forgotten.
 pub fn validate(
-    kind: &str,
+    kind: &OperationKind,
     params: &BTreeMap<String, String>,
     containerized: bool,
 ) -> Result<Action, Failure> {
-    let known: &[&str] = match kind {
-        NODE_REBOOT | AGENT_RESET => &[],
-        AGENT_UPGRADE => &["image", "downloadURL", "sha256"],
-        "" => {
-            return Err(Failure {
-                reason: UNKNOWN_KIND,
-                message: "the operation names no operationKind".into(),
-            });
-        }
-        k if HOST_KINDS.contains(&k) => {
-            return Err(Failure {
-                reason: UNSUPPORTED_OPERATION,
-                message: format!(
-                    "operation kind {k} is carried out by machina's host controllers, not by the node agent"
-                ),
-            });
-        }
-        k => {
-            return Err(Failure {
-                reason: UNKNOWN_KIND,
-                message: format!(
-                    "unknown operation kind {k:?} (the node agent handles {NODE_REBOOT}, {AGENT_RESET} and {AGENT_UPGRADE})"
-                ),
-            });
-        }
-    };
-    if let Some(k) = params.keys().find(|k| !known.contains(&k.as_str())) {
-        return Err(Failure::invalid(format!(
-            "unknown parameter {k:?} for {kind} (it takes {})",
-            accepted(kind)
-        )));
-    }
+    // Refuses a parameter `kind` does not take; `accepted` names the ones it takes.
+    let takes_only =
+        |known: &[&str], accepted: &str| match params.keys().find(|k| !known.contains(&k.as_str()))
+        {
+            Some(k) => Err(Failure::invalid(format!(
+                "unknown parameter {k:?} for {kind} (it takes {accepted})"
+            ))),
+            None => Ok(()),
+        };
     match kind {
-        NODE_REBOOT => Ok(Action::NodeReboot),
-        AGENT_RESET => Ok(Action::AgentReset),
-        _ => validate_upgrade(params, containerized).map(Action::AgentUpgrade),
+        OperationKind::NodeReboot => takes_only(&[], "none").map(|()| Action::NodeReboot),
+        OperationKind::AgentReset => takes_only(&[], "none").map(|()| Action::AgentReset),
+        OperationKind::AgentUpgrade => {
+            takes_only(
+                &["image", "downloadURL", "sha256"],
+                "image, or downloadURL and sha256",
+            )?;
+            validate_upgrade(params, containerized).map(Action::AgentUpgrade)
+        }
+        OperationKind::HostReboot
+        | OperationKind::HostPowerOff
+        | OperationKind::HostPowerOn
+        | OperationKind::HostReplace
+        | OperationKind::HostReimage => Err(Failure {
+            reason: UNSUPPORTED_OPERATION,
+            message: format!(
+                "operation kind {kind} is carried out by machina's host controllers, not by the node agent"
+            ),
+        }),
+        OperationKind::Unknown(k) if k.is_empty() => Err(Failure {
+            reason: UNKNOWN_KIND,
+            message: "the operation names no operationKind".into(),
+        }),
+        OperationKind::Unknown(k) => Err(Failure {
+            reason: UNKNOWN_KIND,
+            message: format!(
+                "unknown operation kind {k:?} (the node agent handles {}, {} and {})",
+                OperationKind::NodeReboot,
+                OperationKind::AgentReset,
+                OperationKind::AgentUpgrade
+            ),
+        }),
     }
 }
 
@@ -301,7 +297,7 @@ pub fn supported(action: &Action) -> Result<(), Failure> {
 
 /// [`validate`], then [`supported`]: an action this agent will run, or why not.
 pub fn admit(
-    kind: &str,
+    kind: &OperationKind,
     params: &BTreeMap<String, String>,
     containerized: bool,
 ) -> Result<Action, Failure> {
@@ -364,7 +360,7 @@ pub fn selector_matches(
 
 /// Whether the operation's kind belongs to machina's host controllers.
 fn host_kind(op: &MachineOperation) -> bool {
-    HOST_KINDS.contains(&op.spec.operation_kind.as_str())
+    op.spec.operation_kind.handler() == Handler::HostControllers
 }
 
 /// Whether `sel` has no requirement. Kubernetes' empty selector selects everything; an
@@ -599,7 +595,7 @@ fn after_finish(op: &MachineOperation, now: Timestamp) -> Decision {
 }
 
 /// The result of an operation whose run was cut short.
-pub fn interrupted(kind: &str) -> OperationResult {
+pub fn interrupted(kind: &OperationKind) -> OperationResult {
     OperationResult::failed(
         INTERRUPTED,
         format!(

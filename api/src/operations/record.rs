@@ -5,6 +5,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::OperationResult;
+use crate::machina::OperationKind;
 
 /// How far this agent got with an operation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -40,7 +41,7 @@ pub struct Record {
     /// The operation's name.
     pub name: String,
     /// Its kind.
-    pub kind: String,
+    pub kind: OperationKind,
     /// How far this agent got.
     pub stage: Stage,
     /// The `startedAt` this agent's claim wrote (`%Y-%m-%dT%H:%M:%SZ`).

@@ -3,7 +3,7 @@
 #![allow(unused_imports)]
 
 use super::decide::{Action, UpgradeRequest, admit};
-use super::handlers::Handlers;
+use super::handlers::{Handlers, Ran};
 use super::record::Record;
 use super::{EXECUTION_FAILED, OperationResult};
 use crate::flows::reboot::restart_node;
@@ -61,7 +61,7 @@ impl RecordingHandlers {
         self
     }
 
-    /// Makes [`Handlers::agent_upgrade`] answer `started` (default: a handoff).
+    /// Makes an AgentUpgrade's [`Handlers::run`] answer `started` (default: a handoff).
     pub fn upgrade_with(&self, started: Started) -> &Self {
         self.lock().upgrade = Some(started);
         self
@@ -85,31 +85,34 @@ impl RecordingHandlers {
 
 #[async_trait]
 impl Handlers for RecordingHandlers {
-    async fn node_reboot(&self) -> anyhow::Result<()> {
-        self.call("node_reboot")
-    }
-    async fn agent_reset(&self) -> anyhow::Result<()> {
-        self.call("agent_reset")
+    /// Records `node_reboot`, `agent_reset`, or `agent_upgrade image=…|downloadURL=… op=…`.
+    async fn run(&self, action: &Action, op: Option<OperationRef>) -> anyhow::Result<Ran> {
+        match action {
+            Action::NodeReboot => self.call("node_reboot").map(|()| Ran::Done(None)),
+            Action::AgentReset => self.call("agent_reset").map(|()| Ran::Done(None)),
+            Action::AgentUpgrade(request) => {
+                let what = match request {
+                    UpgradeRequest::Image(i) => format!("image={i}"),
+                    UpgradeRequest::Download { url, .. } => format!("downloadURL={url}"),
+                };
+                let op = op.map(|o| o.name).unwrap_or_else(|| "-".into());
+                self.call(&format!("agent_upgrade {what} op={op}"))?;
+                Ok(
+                    match self
+                        .lock()
+                        .upgrade
+                        .clone()
+                        .unwrap_or_else(|| Started::HandedOff("restart scheduled".into()))
+                    {
+                        Started::HandedOff(m) => Ran::HandedOff(m),
+                        Started::AlreadyCurrent(m) => Ran::Done(Some(m)),
+                    },
+                )
+            }
+        }
     }
     async fn stop_daemon(&self) -> anyhow::Result<()> {
         self.call("stop_daemon")
-    }
-    async fn agent_upgrade(
-        &self,
-        request: &UpgradeRequest,
-        op: Option<OperationRef>,
-    ) -> anyhow::Result<Started> {
-        let what = match request {
-            UpgradeRequest::Image(i) => format!("image={i}"),
-            UpgradeRequest::Download { url, .. } => format!("downloadURL={url}"),
-        };
-        let op = op.map(|o| o.name).unwrap_or_else(|| "-".into());
-        self.call(&format!("agent_upgrade {what} op={op}"))?;
-        Ok(self
-            .lock()
-            .upgrade
-            .clone()
-            .unwrap_or_else(|| Started::HandedOff("restart scheduled".into())))
     }
     fn resume_interrupted(&self, _record: &Record) -> Resumed {
         self.lock().resume.clone().unwrap_or(Resumed::Unknown)

@@ -21,29 +21,31 @@ use crate::flows::upgrade::{OperationRef, Resumed, Started, Upgrader};
 use crate::machine::nspawn::Timings;
 use crate::machine::seams::NodeOps;
 use crate::state::{STATE_PATH, StateStore};
-use flex_api::machina::OperationPhase;
 use flex_api::machina::yaml_scalar;
+use flex_api::machina::{OperationKind, OperationPhase};
 use flex_host::context::Host;
+
+/// How a handler's run of an action ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Ran {
+    /// Done; a detail for the result's message, if any (`AgentUpgrade completed: <detail>`).
+    Done(Option<String>),
+    /// Handed over to the agent it restarts on (AgentUpgrade), which finishes the operation.
+    HandedOff(String),
+}
 
 /// What operations do to the node.
 #[async_trait]
 pub trait Handlers: Send + Sync {
-    /// NodeReboot: stop and start the active machine (no reprovisioning, no state change).
-    async fn node_reboot(&self) -> anyhow::Result<()>;
-    /// AgentReset: reset the node without stopping the daemon.
-    async fn agent_reset(&self) -> anyhow::Result<()>;
+    /// Carries out `action` for the MachineOperation `op` (`None` node-locally): one arm per
+    /// kind, each a flow of its own (NodeReboot: stop and start the active machine; AgentReset:
+    /// reset the node without stopping the daemon; AgentUpgrade: fetch, check and switch to the
+    /// candidate and schedule the restart onto it, [`crate::flows::upgrade::Upgrader::start`]).
+    async fn run(&self, action: &Action, op: Option<OperationRef>) -> anyhow::Result<Ran>;
     /// After a completed AgentReset: uninstall the agent's service, which stops the daemon for
     /// good (it may not return). [`run_local`] calls it; in the daemon the reconcile's
     /// [`super::Outcome::stop_daemon`] asks the daemon to do the same.
     async fn stop_daemon(&self) -> anyhow::Result<()>;
-    /// AgentUpgrade: fetch, check and switch to the candidate and schedule the restart onto it
-    /// ([`crate::flows::upgrade::Upgrader::start`]). `op` is the MachineOperation it runs for (`None`
-    /// node-locally).
-    async fn agent_upgrade(
-        &self,
-        request: &UpgradeRequest,
-        op: Option<OperationRef>,
-    ) -> anyhow::Result<Started>;
     /// How an operation whose run a daemon restart cut short ended (`record` is at
     /// [`super::Stage::Executing`]), when something on the node knows it (AgentUpgrade's
     /// upgrade record); [`Resumed::Unknown`] finishes it as `Interrupted`, [`Resumed::Pending`]
@@ -82,25 +84,16 @@ pub async fn execute(
     op: Option<OperationRef>,
 ) -> Executed {
     let kind = action.kind();
-    let outcome = match action {
-        Action::NodeReboot => handlers.node_reboot().await,
-        Action::AgentReset => handlers.agent_reset().await,
-        Action::AgentUpgrade(req) => {
-            return match handlers.agent_upgrade(req, op).await {
-                Ok(Started::HandedOff(m)) => Executed::HandedOff(m),
-                Ok(Started::AlreadyCurrent(m)) => {
-                    Executed::Finished(OperationResult::complete(format!("{kind} completed: {m}")))
-                }
-                Err(e) => {
-                    Executed::Finished(OperationResult::failed(EXECUTION_FAILED, format!("{e:#}")))
-                }
-            };
+    match handlers.run(action, op).await {
+        Ok(Ran::HandedOff(m)) => Executed::HandedOff(m),
+        Ok(Ran::Done(None)) => {
+            Executed::Finished(OperationResult::complete(format!("{kind} completed")))
         }
-    };
-    Executed::Finished(match outcome {
-        Ok(()) => OperationResult::complete(format!("{kind} completed")),
-        Err(e) => OperationResult::failed(EXECUTION_FAILED, format!("{e:#}")),
-    })
+        Ok(Ran::Done(Some(detail))) => Executed::Finished(OperationResult::complete(format!(
+            "{kind} completed: {detail}"
+        ))),
+        Err(e) => Executed::Finished(OperationResult::failed(EXECUTION_FAILED, format!("{e:#}"))),
+    }
 }
 
 /// What a handoff looks like as a status would record it while it runs (`operation run`).
@@ -113,8 +106,8 @@ pub fn handoff_result(message: &str) -> (OperationPhase, &'static str, String) {
 }
 
 /// Whether a finished `kind` with `result` stops the daemon next (a completed AgentReset).
-pub fn stops_daemon(kind: &str, result: &OperationResult) -> bool {
-    kind == flex_api::machina::AGENT_RESET && result.succeeded()
+pub fn stops_daemon(kind: &OperationKind, result: &OperationResult) -> bool {
+    *kind == OperationKind::AgentReset && result.succeeded()
 }
 
 /// Runs one operation node-locally, without a cluster, through the same validation and
@@ -123,35 +116,36 @@ pub fn stops_daemon(kind: &str, result: &OperationResult) -> bool {
 /// reset itself completed). An AgentUpgrade hands over to the restarted agent, which finishes it
 /// in the upgrade record (`aks-flex-node operation status`). Nothing runs for invalid input.
 pub async fn run_local(
-    kind: &str,
+    kind: &OperationKind,
     params: &BTreeMap<String, String>,
     handlers: &dyn Handlers,
     containerized: bool,
 ) -> Executed {
+    let kind_name = kind.as_str();
     let action = match admit(kind, params, containerized) {
         Ok(a) => a,
         Err(f) => {
-            tracing::warn!(kind, reason = f.reason, message = %f.message, "operation not run");
+            tracing::warn!(kind = kind_name, reason = f.reason, message = %f.message, "operation not run");
             return Executed::Finished(f.into_result());
         }
     };
     tracing::info!(
-        kind,
+        kind = kind_name,
         message = action.in_progress_message(),
         "running operation"
     );
     let executed = execute(&action, handlers, None).await;
     let result = match &executed {
         Executed::HandedOff(m) => {
-            tracing::info!(kind, message = %m, "operation handed over to the restarted agent");
+            tracing::info!(kind = kind_name, message = %m, "operation handed over to the restarted agent");
             return executed;
         }
         Executed::Finished(r) => r,
     };
     if result.succeeded() {
-        tracing::info!(kind, reason = %result.reason, message = %result.message, "operation completed");
+        tracing::info!(kind = kind_name, reason = %result.reason, message = %result.message, "operation completed");
     } else {
-        tracing::error!(kind, reason = %result.reason, message = %result.message, "operation failed");
+        tracing::error!(kind = kind_name, reason = %result.reason, message = %result.message, "operation failed");
     }
     if stops_daemon(kind, result)
         && let Err(e) = handlers.stop_daemon().await
@@ -236,8 +230,7 @@ impl HostHandlers {
     }
 }
 
-#[async_trait]
-impl Handlers for HostHandlers {
+impl HostHandlers {
     async fn node_reboot(&self) -> anyhow::Result<()> {
         let state = StateStore::new(self.host.fs.clone())
             .load()?
@@ -252,17 +245,31 @@ impl Handlers for HostHandlers {
         Ok(())
     }
 
-    async fn stop_daemon(&self) -> anyhow::Result<()> {
-        crate::systemd::uninstall_service(&self.host.fs, self.host.systemd.as_ref()).await?;
-        Ok(())
-    }
-
     async fn agent_upgrade(
         &self,
         request: &UpgradeRequest,
         op: Option<OperationRef>,
-    ) -> anyhow::Result<Started> {
-        Ok(self.upgrader.start(request, op).await?)
+    ) -> anyhow::Result<Ran> {
+        Ok(match self.upgrader.start(request, op).await? {
+            Started::HandedOff(m) => Ran::HandedOff(m),
+            Started::AlreadyCurrent(m) => Ran::Done(Some(m)),
+        })
+    }
+}
+
+#[async_trait]
+impl Handlers for HostHandlers {
+    async fn run(&self, action: &Action, op: Option<OperationRef>) -> anyhow::Result<Ran> {
+        match action {
+            Action::NodeReboot => self.node_reboot().await.map(|()| Ran::Done(None)),
+            Action::AgentReset => self.agent_reset().await.map(|()| Ran::Done(None)),
+            Action::AgentUpgrade(request) => self.agent_upgrade(request, op).await,
+        }
+    }
+
+    async fn stop_daemon(&self) -> anyhow::Result<()> {
+        crate::systemd::uninstall_service(&self.host.fs, self.host.systemd.as_ref()).await?;
+        Ok(())
     }
 
     fn resume_interrupted(&self, record: &Record) -> Resumed {

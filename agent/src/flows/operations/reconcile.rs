@@ -35,7 +35,9 @@ use super::{IN_PROGRESS, OperationResult};
 use crate::flows::upgrade::{OperationRef, Resumed};
 use crate::kubeclient::describe;
 use crate::state::StateError;
-use flex_api::machina::{CONDITION_COMPLETED, Machine, MachineOperation, OperationPhase};
+use flex_api::machina::{
+    CONDITION_COMPLETED, Machine, MachineOperation, OperationKind, OperationPhase,
+};
 
 /// Conflicting writes in a row after which a reconcile gives up (the queue retries later).
 pub const MAX_CONFLICTS: usize = 5;
@@ -423,7 +425,7 @@ impl Reconciler {
         let mut rec = claim.clone();
         rec.stage = Stage::Executing;
         self.save_record(&rec, true)?;
-        tracing::info!(operation = %rec.name, kind = action.kind(), message = action.in_progress_message(), "running MachineOperation");
+        tracing::info!(operation = %rec.name, kind = %action.kind(), message = action.in_progress_message(), "running MachineOperation");
         let op = OperationRef {
             uid: rec.uid.clone(),
             name: rec.name.clone(),
@@ -517,7 +519,7 @@ impl Reconciler {
 
     /// The record of `uid`: its file, else the in-memory copy. A record that cannot be read is
     /// taken for a run that started (never run twice).
-    fn load_record(&self, uid: &str, name: &str, kind: &str) -> Option<Record> {
+    fn load_record(&self, uid: &str, name: &str, kind: &OperationKind) -> Option<Record> {
         if uid.is_empty() {
             return None;
         }
@@ -530,7 +532,7 @@ impl Reconciler {
                     version: 1,
                     uid: uid.into(),
                     name: name.into(),
-                    kind: kind.into(),
+                    kind: kind.clone(),
                     stage: Stage::Executing,
                     started_at: String::new(),
                     result: None,

@@ -13,7 +13,7 @@ use crate::flows::operations::decide::Action;
 use crate::machine::fakes::RecordingOps;
 use crate::machine::nspawn::Timings;
 use crate::state::{DaemonState, StateStore};
-use flex_api::machina::OperationPhase;
+use flex_api::machina::{OperationKind, OperationPhase};
 use flex_host::fs::HostFs;
 use flex_testkit::FakeHost;
 
@@ -28,7 +28,7 @@ fn done(e: Executed) -> OperationResult {
 #[tokio::test]
 async fn local_node_reboot_runs_the_handler() {
     let h = RecordingHandlers::new();
-    let r = done(run_local("NodeReboot", &labels(&[]), &h, false).await);
+    let r = done(run_local(&OperationKind::parse("NodeReboot"), &labels(&[]), &h, false).await);
     assert_eq!(r, OperationResult::complete("NodeReboot completed"));
     assert_eq!(h.calls(), ["node_reboot"]);
     assert_eq!(
@@ -41,7 +41,7 @@ async fn local_node_reboot_runs_the_handler() {
 async fn local_failure_is_execution_failed() {
     let h = RecordingHandlers::new();
     h.fail_on("node_reboot", "stop kube1: machinectl poweroff failed");
-    let r = done(run_local("NodeReboot", &labels(&[]), &h, false).await);
+    let r = done(run_local(&OperationKind::parse("NodeReboot"), &labels(&[]), &h, false).await);
     assert_eq!(
         render_result(&r),
         "phase: Failed\nreason: ExecutionFailed\nmessage: \"stop kube1: machinectl poweroff failed\"\n"
@@ -51,19 +51,22 @@ async fn local_failure_is_execution_failed() {
 #[tokio::test]
 async fn local_agent_reset_stops_the_daemon_after() {
     let h = RecordingHandlers::new();
-    let r = done(run_local("AgentReset", &labels(&[]), &h, false).await);
+    let r = done(run_local(&OperationKind::parse("AgentReset"), &labels(&[]), &h, false).await);
     assert!(r.succeeded());
     assert_eq!(h.calls(), ["agent_reset", "stop_daemon"]);
     // A failed reset does not stop the daemon.
     let h = RecordingHandlers::new();
     h.fail_on("agent_reset", "boom");
-    let r = done(run_local("AgentReset", &labels(&[]), &h, false).await);
+    let r = done(run_local(&OperationKind::parse("AgentReset"), &labels(&[]), &h, false).await);
     assert_eq!(r.phase, OperationPhase::Failed);
     assert_eq!(h.calls(), ["agent_reset"]);
     // Nor does a failure to stop it change the result.
     let h = RecordingHandlers::new();
     h.fail_on("stop_daemon", "systemctl failed");
-    assert!(done(run_local("AgentReset", &labels(&[]), &h, false).await).succeeded());
+    assert!(
+        done(run_local(&OperationKind::parse("AgentReset"), &labels(&[]), &h, false).await)
+            .succeeded()
+    );
 }
 
 #[tokio::test]
@@ -95,7 +98,7 @@ async fn local_bad_input_runs_nothing() {
             "phase: Failed\nreason: InvalidParameters\nmessage: \"parameter \\\"image\\\" must be pinned by digest (registry/repository@sha256:<digest>), and \\\"registry.example.com/aks/agent:v2\\\" names only a tag\"\n",
         ),
     ] {
-        let r = done(run_local(kind, &params, &h, containerized).await);
+        let r = done(run_local(&OperationKind::parse(kind), &params, &h, containerized).await);
         assert_eq!(render_result(&r), want, "{kind}");
     }
     assert!(h.calls().is_empty());
@@ -105,7 +108,13 @@ async fn local_bad_input_runs_nothing() {
 async fn local_agent_upgrade_hands_over_and_prints_in_progress() {
     let h = RecordingHandlers::new();
     let image = "registry.example.com/aks/agent@sha256:0000000000000000000000000000000000000000000000000000000000000000";
-    let e = run_local("AgentUpgrade", &labels(&[("image", image)]), &h, true).await;
+    let e = run_local(
+        &OperationKind::parse("AgentUpgrade"),
+        &labels(&[("image", image)]),
+        &h,
+        true,
+    )
+    .await;
     assert_eq!(
         render_executed(&e),
         "phase: InProgress\nreason: RestartScheduled\nmessage: restart scheduled\n"
@@ -244,7 +253,11 @@ async fn host_handlers_reboot_the_active_machine() {
     let f = FakeHost::new().unwrap();
     let ops = Arc::new(RecordingOps::default());
     let h = HostHandlers::new(f.host.clone(), ops.clone()).with_timings(Timings::instant());
-    let e = h.node_reboot().await.unwrap_err().to_string();
+    let e = h
+        .run(&Action::NodeReboot, None)
+        .await
+        .unwrap_err()
+        .to_string();
     assert_eq!(
         e,
         "no daemon state at /etc/aks-flex-node/daemon-state.json: this node has no active machine"
@@ -255,7 +268,7 @@ async fn host_handlers_reboot_the_active_machine() {
             ..Default::default()
         })
         .unwrap();
-    h.node_reboot().await.unwrap();
+    h.run(&Action::NodeReboot, None).await.unwrap();
     assert_eq!(ops.calls(), ["stop kube2", "start kube2"]);
 }
 
@@ -266,7 +279,7 @@ async fn host_handlers_reset_and_stop_the_daemon() {
         .with_timings(Timings::instant());
     let store = RecordStore::new(f.host.fs.clone());
     store.save(&rec("u1", "reset", Stage::Executing)).unwrap();
-    h.agent_reset().await.unwrap();
+    h.run(&Action::AgentReset, None).await.unwrap();
     // Reset removes /etc/aks-flex-node, records included.
     assert!(!f.host.fs.exists(Path::new("/etc/aks-flex-node")));
     assert!(!store.exists("u1"));

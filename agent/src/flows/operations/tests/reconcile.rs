@@ -612,23 +612,19 @@ struct ResettingHandlers {
 
 #[async_trait]
 impl Handlers for ResettingHandlers {
-    async fn node_reboot(&self) -> anyhow::Result<()> {
-        self.inner.node_reboot().await
-    }
-    async fn agent_reset(&self) -> anyhow::Result<()> {
-        self.inner.agent_reset().await?;
-        self.records.delete("uid-op")?;
-        Ok(())
+    async fn run(
+        &self,
+        action: &crate::flows::operations::Action,
+        op: Option<crate::flows::upgrade::OperationRef>,
+    ) -> anyhow::Result<crate::flows::operations::Ran> {
+        let ran = self.inner.run(action, op).await?;
+        if *action == crate::flows::operations::Action::AgentReset {
+            self.records.delete("uid-op")?;
+        }
+        Ok(ran)
     }
     async fn stop_daemon(&self) -> anyhow::Result<()> {
         self.inner.stop_daemon().await
-    }
-    async fn agent_upgrade(
-        &self,
-        request: &crate::flows::operations::UpgradeRequest,
-        op: Option<crate::flows::upgrade::OperationRef>,
-    ) -> anyhow::Result<crate::flows::upgrade::Started> {
-        self.inner.agent_upgrade(request, op).await
     }
 }
 
