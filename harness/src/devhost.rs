@@ -19,16 +19,21 @@
 //! [`ensure`] builds it once per recipe: the image lives in
 //! `<cache_root>/devhost/<suite>-<hash[..16]>/` (`rootfs.img`, an 8 GiB sparse raw ext4 file
 //! system labelled `root`; `vmlinuz`; `initrd.img`; `image.json`), keyed by
-//! [`recipe_hash`] over the package list, every asset's bytes and the build parameters. A
+//! [`recipe_hash`] over the package list, every asset's bytes and the build parameters. The
+//! packages come from the build machine's own Debian mirror ([`flex_host::apt`]: the URIs and
+//! keyring of its Debian source, deb.debian.org only when it has none) through its apt proxy,
+//! if any ([`Suite::mirrors`]). A
 //! build happens in `.build-*` next to it and is renamed into place when complete, so a
 //! half-built image is never used; an image is never rebuilt in place (a qcow2 overlay may
 //! point at it).
 
 mod build;
 
+pub use build::host_archive;
 pub(crate) use build::{
-    RecipeHasher, allocated_bytes, build_dir, clean_stale_builds, copy_tree, ensure_tool, lock,
-    publish, remove_build_dir, require_root, run_logged, sh_quote, single_entry, write_file,
+    RecipeHasher, allocated_bytes, archive_summary, build_dir, clean_stale_builds, copy_tree,
+    ensure_tool, lock, publish, remove_build_dir, require_root, run_logged, sh_quote, single_entry,
+    with_apt_proxy, write_file,
 };
 
 use std::fmt;
@@ -39,6 +44,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
 
+use flex_host::apt::DebianArchive;
 use flex_host::runner::{Cmd, Runner};
 
 /// The fw_cfg key the dev host's Ignition reads its config from (Debian's Ignition 2.14 reads
@@ -350,14 +356,12 @@ impl Suite {
         }
     }
 
-    /// The archive lines mmdebstrap uses: main, updates and security.
-    pub fn mirrors(self) -> Vec<String> {
-        let s = self.name();
-        vec![
-            format!("deb http://deb.debian.org/debian {s} main"),
-            format!("deb http://deb.debian.org/debian {s}-updates main"),
-            format!("deb http://deb.debian.org/debian-security {s}-security main"),
-        ]
+    /// The archive lines mmdebstrap uses, main, updates and security, from `archive` (the build
+    /// machine's, [`host_archive`]): on a machine whose Debian source is deb.debian.org they are
+    /// the lines this module always used, so the recipe hash (which covers them: a snapshot
+    /// mirror serves other packages) and the cached images stay as they were.
+    pub fn mirrors(self, archive: &DebianArchive) -> Vec<String> {
+        archive.mmdebstrap_mirrors(self.name())
     }
 }
 
@@ -431,21 +435,27 @@ pub const INITRD_FILE: &str = "initrd.img";
 pub const INFO_FILE: &str = "image.json";
 
 /// SHA-256 (hex) over everything that decides the image: the package list, every asset's path,
-/// mode and bytes, the customize hook and the build parameters (suite, archive lines, variant,
-/// architecture, dpkg options, image size and label). Pure.
-pub fn recipe_hash(suite: Suite) -> String {
-    hash_recipe(suite, PACKAGES, ASSETS, CUSTOMIZE_HOOK)
+/// mode and bytes, the customize hook and the build parameters (suite, archive lines from
+/// `archive`, variant, architecture, dpkg options, image size and label). Pure.
+pub fn recipe_hash(suite: Suite, archive: &DebianArchive) -> String {
+    hash_recipe(suite, archive, PACKAGES, ASSETS, CUSTOMIZE_HOOK)
 }
 
 /// [`recipe_hash`] of a variant: the plain variant's is [`recipe_hash`]'s (its cached image
 /// stays valid); the SELinux variant's also covers its packages, files, second hook and
 /// kernel arguments. Pure.
-pub fn variant_recipe_hash(suite: Suite, variant: Variant) -> String {
+pub fn variant_recipe_hash(suite: Suite, variant: Variant, archive: &DebianArchive) -> String {
     match variant {
-        Variant::Plain => recipe_hash(suite),
+        Variant::Plain => recipe_hash(suite, archive),
         Variant::Selinux => {
             let hooks = variant.hooks().join("\n");
-            let base = hash_recipe(suite, &variant.packages(), &variant.assets(), &hooks);
+            let base = hash_recipe(
+                suite,
+                archive,
+                &variant.packages(),
+                &variant.assets(),
+                &hooks,
+            );
             let mut h = RecipeHasher::default();
             h.part("base", base.as_bytes())
                 .part("variant", b"selinux")
@@ -456,11 +466,17 @@ pub fn variant_recipe_hash(suite: Suite, variant: Variant) -> String {
     }
 }
 
-fn hash_recipe(suite: Suite, packages: &[&str], assets: &[Asset], hook: &str) -> String {
+fn hash_recipe(
+    suite: Suite,
+    archive: &DebianArchive,
+    packages: &[&str],
+    assets: &[Asset],
+    hook: &str,
+) -> String {
     let mut h = RecipeHasher::default();
     h.part("recipe", RECIPE_VERSION.as_bytes())
         .part("suite", suite.name().as_bytes())
-        .part("mirrors", suite.mirrors().join("\n").as_bytes())
+        .part("mirrors", suite.mirrors(archive).join("\n").as_bytes())
         .part("variant", b"minbase")
         .part("arch", b"amd64")
         .part("packages", packages.join(",").as_bytes())
@@ -493,19 +509,26 @@ fn cache_root_from(xdg: Option<PathBuf>, home: Option<PathBuf>) -> PathBuf {
     }
 }
 
-/// The directory the image of `suite` has (or will have) under `cache_root`.
-pub fn image_dir(cache_root: &Path, suite: Suite) -> PathBuf {
-    variant_image_dir(cache_root, suite, Variant::Plain)
+/// The directory the image of `suite`, from `archive`, has (or will have) under `cache_root`.
+pub fn image_dir(cache_root: &Path, suite: Suite, archive: &DebianArchive) -> PathBuf {
+    variant_image_dir(cache_root, suite, Variant::Plain, archive)
 }
 
-/// The directory the image of `suite` and `variant` has (or will have) under `cache_root`
-/// (`<suite>-selinux-<hash>` for the SELinux variant).
-pub fn variant_image_dir(cache_root: &Path, suite: Suite, variant: Variant) -> PathBuf {
-    cache_root.join("devhost").join(image_name(suite, variant))
+/// The directory the image of `suite` and `variant`, from `archive`, has (or will have) under
+/// `cache_root` (`<suite>-selinux-<hash>` for the SELinux variant).
+pub fn variant_image_dir(
+    cache_root: &Path,
+    suite: Suite,
+    variant: Variant,
+    archive: &DebianArchive,
+) -> PathBuf {
+    cache_root
+        .join("devhost")
+        .join(image_name(suite, variant, archive))
 }
 
-fn image_name(suite: Suite, variant: Variant) -> String {
-    let hash = variant_recipe_hash(suite, variant);
+fn image_name(suite: Suite, variant: Variant, archive: &DebianArchive) -> String {
+    let hash = variant_recipe_hash(suite, variant, archive);
     format!("{suite}{}-{}", variant.dir_suffix(), &hash[..16])
 }
 
@@ -531,10 +554,16 @@ fn complete(img: &DevHostImage) -> bool {
     .all(|p| p.is_file())
 }
 
-/// mmdebstrap's argv (without the program name) for a build of `suite` into `tree`, with the
-/// customize hook at `hook` copying the files staged in `overlay`.
-pub fn mmdebstrap_args(suite: Suite, tree: &Path, hook: &Path, overlay: &Path) -> Vec<String> {
-    variant_mmdebstrap_args(suite, Variant::Plain, tree, &[hook], overlay)
+/// mmdebstrap's argv (without the program name) for a build of `suite` from `archive` into
+/// `tree`, with the customize hook at `hook` copying the files staged in `overlay`.
+pub fn mmdebstrap_args(
+    suite: Suite,
+    archive: &DebianArchive,
+    tree: &Path,
+    hook: &Path,
+    overlay: &Path,
+) -> Vec<String> {
+    variant_mmdebstrap_args(suite, Variant::Plain, archive, tree, &[hook], overlay)
 }
 
 /// [`mmdebstrap_args`] of a variant: its packages, and one customize hook per script in
@@ -542,6 +571,7 @@ pub fn mmdebstrap_args(suite: Suite, tree: &Path, hook: &Path, overlay: &Path) -
 pub fn variant_mmdebstrap_args(
     suite: Suite,
     variant: Variant,
+    archive: &DebianArchive,
     tree: &Path,
     hooks: &[&Path],
     overlay: &Path,
@@ -570,13 +600,14 @@ pub fn variant_mmdebstrap_args(
     }
     a.push(suite.name().to_string());
     a.push(tree.display().to_string());
-    a.extend(suite.mirrors());
+    a.extend(suite.mirrors(archive));
     a
 }
 
 /// The dev host image of `suite`, built under `cache_root` when its recipe hash has no image
 /// yet (a few minutes; needs root and mmdebstrap, which is installed with apt-get on a Debian
-/// host). `progress` gets one line per step.
+/// host), from this machine's Debian mirror ([`host_archive`]). `progress` gets one line per
+/// step.
 pub async fn ensure(
     runner: &dyn Runner,
     cache_root: &Path,
@@ -594,8 +625,9 @@ pub async fn ensure_variant(
     variant: Variant,
     progress: &dyn Fn(&str),
 ) -> Result<DevHostImage> {
-    let hash = variant_recipe_hash(suite, variant);
-    let dir = variant_image_dir(cache_root, suite, variant);
+    let archive = host_archive()?;
+    let hash = variant_recipe_hash(suite, variant, &archive);
+    let dir = variant_image_dir(cache_root, suite, variant, &archive);
     let img = image_in(dir.clone(), suite, hash.clone());
     if complete(&img) {
         return Ok(img);
@@ -616,14 +648,14 @@ pub async fn ensure_variant(
     }
     clean_stale_builds(&parent, progress);
     discard_incomplete(&dir, progress)?;
-    let name = image_name(suite, variant);
+    let name = image_name(suite, variant, &archive);
     let work = build_dir(&parent, &name)?;
     progress(&format!(
         "building the {suite}{} dev host image in {} (mmdebstrap, a few minutes)",
         variant.dir_suffix(),
         work.display()
     ));
-    let info = build_into(runner, &work, suite, variant, &hash, progress)
+    let info = build_into(runner, &work, suite, variant, &archive, &hash, progress)
         .await
         .with_context(|| {
             format!(
@@ -668,6 +700,7 @@ async fn build_into(
     work: &Path,
     suite: Suite,
     variant: Variant,
+    archive: &DebianArchive,
     hash: &str,
     progress: &dyn Fn(&str),
 ) -> Result<BuildInfo> {
@@ -687,13 +720,18 @@ async fn build_into(
     let tree = work.join("tree");
     let packages = variant.packages();
 
-    progress(&format!("mmdebstrap {suite}: {} packages", packages.len()));
+    progress(&format!(
+        "mmdebstrap {suite}: {} packages from {}",
+        packages.len(),
+        archive_summary(archive)
+    ));
     let t = Instant::now();
     let cmd = Cmd::new("mmdebstrap")
         .args(variant_mmdebstrap_args(
-            suite, variant, &tree, &hook_refs, &overlay,
+            suite, variant, archive, &tree, &hook_refs, &overlay,
         ))
         .timeout(Duration::from_secs(3600));
+    let cmd = with_apt_proxy(runner, cmd, progress).await;
     run_logged(runner, &cmd, &log).await?;
     let mmdebstrap_seconds = t.elapsed().as_secs_f64();
     let tree_bytes = tree_size(&tree);
@@ -864,29 +902,98 @@ mod tests {
         }};
     }
 
+    /// Debian's own servers: what a machine whose source is deb.debian.org gives.
+    fn deb() -> DebianArchive {
+        DebianArchive::fallback()
+    }
+
     fn asset(path: &str) -> &'static Asset {
         ASSETS.iter().find(|a| a.path == path).unwrap()
     }
 
     #[test]
     fn recipe_hash_is_stable_and_per_suite() {
-        let b = recipe_hash(Suite::Bookworm);
-        assert_eq!(b, recipe_hash(Suite::Bookworm));
+        let b = recipe_hash(Suite::Bookworm, &deb());
+        assert_eq!(b, recipe_hash(Suite::Bookworm, &deb()));
         assert_eq!(b.len(), 64);
         assert!(b.bytes().all(|c| c.is_ascii_hexdigit()));
-        assert_ne!(b, recipe_hash(Suite::Trixie));
+        assert_ne!(b, recipe_hash(Suite::Trixie, &deb()));
+    }
+
+    /// The mirror is part of the recipe (a snapshot mirror serves other packages): on a
+    /// machine whose Debian source is deb.debian.org (this one's deb822 file) the hash is the
+    /// one the hard-coded lines gave, so its cached images stay valid; another mirror, or
+    /// another keyring, is another image.
+    #[test]
+    fn the_machines_mirror_is_part_of_the_recipe() {
+        let debian_sources = "Types: deb\nURIs: http://deb.debian.org/debian\nSuites: bookworm bookworm-updates\nComponents: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n\nTypes: deb\nURIs: http://deb.debian.org/debian-security\nSuites: bookworm-security\nComponents: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n";
+        let machine = DebianArchive::find(
+            &flex_host::apt::parse_deb822(debian_sources, "debian.sources").unwrap(),
+            "bookworm",
+        );
+        assert!(machine.notes.is_empty());
+        for suite in Suite::ALL {
+            assert_eq!(recipe_hash(suite, &machine), recipe_hash(suite, &deb()));
+            assert_eq!(
+                suite.mirrors(&machine),
+                [
+                    format!("deb http://deb.debian.org/debian {suite} main"),
+                    format!("deb http://deb.debian.org/debian {suite}-updates main"),
+                    format!("deb http://deb.debian.org/debian-security {suite}-security main"),
+                ]
+            );
+        }
+        let mirror = |list: &str| {
+            DebianArchive::find(
+                &flex_host::apt::parse_list(list, "sources.list").unwrap(),
+                "bookworm",
+            )
+        };
+        let corp = mirror(
+            "deb http://mirror.corp/debian bookworm main\ndeb http://mirror.corp/debian-security bookworm-security main\n",
+        );
+        assert_ne!(
+            recipe_hash(Suite::Bookworm, &corp),
+            recipe_hash(Suite::Bookworm, &deb())
+        );
+        let keyed = mirror(
+            "deb [signed-by=/etc/apt/keyrings/corp.gpg] http://mirror.corp/debian bookworm main\ndeb http://mirror.corp/debian-security bookworm-security main\n",
+        );
+        assert_ne!(
+            recipe_hash(Suite::Bookworm, &keyed),
+            recipe_hash(Suite::Bookworm, &corp)
+        );
+        let argv = mmdebstrap_args(
+            Suite::Trixie,
+            &keyed,
+            Path::new("/t"),
+            Path::new("/h"),
+            Path::new("/o"),
+        );
+        assert_eq!(
+            argv[argv.len() - 3..],
+            [
+                "deb [signed-by=/etc/apt/keyrings/corp.gpg] http://mirror.corp/debian trixie main",
+                "deb [signed-by=/etc/apt/keyrings/corp.gpg] http://mirror.corp/debian trixie-updates main",
+                "deb http://mirror.corp/debian-security trixie-security main",
+            ]
+        );
+        assert_ne!(
+            image_dir(Path::new("/c"), Suite::Bookworm, &corp),
+            image_dir(Path::new("/c"), Suite::Bookworm, &deb())
+        );
     }
 
     #[test]
     fn any_asset_change_changes_the_hash() {
-        let base = hash_recipe(Suite::Bookworm, PACKAGES, ASSETS, CUSTOMIZE_HOOK);
-        assert_eq!(base, recipe_hash(Suite::Bookworm));
+        let base = hash_recipe(Suite::Bookworm, &deb(), PACKAGES, ASSETS, CUSTOMIZE_HOOK);
+        assert_eq!(base, recipe_hash(Suite::Bookworm, &deb()));
         for i in 0..ASSETS.len() {
             let mut changed = ASSETS.to_vec();
             let text: &'static str = Box::leak(format!("{} ", ASSETS[i].contents).into_boxed_str());
             changed[i].contents = text;
             assert_ne!(
-                hash_recipe(Suite::Bookworm, PACKAGES, &changed, CUSTOMIZE_HOOK),
+                hash_recipe(Suite::Bookworm, &deb(), PACKAGES, &changed, CUSTOMIZE_HOOK),
                 base,
                 "{}",
                 ASSETS[i].path
@@ -894,28 +1001,31 @@ mod tests {
             let mut moded = ASSETS.to_vec();
             moded[i].mode ^= 0o001;
             assert_ne!(
-                hash_recipe(Suite::Bookworm, PACKAGES, &moded, CUSTOMIZE_HOOK),
+                hash_recipe(Suite::Bookworm, &deb(), PACKAGES, &moded, CUSTOMIZE_HOOK),
                 base
             );
             let mut moved = ASSETS.to_vec();
             moved[i].path = "etc/elsewhere";
             assert_ne!(
-                hash_recipe(Suite::Bookworm, PACKAGES, &moved, CUSTOMIZE_HOOK),
+                hash_recipe(Suite::Bookworm, &deb(), PACKAGES, &moved, CUSTOMIZE_HOOK),
                 base
             );
         }
         let hook = format!("{CUSTOMIZE_HOOK}\n");
-        assert_ne!(hash_recipe(Suite::Bookworm, PACKAGES, ASSETS, &hook), base);
+        assert_ne!(
+            hash_recipe(Suite::Bookworm, &deb(), PACKAGES, ASSETS, &hook),
+            base
+        );
         let mut pk = PACKAGES.to_vec();
         pk.push("jq");
         assert_ne!(
-            hash_recipe(Suite::Bookworm, &pk, ASSETS, CUSTOMIZE_HOOK),
+            hash_recipe(Suite::Bookworm, &deb(), &pk, ASSETS, CUSTOMIZE_HOOK),
             base
         );
         pk.pop();
         pk.swap(0, 1);
         assert_ne!(
-            hash_recipe(Suite::Bookworm, &pk, ASSETS, CUSTOMIZE_HOOK),
+            hash_recipe(Suite::Bookworm, &deb(), &pk, ASSETS, CUSTOMIZE_HOOK),
             base
         );
     }
@@ -926,16 +1036,16 @@ mod tests {
     fn variants_have_their_own_recipe_hash_and_directory() {
         for suite in Suite::ALL {
             assert_eq!(
-                variant_recipe_hash(suite, Variant::Plain),
-                recipe_hash(suite)
+                variant_recipe_hash(suite, Variant::Plain, &deb()),
+                recipe_hash(suite, &deb())
             );
             assert_eq!(
-                variant_image_dir(Path::new("/c"), suite, Variant::Plain),
-                image_dir(Path::new("/c"), suite)
+                variant_image_dir(Path::new("/c"), suite, Variant::Plain, &deb()),
+                image_dir(Path::new("/c"), suite, &deb())
             );
-            let se = variant_recipe_hash(suite, Variant::Selinux);
-            assert_ne!(se, recipe_hash(suite));
-            let dir = variant_image_dir(Path::new("/c"), suite, Variant::Selinux);
+            let se = variant_recipe_hash(suite, Variant::Selinux, &deb());
+            assert_ne!(se, recipe_hash(suite, &deb()));
+            let dir = variant_image_dir(Path::new("/c"), suite, Variant::Selinux, &deb());
             assert_eq!(
                 dir,
                 Path::new("/c/devhost").join(format!("{suite}-selinux-{}", &se[..16]))
@@ -1034,6 +1144,7 @@ mod tests {
         let argv = variant_mmdebstrap_args(
             Suite::Bookworm,
             v,
+            &deb(),
             Path::new("/t"),
             &[Path::new("/h0.sh"), Path::new("/h1.sh")],
             Path::new("/o"),
@@ -1053,6 +1164,7 @@ mod tests {
         assert!(argv.contains(&"--skip=cleanup/reproducible".to_string()));
         let plain = mmdebstrap_args(
             Suite::Bookworm,
+            &deb(),
             Path::new("/t"),
             Path::new("/h"),
             Path::new("/o"),
@@ -1095,15 +1207,15 @@ mod tests {
         );
         assert_eq!(Suite::default(), Suite::Bookworm);
         assert_eq!(
-            Suite::Trixie.mirrors()[2],
+            Suite::Trixie.mirrors(&deb())[2],
             "deb http://deb.debian.org/debian-security trixie-security main"
         );
     }
 
     #[test]
     fn cache_layout() {
-        let dir = image_dir(Path::new("/c"), Suite::Bookworm);
-        let hash = recipe_hash(Suite::Bookworm);
+        let dir = image_dir(Path::new("/c"), Suite::Bookworm, &deb());
+        let hash = recipe_hash(Suite::Bookworm, &deb());
         assert_eq!(
             dir,
             Path::new("/c/devhost").join(format!("bookworm-{}", &hash[..16]))
@@ -1314,6 +1426,7 @@ mod tests {
     fn mmdebstrap_argv() {
         let a = mmdebstrap_args(
             Suite::Bookworm,
+            &deb(),
             Path::new("/c/devhost/.build-x/tree"),
             Path::new("/c/devhost/.build-x/customize.sh"),
             Path::new("/c/it's/overlay"),

@@ -16,7 +16,9 @@
 //!   The bundle's `README.md` says the same. [`BundleVersions`] are the versions the agent's
 //!   config must name. Cached as `bundle-<hash[..16]>/bundle` (+ `versions.json` beside it).
 //!
-//! Both are built from [`FIXTURE_SUITE`] with mmdebstrap as root, like the dev host.
+//! Both are built from [`FIXTURE_SUITE`] with mmdebstrap as root, like the dev host, from this
+//! machine's Debian mirror ([`crate::devhost::host_archive`]) through its apt proxy, if any;
+//! the mirror lines are part of each recipe hash.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -26,11 +28,13 @@ use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use flex_host::apt::DebianArchive;
 use flex_host::runner::{Cmd, Runner};
 
 use crate::devhost::{
-    DPKG_OPTIONS, RecipeHasher, Suite, build_dir, clean_stale_builds, discard_incomplete,
-    ensure_tool, lock, publish, remove_build_dir, require_root, run_logged, tree_size, write_file,
+    DPKG_OPTIONS, RecipeHasher, Suite, archive_summary, build_dir, clean_stale_builds,
+    discard_incomplete, ensure_tool, host_archive, lock, publish, remove_build_dir, require_root,
+    run_logged, tree_size, with_apt_proxy, write_file,
 };
 
 /// The Debian release the fixtures come from (the machines' OS and the bundle's binaries).
@@ -211,12 +215,15 @@ pub fn bundle_file_names(v: &BundleVersions) -> Result<Vec<String>> {
     Ok(names)
 }
 
-/// Recipe hash of the machine tree. Pure.
-pub fn machine_recipe_hash() -> String {
+/// Recipe hash of the machine tree, built from `archive`. Pure.
+pub fn machine_recipe_hash(archive: &DebianArchive) -> String {
     let mut h = RecipeHasher::default();
     h.part("recipe", MACHINE_RECIPE_VERSION.as_bytes())
         .part("suite", FIXTURE_SUITE.name().as_bytes())
-        .part("mirrors", FIXTURE_SUITE.mirrors().join("\n").as_bytes())
+        .part(
+            "mirrors",
+            FIXTURE_SUITE.mirrors(archive).join("\n").as_bytes(),
+        )
         .part("variant", b"minbase")
         .part("arch", ARCH.as_bytes())
         .part("packages", MACHINE_PACKAGES.join(",").as_bytes())
@@ -225,16 +232,19 @@ pub fn machine_recipe_hash() -> String {
     h.finish()
 }
 
-/// Recipe hash of the offline bundle. Pure.
-pub fn bundle_recipe_hash() -> String {
-    hash_bundle_recipe(STAND_INS, README_TEMPLATE)
+/// Recipe hash of the offline bundle, built from `archive`. Pure.
+pub fn bundle_recipe_hash(archive: &DebianArchive) -> String {
+    hash_bundle_recipe(archive, STAND_INS, README_TEMPLATE)
 }
 
-fn hash_bundle_recipe(stand_ins: &[StandIn], readme: &str) -> String {
+fn hash_bundle_recipe(archive: &DebianArchive, stand_ins: &[StandIn], readme: &str) -> String {
     let mut h = RecipeHasher::default();
     h.part("recipe", BUNDLE_RECIPE_VERSION.as_bytes())
         .part("suite", FIXTURE_SUITE.name().as_bytes())
-        .part("mirrors", FIXTURE_SUITE.mirrors().join("\n").as_bytes())
+        .part(
+            "mirrors",
+            FIXTURE_SUITE.mirrors(archive).join("\n").as_bytes(),
+        )
         .part("arch", ARCH.as_bytes())
         .part("packages", BUNDLE_PACKAGES.join(",").as_bytes())
         .part("kubernetes", KUBERNETES_VERSION.as_bytes())
@@ -246,22 +256,22 @@ fn hash_bundle_recipe(stand_ins: &[StandIn], readme: &str) -> String {
     h.finish()
 }
 
-/// Where the machine tree is (or will be) under `cache_root`.
-pub fn machine_rootfs_dir(cache_root: &Path) -> PathBuf {
+/// Where the machine tree built from `archive` is (or will be) under `cache_root`.
+pub fn machine_rootfs_dir(cache_root: &Path, archive: &DebianArchive) -> PathBuf {
     cache_root
         .join("fixtures")
         .join(format!(
             "machine-{FIXTURE_SUITE}-{}",
-            &machine_recipe_hash()[..16]
+            &machine_recipe_hash(archive)[..16]
         ))
         .join("rootfs")
 }
 
-/// Where the bundle is (or will be) under `cache_root`.
-pub fn bundle_dir(cache_root: &Path) -> PathBuf {
+/// Where the bundle built from `archive` is (or will be) under `cache_root`.
+pub fn bundle_dir(cache_root: &Path, archive: &DebianArchive) -> PathBuf {
     cache_root
         .join("fixtures")
-        .join(format!("bundle-{}", &bundle_recipe_hash()[..16]))
+        .join(format!("bundle-{}", &bundle_recipe_hash(archive)[..16]))
         .join("bundle")
 }
 
@@ -275,8 +285,8 @@ fn mmdebstrap_base(variant: &str, include: &[&str]) -> Vec<String> {
     ]
 }
 
-/// mmdebstrap's argv for the machine tree at `tree`.
-pub fn machine_mmdebstrap_args(tree: &Path) -> Vec<String> {
+/// mmdebstrap's argv for the machine tree at `tree`, from `archive`.
+pub fn machine_mmdebstrap_args(tree: &Path, archive: &DebianArchive) -> Vec<String> {
     let mut a = mmdebstrap_base("minbase", MACHINE_PACKAGES);
     a.extend(DPKG_OPTIONS.iter().map(|o| format!("--dpkgopt={o}")));
     a.extend(
@@ -286,18 +296,18 @@ pub fn machine_mmdebstrap_args(tree: &Path) -> Vec<String> {
     );
     a.push(FIXTURE_SUITE.name().to_string());
     a.push(tree.display().to_string());
-    a.extend(FIXTURE_SUITE.mirrors());
+    a.extend(FIXTURE_SUITE.mirrors(archive));
     a
 }
 
 /// mmdebstrap's argv that downloads and extracts [`BUNDLE_PACKAGES`] (and their dependencies)
-/// into `dir`, keeping the `.deb` files in its `var/cache/apt/archives`.
-pub fn bundle_mmdebstrap_args(dir: &Path) -> Vec<String> {
+/// from `archive` into `dir`, keeping the `.deb` files in its `var/cache/apt/archives`.
+pub fn bundle_mmdebstrap_args(dir: &Path, archive: &DebianArchive) -> Vec<String> {
     let mut a = mmdebstrap_base("extract", BUNDLE_PACKAGES);
     a.push("--skip=cleanup/apt/cache".to_string());
     a.push(FIXTURE_SUITE.name().to_string());
     a.push(dir.display().to_string());
-    a.extend(FIXTURE_SUITE.mirrors());
+    a.extend(FIXTURE_SUITE.mirrors(archive));
     a
 }
 
@@ -318,8 +328,8 @@ async fn prepare(
     Ok(())
 }
 
-/// The nspawn machines' root file system tree (a directory), built on first use (about a
-/// minute; needs root and mmdebstrap).
+/// The nspawn machines' root file system tree (a directory), built on first use from this
+/// machine's Debian mirror (about a minute; needs root and mmdebstrap).
 pub async fn machine_rootfs(runner: &dyn Runner, cache_root: &Path) -> Result<PathBuf> {
     machine_rootfs_with(runner, cache_root, &|_| {}).await
 }
@@ -330,7 +340,8 @@ pub async fn machine_rootfs_with(
     cache_root: &Path,
     progress: &dyn Fn(&str),
 ) -> Result<PathBuf> {
-    let tree = machine_rootfs_dir(cache_root);
+    let archive = host_archive()?;
+    let tree = machine_rootfs_dir(cache_root, &archive);
     let done = |t: &Path| {
         t.join("usr/lib/systemd/systemd").exists() || t.join("lib/systemd/systemd").exists()
     };
@@ -356,12 +367,14 @@ pub async fn machine_rootfs_with(
     let work = build_dir(&parent, &name)?;
     let started = Instant::now();
     progress(&format!(
-        "building the machine root file system ({FIXTURE_SUITE} minbase + {})",
-        MACHINE_PACKAGES.join(",")
+        "building the machine root file system ({FIXTURE_SUITE} minbase + {}) from {}",
+        MACHINE_PACKAGES.join(","),
+        archive_summary(&archive)
     ));
     let cmd = Cmd::new("mmdebstrap")
-        .args(machine_mmdebstrap_args(&work.join("rootfs")))
+        .args(machine_mmdebstrap_args(&work.join("rootfs"), &archive))
         .timeout(Duration::from_secs(3600));
+    let cmd = with_apt_proxy(runner, cmd, progress).await;
     run_logged(runner, &cmd, &work.join("build.log"))
         .await
         .with_context(|| {
@@ -374,7 +387,7 @@ pub async fn machine_rootfs_with(
     let info = serde_json::json!({
         "suite": FIXTURE_SUITE,
         "packages": MACHINE_PACKAGES,
-        "recipe_hash": machine_recipe_hash(),
+        "recipe_hash": machine_recipe_hash(&archive),
         "build_seconds": started.elapsed().as_secs_f64(),
         "tree_bytes": bytes,
     });
@@ -394,8 +407,8 @@ pub async fn machine_rootfs_with(
     Ok(tree)
 }
 
-/// The offline component bundle directory and its versions, built on first use (seconds
-/// after the download; needs root and mmdebstrap).
+/// The offline component bundle directory and its versions, built on first use from this
+/// machine's Debian mirror (seconds after the download; needs root and mmdebstrap).
 pub async fn offline_bundle(
     runner: &dyn Runner,
     cache_root: &Path,
@@ -409,7 +422,8 @@ pub async fn offline_bundle_with(
     cache_root: &Path,
     progress: &dyn Fn(&str),
 ) -> Result<(PathBuf, BundleVersions)> {
-    let bundle = bundle_dir(cache_root);
+    let archive = host_archive()?;
+    let bundle = bundle_dir(cache_root, &archive);
     let final_dir = bundle
         .parent()
         .map(Path::to_path_buf)
@@ -432,10 +446,11 @@ pub async fn offline_bundle_with(
     let work = build_dir(&parent, &name)?;
     let started = Instant::now();
     progress(&format!(
-        "building the offline component bundle from Debian {FIXTURE_SUITE} ({})",
-        BUNDLE_PACKAGES.join(", ")
+        "building the offline component bundle from Debian {FIXTURE_SUITE} ({}) from {}",
+        BUNDLE_PACKAGES.join(", "),
+        archive_summary(&archive)
     ));
-    let record = build_bundle(runner, &work, progress)
+    let record = build_bundle(runner, &work, &archive, progress)
         .await
         .with_context(|| format!("building the offline bundle in {}", work.display()))?;
     publish(&work, &final_dir)?;
@@ -471,13 +486,15 @@ pub struct BundleInputs {
 async fn build_bundle(
     runner: &dyn Runner,
     work: &Path,
+    archive: &DebianArchive,
     progress: &dyn Fn(&str),
 ) -> Result<BundleRecord> {
     let log = work.join("build.log");
     let debs = work.join("debs");
     let cmd = Cmd::new("mmdebstrap")
-        .args(bundle_mmdebstrap_args(&debs))
+        .args(bundle_mmdebstrap_args(&debs, archive))
         .timeout(Duration::from_secs(1800));
+    let cmd = with_apt_proxy(runner, cmd, progress).await;
     run_logged(runner, &cmd, &log).await?;
     let archives = debs.join("var/cache/apt/archives");
     let deb_version = |pkg: &str| {
@@ -574,7 +591,7 @@ async fn build_bundle(
     let record = BundleRecord {
         versions,
         debian,
-        recipe_hash: bundle_recipe_hash(),
+        recipe_hash: bundle_recipe_hash(archive),
     };
     write_file(
         work,

@@ -4,7 +4,8 @@
 //! host files ([`fs::HostFs`]) and files confined to a directory tree such as a machine's root
 //! ([`confine`], [`fs::ConfinedFs`]), [`hostinfo`], [`secret::Secret`], the [`systemd`] manager
 //! (over `systemctl`, or D-Bus with the `dbus` feature), the [`http`] client (feature `http`)
-//! the one retry/backoff ([`retry`]) and the crash-safety checks' [`fault`] injection points.
+//! the one retry/backoff ([`retry`]), the crash-safety checks' [`fault`] injection points, and
+//! the machine's apt sources ([`apt`]: the Debian archive it already uses, read, never changed).
 //!
 //! It knows nothing of Kubernetes, machines or the agent's flows; its recording fakes live in
 //! the `flex-testkit` crate, which is only ever a dev-dependency.
@@ -12,6 +13,7 @@
 //! Errors, in every crate of the workspace, follow one rule ([`error`]): a message names its
 //! cause, and the cause is never also its `source()`, so no printer shows a cause twice.
 
+pub mod apt;
 pub mod confine;
 pub mod context;
 pub mod error;

@@ -204,13 +204,80 @@ fn xtask_forwards_every_harness_task() {
     assert_eq!(harness, forwarded);
 }
 
+/// Every `uses:` line of a workflow's text, as written (the YAML parser drops comments):
+/// (line number, the value, the comment after it).
+fn uses_lines(text: &str) -> Vec<(usize, String, Option<String>)> {
+    text.lines()
+        .enumerate()
+        .filter_map(|(i, l)| {
+            let l = l.trim_start();
+            let l = l.strip_prefix("- ").unwrap_or(l).trim_start();
+            let rest = l.strip_prefix("uses:")?;
+            let (value, comment) = match rest.split_once(" #") {
+                Some((v, c)) => (v, Some(c.trim().to_string())),
+                None => (rest, None),
+            };
+            Some((
+                i + 1,
+                value
+                    .trim()
+                    .trim_matches(|c| c == '"' || c == '\'')
+                    .to_string(),
+                comment,
+            ))
+        })
+        .collect()
+}
+
+/// Whether one `uses:` is pinned: a local action (`./…`), or `owner/repo[/path]@<40 hex>` with
+/// the release it is in a `# vX.Y.Z` comment.
+fn pinned(value: &str, comment: Option<&str>) -> Result<(), String> {
+    if value.starts_with("./") {
+        return Ok(());
+    }
+    let (action, reference) = value
+        .split_once('@')
+        .ok_or_else(|| format!("{value}: no @ref"))?;
+    if action.split('/').filter(|p| !p.is_empty()).count() < 2 {
+        return Err(format!("{value}: not owner/repo@ref"));
+    }
+    let sha = reference.len() == 40
+        && reference
+            .chars()
+            .all(|c| c.is_ascii_digit() || ('a'..='f').contains(&c));
+    if !sha {
+        return Err(format!(
+            "{value}: pinned by {reference:?}, not by a full commit SHA"
+        ));
+    }
+    let release = comment
+        .and_then(|c| c.split_whitespace().next())
+        .and_then(|v| v.strip_prefix('v'))
+        .map(|v| v.split('.').collect::<Vec<_>>());
+    match release {
+        Some(parts)
+            if parts.len() == 3
+                && parts
+                    .iter()
+                    .all(|p| !p.is_empty() && p.chars().all(|c| c.is_ascii_digit())) =>
+        {
+            Ok(())
+        }
+        _ => Err(format!(
+            "{value}: the release it pins belongs in a `# vX.Y.Z` comment (found {comment:?})"
+        )),
+    }
+}
+
 /// Least privilege: read-only contents at the top of every workflow; OIDC tokens and
-/// attestations only where the release signs; third-party actions pinned by commit SHA, or by
-/// a major tag that TODO.md lists as still to pin.
+/// attestations only where the release signs; every third-party action pinned by full commit
+/// SHA with its release in a comment (`uses: actions/checkout@<sha> # v7.0.1`), every `uses:`
+/// the YAML has seen on a line of its own.
 #[test]
 fn workflows_keep_least_privilege_and_pin_their_actions() {
     let all = workflows();
-    let todo = std::fs::read_to_string(workspace_root().join("TODO.md")).unwrap();
+    let dir = workspace_root().join(".github/workflows");
+    let mut unpinned = Vec::new();
     for (name, d) in &all {
         assert_eq!(
             d["permissions"],
@@ -232,31 +299,60 @@ fn workflows_keep_least_privilege_and_pin_their_actions() {
                 "{name}/{job}: {perms}"
             );
         }
-        for s in steps(d) {
-            let Some(uses) = s["uses"].as_str() else {
-                continue;
-            };
-            let (action, reference) = uses.split_once('@').expect("uses: owner/repo@ref");
-            let sha = reference.len() == 40 && reference.chars().all(|c| c.is_ascii_hexdigit());
-            let major = reference.starts_with('v')
-                && reference[1..].chars().all(|c| c.is_ascii_digit())
-                && reference.len() > 1;
-            assert!(
-                sha || major,
-                "{name}: {uses}: pin by commit SHA or major tag"
-            );
-            if !sha {
-                assert!(
-                    todo.contains(&format!("`{action}`")),
-                    "{name}: {uses} is pinned by tag; TODO.md must list `{action}` as still to pin"
-                );
+        let text = std::fs::read_to_string(dir.join(name)).unwrap();
+        let lines = uses_lines(&text);
+        let parsed: Vec<&str> = steps(d).iter().filter_map(|s| s["uses"].as_str()).collect();
+        let seen: Vec<&str> = lines.iter().map(|(_, v, _)| v.as_str()).collect();
+        assert_eq!(seen, parsed, "{name}: a `uses:` the line scan does not see");
+        for (line, value, comment) in &lines {
+            if let Err(e) = pinned(value, comment.as_deref()) {
+                unpinned.push(format!("{name}:{line}: {e}"));
             }
         }
     }
+    assert!(
+        unpinned.is_empty(),
+        "unpinned actions:\n{}",
+        unpinned.join("\n")
+    );
     let release = doc(&all, "release.yml");
     let perms = &release["jobs"]["images"]["permissions"];
     assert_eq!(perms["id-token"], "write");
     assert_eq!(perms["attestations"], "write");
+}
+
+/// The pin check can fail: a tag, a short SHA, a missing or partial release comment.
+#[test]
+fn the_pin_check_refuses_tags_and_bare_shas() {
+    let sha = "3d3c42e5aac5ba805825da76410c181273ba90b1";
+    assert!(pinned(&format!("actions/checkout@{sha}"), Some("v7.0.1")).is_ok());
+    assert!(pinned("./.github/actions/local", None).is_ok());
+    assert!(pinned("actions/checkout@v4", Some("v4.2.2")).is_err());
+    assert!(pinned("actions/checkout@3d3c42e", Some("v7.0.1")).is_err());
+    assert!(
+        pinned(
+            &format!("actions/checkout@{}", sha.to_uppercase()),
+            Some("v7.0.1")
+        )
+        .is_err()
+    );
+    assert!(pinned(&format!("actions/checkout@{sha}"), None).is_err());
+    assert!(pinned(&format!("actions/checkout@{sha}"), Some("v7")).is_err());
+    assert!(pinned(&format!("checkout@{sha}"), Some("v7.0.1")).is_err());
+    assert_eq!(
+        uses_lines(&format!(
+            "steps:\n  - uses: actions/checkout@{sha} # v7.0.1\n    with:\n      uses: x\n  - name: n\n    uses: \"a/b@v1\"\n"
+        )),
+        [
+            (
+                2,
+                format!("actions/checkout@{sha}"),
+                Some("v7.0.1".to_string())
+            ),
+            (4, "x".to_string(), None),
+            (6, "a/b@v1".to_string(), None),
+        ]
+    );
 }
 
 /// e2e keeps what explains a failure: the JUnit file, the HTML report, each group's journal

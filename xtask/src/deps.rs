@@ -1,9 +1,10 @@
 //! Debian packages the tasks need, installed with apt-get when missing and running as root on
-//! Debian (QEMU from bookworm-backports, whose apt source is added when missing); otherwise the
-//! missing packages are named. This is the one place the project installs packages; the
-//! harness only checks for its tools and names the package.
+//! Debian (QEMU from bookworm-backports, whose apt source is added when missing: the machine's
+//! own Debian source with the suite changed, [`backports`]); otherwise the missing packages are
+//! named. This is the one place the project installs packages; the harness only checks for its
+//! tools and names the package.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use flex_host::hostinfo::{HostInfo, RealHostInfo};
@@ -58,11 +59,86 @@ pub const VM_PACKAGES: &[&str] = &[
 /// The package installed from bookworm-backports on Debian 12 (bookworm's own QEMU conflicts
 /// with the machine's qemu-utils).
 const BACKPORTS_PACKAGE: &str = "qemu-system-x86";
-const BACKPORTS_SOURCE: &str = "/etc/apt/sources.list.d/bookworm-backports.sources";
 
-/// The apt source of bookworm-backports, as deb822.
-fn backports_source() -> &'static str {
-    "Types: deb\nURIs: http://deb.debian.org/debian\nSuites: bookworm-backports\nComponents: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n"
+/// The `-backports` apt source of a Debian system, derived from its own configuration.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Backports {
+    /// `<codename>-backports`.
+    pub suite: String,
+    /// Where it is written: `<root>/etc/apt/sources.list.d/<codename>-backports.sources`.
+    pub path: PathBuf,
+    /// The deb822 source: the URIs and keyring of the system's own Debian source
+    /// ([`flex_host::apt::DebianArchive::find`]), the suite changed to `-backports`.
+    pub text: String,
+    /// Whether the system already has an enabled source of the suite (or the file exists).
+    pub configured: bool,
+    /// What fell back to deb.debian.org, for the user to see.
+    pub notes: Vec<String>,
+}
+
+/// The `-backports` source of the Debian system under `root` (`/`): its codename from
+/// `etc/os-release`, its sources from `etc/apt`. Fails on a system that is not Debian.
+pub fn backports(root: &Path) -> anyhow::Result<Backports> {
+    let os = root.join("etc/os-release");
+    let text = std::fs::read_to_string(&os)
+        .map_err(|e| anyhow::anyhow!("reading {}: {e}", os.display()))?;
+    let Some(codename) = flex_host::apt::debian_codename(&text) else {
+        anyhow::bail!(
+            "{} names no Debian release: no -backports source to add",
+            os.display()
+        );
+    };
+    let sources = flex_host::apt::read_sources(&root.join("etc/apt"))?;
+    let archive = flex_host::apt::DebianArchive::find(&sources, &codename);
+    let suite = format!("{codename}-backports");
+    let path = root.join(format!("etc/apt/sources.list.d/{suite}.sources"));
+    Ok(Backports {
+        configured: flex_host::apt::serves(&sources, &suite) || path.exists(),
+        text: archive.backports_source(&codename),
+        notes: archive.notes,
+        suite,
+        path,
+    })
+}
+
+/// Writes [`backports`]'s source under `root` unless the suite is configured already; returns
+/// it with `configured` as it was before. Each note goes to stderr.
+pub fn add_backports(root: &Path) -> anyhow::Result<Backports> {
+    let b = backports(root)?;
+    for n in &b.notes {
+        eprintln!("xtask: {n}");
+    }
+    if !b.configured {
+        std::fs::write(&b.path, &b.text)
+            .map_err(|e| anyhow::anyhow!("writing {}: {e}", b.path.display()))?;
+        eprintln!(
+            "xtask: added the apt source {} ({})",
+            b.suite,
+            b.path.display()
+        );
+    }
+    Ok(b)
+}
+
+/// `cargo xtask backports [--write]`: prints the `-backports` source of this machine; with
+/// `write`, adds it to `/etc/apt/sources.list.d` unless one is configured (`.ci/run` does, as
+/// root, before it installs QEMU from it).
+pub fn backports_task(write: bool) -> anyhow::Result<()> {
+    let root = Path::new("/");
+    let b = if write {
+        add_backports(root)?
+    } else {
+        let b = backports(root)?;
+        for n in &b.notes {
+            eprintln!("xtask: {n}");
+        }
+        b
+    };
+    if b.configured {
+        eprintln!("xtask: {} is configured already", b.suite);
+    }
+    print!("{}", b.text);
+    Ok(())
 }
 
 /// The ones of `packages` dpkg does not list as installed.
@@ -130,11 +206,8 @@ pub async fn ensure(packages: &[&'static str]) -> anyhow::Result<()> {
     }
     eprintln!("xtask: installing {}", missing.join(" "));
     let os = std::fs::read_to_string("/etc/os-release").unwrap_or_default();
-    if os.contains("bookworm")
-        && missing.contains(&BACKPORTS_PACKAGE)
-        && !Path::new(BACKPORTS_SOURCE).exists()
-    {
-        std::fs::write(BACKPORTS_SOURCE, backports_source())?;
+    if os.contains("bookworm") && missing.contains(&BACKPORTS_PACKAGE) {
+        add_backports(Path::new("/"))?;
     }
     for args in install_plan(&missing, &os) {
         run_inherited(
@@ -171,6 +244,101 @@ mod tests {
         for p in TEST_PACKAGES {
             assert!(words.contains(p), ".ci/run does not install {p}");
         }
+    }
+
+    fn root_with(os_release: &str, files: &[(&str, &str)]) -> std::path::PathBuf {
+        let d = std::env::temp_dir().join(format!(
+            "xtask-backports-{}-{}",
+            std::process::id(),
+            COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(d.join("etc/apt/sources.list.d")).unwrap();
+        std::fs::write(d.join("etc/os-release"), os_release).unwrap();
+        for (path, text) in files {
+            std::fs::write(d.join("etc/apt").join(path), text).unwrap();
+        }
+        d
+    }
+
+    static COUNTER: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+    const BOOKWORM: &str = "ID=debian\nVERSION_CODENAME=bookworm\n";
+
+    /// The source xtask adds is the machine's own Debian source with the suite changed: the
+    /// text written before on a deb.debian.org machine, the mirror and keyring elsewhere;
+    /// nothing is written when the suite is there already.
+    #[test]
+    fn backports_come_from_the_machines_own_debian_source() {
+        /// (what, files under etc/apt, the source, configured already).
+        type Case<'a> = (&'a str, &'a [(&'a str, &'a str)], &'a str, bool);
+        let cases: &[Case] = &[
+            (
+                "Debian 12's own deb822 file",
+                &[(
+                    "sources.list.d/debian.sources",
+                    "Types: deb\nURIs: http://deb.debian.org/debian\nSuites: bookworm bookworm-updates\nComponents: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n",
+                )],
+                "Types: deb\nURIs: http://deb.debian.org/debian\nSuites: bookworm-backports\nComponents: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n",
+                false,
+            ),
+            (
+                "a one-line mirror with its own keyring",
+                &[(
+                    "sources.list",
+                    "deb [signed-by=/etc/apt/keyrings/m.gpg] http://mirror.corp/debian bookworm main\n",
+                )],
+                "Types: deb\nURIs: http://mirror.corp/debian\nSuites: bookworm-backports\nComponents: main\nSigned-By: /etc/apt/keyrings/m.gpg\n",
+                false,
+            ),
+            (
+                "backports already in sources.list",
+                &[(
+                    "sources.list",
+                    "deb http://mirror.corp/debian bookworm main\ndeb http://mirror.corp/debian bookworm-backports main\n",
+                )],
+                "Types: deb\nURIs: http://mirror.corp/debian\nSuites: bookworm-backports\nComponents: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n",
+                true,
+            ),
+        ];
+        for (name, files, text, configured) in cases {
+            let root = root_with(BOOKWORM, files);
+            let b = backports(&root).unwrap();
+            assert_eq!(b.text, *text, "{name}");
+            assert_eq!(b.configured, *configured, "{name}");
+            assert_eq!(b.suite, "bookworm-backports");
+            let path = root.join("etc/apt/sources.list.d/bookworm-backports.sources");
+            assert_eq!(b.path, path);
+            add_backports(&root).unwrap();
+            assert_eq!(path.exists(), !configured, "{name}");
+            if !configured {
+                assert_eq!(std::fs::read_to_string(&path).unwrap(), *text);
+                // Written once: the second call finds it.
+                assert!(add_backports(&root).unwrap().configured);
+            }
+            std::fs::remove_dir_all(&root).unwrap();
+        }
+        let ubuntu = root_with("ID=ubuntu\nVERSION_CODENAME=noble\n", &[]);
+        let e = backports(&ubuntu).unwrap_err().to_string();
+        assert!(e.contains("names no Debian release"), "{e}");
+        std::fs::remove_dir_all(&ubuntu).unwrap();
+    }
+
+    /// `.ci/run` writes no mirror address: it has xtask add the backports source (the rule
+    /// above) before `apt-get update` and the install from it.
+    #[test]
+    fn ci_run_takes_the_backports_source_from_xtask() {
+        let ci = std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../.ci/run"),
+        )
+        .unwrap();
+        assert!(
+            !ci.contains("deb.debian.org") && !ci.contains("URIs:"),
+            "{ci}"
+        );
+        let pos = |needle: &str| ci.find(needle).unwrap_or_else(|| panic!("{needle}"));
+        assert!(pos("cargo xtask backports --write") < pos("apt-get update"));
+        assert!(pos("apt-get update") < pos("-t bookworm-backports qemu-system-x86"));
     }
 
     #[test]

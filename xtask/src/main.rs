@@ -7,6 +7,8 @@
 //!   offline end-to-end check;
 //! - `fuzz`: the coverage-guided fuzz targets of `fuzz/` (built with stable cargo);
 //! - `layering`: the layering rules alone (`ci` runs them too);
+//! - `backports [--write]`: the `-backports` apt source from this machine's own Debian source
+//!   (`.ci/run` adds it before installing QEMU from it);
 //! - `codegen [--check]`: `flex-codegen` (committed generated files);
 //! - `up`, `check`, `down`, `image`, `ssh`, `console`, `journal`: the `flex-harness` binary,
 //!   with the task's flags.
@@ -28,6 +30,7 @@ async fn run(task: &str, rest: &[String]) -> anyhow::Result<()> {
         Task::Ci { install, fuzz, e2e } => ci::run(install, fuzz, e2e).await,
         Task::Fuzz(args) => fuzz::run(&args).await,
         Task::Layering => xtask::layering::check(&flex_host::runner::ProcessRunner::new()).await,
+        Task::Backports { write } => deps::backports_task(write),
         Task::Codegen(args) => Ok(run_inherited(&cargo_run("flex-codegen", &args)).await?),
         Task::Harness(args) => {
             let help = args.iter().any(|a| a == "--help" || a == "-h");

@@ -20,6 +20,9 @@ Tasks:
                                 Build the fuzz targets (stable cargo, libFuzzer) and run each
                                 for N seconds (default 10) over its committed seeds
   layering                      Check the workspace's layering rules on its dependency graph
+  backports [--write]           The apt source of <codename>-backports: this machine's own Debian
+                                source (its URIs and keyring), the suite changed (--write adds
+                                it to /etc/apt/sources.list.d unless one is configured)
   codegen [--check]             Regenerate the committed generated files (or fail if stale)
   image [FLAGS]                 Build the agent's (or --controller) container image, no engine
   up [FLAGS]                    Boot the dev host (or ACL) under QEMU with the agent bootstrapped
@@ -62,6 +65,11 @@ pub enum Task {
     Fuzz(fuzz::Args),
     /// `layering`.
     Layering,
+    /// `backports`: print the `-backports` apt source (and add it, with `write`).
+    Backports {
+        /// Add it to `/etc/apt/sources.list.d` unless one is configured.
+        write: bool,
+    },
     /// `codegen`, with its flags.
     Codegen(Vec<String>),
     /// A [`HARNESS_TASKS`] task: `flex-harness`'s whole argument list (the task first).
@@ -101,6 +109,16 @@ pub fn parse(task: &str, rest: &[String]) -> anyhow::Result<Task> {
         "layering" => match rest.first() {
             None => Ok(Task::Layering),
             Some(a) => anyhow::bail!("layering: unexpected argument {a:?}"),
+        },
+        "backports" if help => Ok(Task::Help(
+            "Usage: cargo xtask backports [--write]\n\nPrints the apt source of <codename>-backports derived from this machine's own\nDebian source (its URIs and keyring; deb.debian.org only when it has none).\n\n  --write  Add it as /etc/apt/sources.list.d/<codename>-backports.sources unless a\n           source of that suite is configured (root)".to_string(),
+        )),
+        "backports" => match rest {
+            [] => Ok(Task::Backports { write: false }),
+            [w] if w == "--write" => Ok(Task::Backports { write: true }),
+            _ => anyhow::bail!(
+                "backports: unexpected arguments {rest:?} (usage: cargo xtask backports [--write])"
+            ),
         },
         "codegen" => {
             if let Some(a) = rest
@@ -150,6 +168,13 @@ mod tests {
         assert!(p(&["fuzz", "--seconds"]).is_err());
         assert_eq!(p(&["layering"]).unwrap(), Task::Layering);
         assert!(p(&["layering", "--x"]).is_err());
+        assert_eq!(p(&["backports"]).unwrap(), Task::Backports { write: false });
+        assert_eq!(
+            p(&["backports", "--write"]).unwrap(),
+            Task::Backports { write: true }
+        );
+        assert!(p(&["backports", "--write", "--write"]).is_err());
+        assert!(p(&["backports", "bookworm"]).is_err());
         assert_eq!(
             p(&["codegen", "--check"]).unwrap(),
             Task::Codegen(vec!["--check".into()])

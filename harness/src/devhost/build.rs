@@ -1,7 +1,8 @@
 //! Building blocks shared by the cached image builds ([`super`] and the fixtures module):
-//! recipe hashing, the root and tool checks, the cache lock, build directories that appear
-//! under their final name only when complete, removal that never descends into a mount, and
-//! running a build command with its output kept in a log file.
+//! recipe hashing, the machine's Debian archive and apt proxy that the builds' mmdebstrap uses,
+//! the root and tool checks, the cache lock, build directories that appear under their final
+//! name only when complete, removal that never descends into a mount, and running a build
+//! command with its output kept in a log file.
 
 use std::fs::File;
 use std::os::unix::fs::PermissionsExt;
@@ -10,6 +11,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use sha2::{Digest, Sha256};
 
+use flex_host::apt::{DebianArchive, Repo};
 use flex_host::runner::{Cmd, Runner};
 
 /// SHA-256 over labelled, length-prefixed parts, so that moving bytes from one part to the
@@ -31,6 +33,61 @@ impl RecipeHasher {
     pub(crate) fn finish(self) -> String {
         hex::encode(self.0.finalize())
     }
+}
+
+/// This machine's Debian archive ([`flex_host::apt::host_archive`] of `/`): the URIs and
+/// keyring of its own Debian source, which the dev host's and the fixtures' mmdebstrap runs
+/// fetch from (deb.debian.org only when the machine has no Debian source, with a note).
+pub fn host_archive() -> Result<DebianArchive> {
+    flex_host::apt::host_archive(Path::new("/")).context("reading this machine's apt sources")
+}
+
+/// Where a build's packages come from, for its progress line: each archive's URIs and the
+/// source that names them, then what fell back to deb.debian.org.
+pub(crate) fn archive_summary(a: &DebianArchive) -> String {
+    let repo = |r: &Repo| match &r.origin {
+        Some(o) => format!("{} ({o})", r.uris.join(" ")),
+        None => r.uris.join(" "),
+    };
+    let mut line = format!("{} and {}", repo(&a.archive), repo(&a.security));
+    for n in &a.notes {
+        line.push_str("; ");
+        line.push_str(n);
+    }
+    line
+}
+
+/// The proxy variables of the machine's apt configuration (`apt-config dump` output) that
+/// mmdebstrap's apt should get, leaving out those `set` says the environment has already
+/// (in either case): mmdebstrap runs apt with a configuration of its own, so the host's
+/// `Acquire::http::Proxy` would not reach it; as environment variables (not `--aptopt`, which
+/// mmdebstrap would also write into the image's apt configuration) they apply to this build
+/// only and are no part of the recipe (a proxy does not change the packages).
+pub(crate) fn apt_proxy_env(dump: &str, set: &dyn Fn(&str) -> bool) -> Vec<(String, String)> {
+    flex_host::apt::proxy_env(dump)
+        .into_iter()
+        .filter(|(var, _)| !set(var) && !set(&var.to_ascii_uppercase()))
+        .collect()
+}
+
+/// `cmd` (an mmdebstrap run) with the machine's apt proxy ([`apt_proxy_env`]); unchanged
+/// where `apt-config` is missing or fails.
+pub(crate) async fn with_apt_proxy(runner: &dyn Runner, cmd: Cmd, progress: &dyn Fn(&str)) -> Cmd {
+    if runner.which("apt-config").is_none() {
+        return cmd;
+    }
+    let dump = match runner.output(&Cmd::new("apt-config").arg("dump")).await {
+        Ok(out) if out.success() => out.stdout,
+        _ => return cmd,
+    };
+    let mut cmd = cmd;
+    for (var, value) in apt_proxy_env(&dump, &|v| std::env::var_os(v).is_some()) {
+        progress(&format!(
+            "mmdebstrap's apt goes through this machine's apt proxy ({var})"
+        ));
+        cmd = cmd.env(var, value);
+    }
+    cmd
 }
 
 /// Fails unless this process runs as root (`what` says what needs it).
@@ -320,6 +377,47 @@ mod tests {
         assert_ne!(h(&[("a", "bc")]), h(&[("a", "b"), ("", "c")]));
         assert_ne!(h(&[("a", "bc")]), h(&[("ab", "c")]));
         assert_eq!(h(&[]).len(), 64);
+    }
+
+    /// The machine's apt proxy reaches mmdebstrap's apt as environment variables, unless the
+    /// environment names one of its own (in either case).
+    #[test]
+    fn apt_proxy_goes_to_mmdebstrap_unless_the_environment_has_one() {
+        let dump = "Acquire::http::Proxy \"http://proxy:3128/\";\nAcquire::https::Proxy \"http://proxy:3128/\";\n";
+        let none = |_: &str| false;
+        assert_eq!(
+            apt_proxy_env(dump, &none),
+            [
+                ("http_proxy".to_string(), "http://proxy:3128/".to_string()),
+                ("https_proxy".to_string(), "http://proxy:3128/".to_string())
+            ]
+        );
+        let upper = |v: &str| v == "HTTPS_PROXY";
+        assert_eq!(
+            apt_proxy_env(dump, &upper),
+            [("http_proxy".to_string(), "http://proxy:3128/".to_string())]
+        );
+        assert!(apt_proxy_env("APT::Architecture \"amd64\";\n", &none).is_empty());
+    }
+
+    #[test]
+    fn the_progress_line_names_the_archives_and_the_fallback() {
+        let fallback = DebianArchive::fallback();
+        assert_eq!(
+            archive_summary(&fallback),
+            "http://deb.debian.org/debian and http://deb.debian.org/debian-security"
+        );
+        let sources = flex_host::apt::parse_list(
+            "deb http://mirror.corp/debian bookworm main\n",
+            "/etc/apt/sources.list",
+        )
+        .unwrap();
+        let a = DebianArchive::find(&sources, "bookworm");
+        let line = archive_summary(&a);
+        assert!(
+            line.starts_with("http://mirror.corp/debian (/etc/apt/sources.list:1) and http://deb.debian.org/debian-security; no enabled apt source of bookworm-security"),
+            "{line}"
+        );
     }
 
     #[test]

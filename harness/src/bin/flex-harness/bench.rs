@@ -252,7 +252,8 @@ async fn controller_image_size(out: &Path) -> anyhow::Result<f64> {
 /// fixture (packed once with `tar -czf`), each into a fresh directory.
 async fn unpack_ratio(r: &dyn Runner, tries: usize) -> anyhow::Result<Vec<f64>> {
     let cache = flex_harness::devhost::default_cache_root();
-    let tree = flex_harness::fixtures::machine_rootfs_dir(&cache);
+    let tree =
+        flex_harness::fixtures::machine_rootfs_dir(&cache, &flex_harness::devhost::host_archive()?);
     if !tree.is_dir() {
         anyhow::bail!(
             "no machine rootfs fixture at {} (`cargo xtask up` builds it)",
