@@ -564,3 +564,73 @@ fn the_agents_layers_only_look_down() {
         up.join("\n")
     );
 }
+
+/// The longest chain of imports in `g` (acyclic: [`no_crate_has_an_import_cycle`] checks it),
+/// as the modules along it, importer first; ties go to the first module in order. A module in a
+/// cycle ends the chain there rather than looping.
+fn longest_chain(g: &BTreeMap<Module, BTreeSet<Module>>) -> Vec<Module> {
+    fn from<'a>(
+        g: &'a BTreeMap<Module, BTreeSet<Module>>,
+        v: &'a Module,
+        memo: &mut BTreeMap<&'a Module, Vec<Module>>,
+        open: &mut BTreeSet<&'a Module>,
+    ) -> Vec<Module> {
+        if let Some(c) = memo.get(v) {
+            return c.clone();
+        }
+        if !open.insert(v) {
+            return Vec::new();
+        }
+        let mut best: Vec<Module> = Vec::new();
+        for w in g.get(v).into_iter().flatten() {
+            let Some((w, _)) = g.get_key_value(w) else {
+                continue;
+            };
+            let c = from(g, w, memo, open);
+            if c.len() > best.len() {
+                best = c;
+            }
+        }
+        open.remove(v);
+        best.insert(0, v.clone());
+        memo.insert(v, best.clone());
+        best
+    }
+    let mut memo = BTreeMap::new();
+    let mut open = BTreeSet::new();
+    let mut best = Vec::new();
+    for v in g.keys() {
+        let c = from(g, v, &mut memo, &mut open);
+        if c.len() > best.len() {
+            best = c;
+        }
+    }
+    best
+}
+
+/// The depth function itself: the longest of several chains, through a shared tail, counted in
+/// modules; an edge to a module outside the graph is ignored.
+#[test]
+fn longest_chain_counts_modules_along_the_deepest_path() {
+    let m = |s: &str| -> Module { s.split("::").map(String::from).collect() };
+    let mut g: BTreeMap<Module, BTreeSet<Module>> = BTreeMap::new();
+    let mut edge = |a: &str, b: &str| {
+        g.entry(m(a)).or_default().insert(m(b));
+        g.entry(m(b)).or_default();
+    };
+    edge("a", "b");
+    edge("b", "z");
+    edge("c", "d");
+    edge("d", "e");
+    edge("e", "z");
+    edge("d", "z");
+    edge("f", "c");
+    g.entry(m("a")).or_default().insert(m("nowhere"));
+    assert_eq!(
+        longest_chain(&g),
+        vec![m("f"), m("c"), m("d"), m("e"), m("z")]
+    );
+    assert_eq!(longest_chain(&BTreeMap::new()), Vec::<Module>::new());
+    let single = BTreeMap::from([(m("x"), BTreeSet::new())]);
+    assert_eq!(longest_chain(&single), vec![m("x")]);
+}
