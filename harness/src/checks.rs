@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use crate::check::{Ctx, Group, Needs, check, ensure};
+use crate::check::{Ctx, Group, HostMode, IMAGE_MODE_ONLY, Needs, check, ensure};
 use crate::guest_json::{self, AgentConfig};
 use crate::hostmode::AgentMode;
 use crate::node_status;
@@ -50,6 +50,7 @@ pub const MACHINES: Group = Group {
         ),
         check!("it is back after a VM reboot", back_after_reboot),
     ],
+    in_host_mode: HostMode::Variant(&HOST_MACHINES),
 };
 
 /// The `machines` group in host mode (`up --mode host`): the same checks, the agent's tools
@@ -91,6 +92,7 @@ pub const HOST_MACHINES: Group = Group {
         ),
         check!("it is back after a VM reboot", back_after_reboot),
     ],
+    in_host_mode: HostMode::Same,
 };
 
 /// The `mounts` group.
@@ -108,6 +110,7 @@ pub const MOUNTS: Group = Group {
             cleanup_leaves_no_mount
         ),
     ],
+    in_host_mode: HostMode::Same,
 };
 
 /// The `container` group.
@@ -129,6 +132,7 @@ pub const CONTAINER: Group = Group {
             selinux_domain
         ),
     ],
+    in_host_mode: HostMode::Skip(IMAGE_MODE_ONLY),
 };
 
 /// The `bootstrap` group.
@@ -144,6 +148,7 @@ pub const BOOTSTRAP: Group = Group {
             second_bootstrap
         ),
     ],
+    in_host_mode: HostMode::Same,
 };
 
 /// The `reset` group.
@@ -158,6 +163,7 @@ pub const RESET: Group = Group {
         ),
         check!("the host bootstraps again", bootstraps_again),
     ],
+    in_host_mode: HostMode::Same,
 };
 
 impl Ctx<'_> {

@@ -17,7 +17,7 @@
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use crate::check::{Ctx, Group, Needs, check, ensure, secs};
+use crate::check::{Ctx, Group, HostMode, IMAGE_MODE_ONLY, Needs, check, ensure, secs};
 use crate::qmp::Qmp;
 use crate::report::{Checked, Outcome};
 use crate::ssh::shell_quote;
@@ -235,6 +235,7 @@ pub const GROUP: Group = Group {
     description: "kill -9 and power cuts at the agent's fault points (start, AgentUpgrade, a node-local repave), containerd restarted, the registry down, /var full: each ends with the agent and its machine running, or the fault reported and nothing lost",
     needs: Needs::Host,
     checks: CHECKS,
+    in_host_mode: HostMode::Skip(IMAGE_MODE_ONLY),
 };
 
 /// Whether `id` is selected by the [`ONLY_ENV`] value `only`.

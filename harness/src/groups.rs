@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-pub use crate::check::{Check, Ctx, Group, Needs};
+pub use crate::check::{Check, Ctx, Group, HostMode, Needs};
 use crate::hostmode::AgentMode;
 use crate::report::{CheckReport, Checked, GroupReport, Outcome};
 
@@ -92,22 +92,14 @@ pub fn render_list() -> String {
         .collect()
 }
 
-/// The groups whose checks only mean something with the agent in its container: in host mode
-/// they are reported skipped with this reason.
-const IMAGE_MODE_ONLY: &str =
-    "the agent runs on the host (up --mode host): this group checks the agent's container";
-
-/// `group` as it runs in `mode`: itself in image mode; in host mode its host variant (the
-/// `machines` and `upgrade` groups), itself where its checks choose by mode (`mounts`,
-/// `bootstrap`, `reset`; the cluster groups, which host mode's offline VM skips), or, for
-/// the groups about the container, `Err` with the reason they are skipped.
+/// `group` as it runs in `mode`: itself in image mode; in host mode what its
+/// [`Group::in_host_mode`] says: itself, its host variant (the `machines` and `upgrade`
+/// groups), or, for the groups about the container, `Err` with the reason they are skipped.
 pub fn for_mode(group: &Group, mode: AgentMode) -> Result<Group, &'static str> {
-    match (mode, group.name) {
-        (AgentMode::Image, _) => Ok(*group),
-        (AgentMode::Host, "machines") => Ok(crate::checks::HOST_MACHINES),
-        (AgentMode::Host, "upgrade") => Ok(crate::upgrade::host::GROUP),
-        (AgentMode::Host, "container" | "faults") => Err(IMAGE_MODE_ONLY),
-        (AgentMode::Host, _) => Ok(*group),
+    match (mode, group.in_host_mode) {
+        (AgentMode::Image, _) | (AgentMode::Host, HostMode::Same) => Ok(*group),
+        (AgentMode::Host, HostMode::Variant(variant)) => Ok(*variant),
+        (AgentMode::Host, HostMode::Skip(why)) => Err(why),
     }
 }
 
@@ -294,7 +286,11 @@ mod tests {
             assert_eq!(same.checks.len(), g.checks.len(), "{}", g.name);
             assert_eq!(same.description, g.description, "{}", g.name);
             match for_mode(g, AgentMode::Host) {
-                Ok(h) => assert_eq!(h.name, g.name),
+                Ok(h) => {
+                    assert_eq!(h.name, g.name);
+                    let variant = ["machines", "upgrade"].contains(&g.name);
+                    assert_eq!(h.description != g.description, variant, "{}", g.name);
+                }
                 Err(why) => {
                     assert!(["container", "faults"].contains(&g.name), "{}", g.name);
                     assert!(why.contains("--mode host"));

@@ -24,7 +24,7 @@ pub mod status;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use crate::check::{CheckFn, Ctx, Group, Needs, check, ensure, secs};
+use crate::check::{CheckFn, Ctx, Group, HostMode, Needs, check, ensure, secs};
 use crate::report::{Checked, Outcome};
 use crate::ssh::shell_quote;
 use candidates::{Kind, Record};
@@ -103,6 +103,7 @@ pub const GROUP: Group = Group {
             via explained
         ),
     ],
+    in_host_mode: HostMode::Variant(&host::GROUP),
 };
 
 /// Runs the check `f` and, should it fail, [`explain`]s (the `via` of every check of the

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use flex_host::secret::Secret;
 use futures::future::BoxFuture;
 
-use crate::check::{Ctx, Group, Needs, check, secs};
+use crate::check::{Ctx, Group, HostMode, Needs, check, secs};
 use crate::cluster::kube::{GUEST_TIMEOUT, Guest, Kubectl, Pace, Seen, poll};
 use crate::cluster::{Availability, ClusterInfo, parse, render};
 use crate::guest_json::{self, AgentConfig};
@@ -166,6 +166,7 @@ pub const NODE_JOIN: Group = Group {
             via in_cluster
         ),
     ],
+    in_host_mode: HostMode::Same,
 };
 
 /// The `repave` group.
@@ -196,6 +197,7 @@ pub const REPAVE: Group = Group {
             via in_cluster
         ),
     ],
+    in_host_mode: HostMode::Same,
 };
 
 /// The `machine-operations` group.
@@ -231,6 +233,7 @@ pub const MACHINE_OPERATIONS: Group = Group {
             via in_cluster
         ),
     ],
+    in_host_mode: HostMode::Same,
 };
 
 /// Waits for the Node to be Ready (and, with `other_than`, to be a Node with another uid).

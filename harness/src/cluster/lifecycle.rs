@@ -25,7 +25,7 @@ use super::checks::{
     wait_node_ready,
 };
 use super::render;
-use crate::check::{Group, Needs, check, secs};
+use crate::check::{Group, HostMode, Needs, check, secs};
 use crate::report::Checked;
 use crate::upgrade::candidates;
 
@@ -64,6 +64,7 @@ pub const NODE_LIFECYCLE: Group = Group {
             via in_cluster
         ),
     ],
+    in_host_mode: HostMode::Same,
 };
 
 /// The good candidate image, built and pushed by the `upgrade` group's recipe if the registry

@@ -25,7 +25,7 @@ use super::checks::{Env, in_cluster};
 use super::kube::{Kubectl, Seen, poll};
 use super::render;
 use super::token::BootstrapToken;
-use crate::check::{Group, Needs, check, secs};
+use crate::check::{Group, HostMode, Needs, check, secs};
 use crate::report::Checked;
 
 /// The `trust` group.
@@ -50,6 +50,7 @@ pub const TRUST: Group = Group {
             via in_cluster
         ),
     ],
+    in_host_mode: HostMode::Same,
 };
 
 /// The label every object of the group carries.

@@ -23,7 +23,7 @@ use super::{
     STARTS_REBOOT, T, expect_scheduled, explained, running_agent, unchanged_after_refusal,
     wait_new_boot, wait_settled, wait_start_limit, waited_note,
 };
-use crate::check::{Ctx, Group, Needs, check, ensure, secs};
+use crate::check::{Ctx, Group, HostMode, Needs, check, ensure, secs};
 use crate::hostmode::{AGENT, Artifact, LIB_DIR, Served};
 use crate::report::{Checked, Outcome};
 use crate::ssh::shell_quote;
@@ -75,6 +75,7 @@ pub const GROUP: Group = Group {
             via explained
         ),
     ],
+    in_host_mode: HostMode::Same,
 };
 
 fn served<'a>(c: &'a Ctx<'_>) -> anyhow::Result<&'a Served> {
