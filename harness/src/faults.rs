@@ -18,11 +18,11 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use crate::check::{Ctx, Group, HostMode, IMAGE_MODE_ONLY, Needs, check, ensure, secs};
+use crate::kit::candidates::{self, Kind};
+use crate::kit::upgrade_status::{self as status, Probe, short};
 use crate::qmp::Qmp;
 use crate::report::{Checked, Outcome};
 use crate::ssh::shell_quote;
-use crate::upgrade::candidates::Kind;
-use crate::upgrade::status::{self, Probe, short};
 
 pub use flex_api::status::{AGENT_UNIT, RECOVERY_UNIT};
 /// The bootstrap unit (runs `start` through `aks-flex-node-bootstrap`).
@@ -656,7 +656,7 @@ async fn cut(c: &Ctx<'_>, unit: Unit, how: Cut) -> anyhow::Result<()> {
 
 async fn write_bootstrap_env(c: &Ctx<'_>) -> anyhow::Result<()> {
     let env = c.state.bootstrap_env.clone().unwrap_or_default();
-    crate::checks::write_bootstrap_env(c, &env).await
+    crate::kit::agent::write_bootstrap_env(c, &env).await
 }
 
 async fn reset_node(c: &Ctx<'_>) -> anyhow::Result<()> {
@@ -679,7 +679,7 @@ fn upgrade_command(image: &str) -> String {
 }
 
 async fn candidate(c: &Ctx<'_>, kind: Kind) -> anyhow::Result<String> {
-    let (rec, _) = crate::upgrade::ensure_candidates(c).await?;
+    let (rec, _) = candidates::in_registry(c).await?;
     Ok(rec.reference(kind).to_string())
 }
 

@@ -29,6 +29,7 @@ pub mod groups;
 pub mod guest_json;
 pub mod hostmode;
 pub mod images;
+pub mod kit;
 pub mod kvm;
 pub mod node_status;
 pub mod provision;

@@ -821,8 +821,8 @@ pub(super) async fn wait_agent_running(e: &Env<'_>, want: Option<&str>) -> anyho
         None => "aks-flex-node-agent.service active with its container running".into(),
     };
     poll(&what, AGENT_TIMEOUT, e.pace, || async move {
-        let p = crate::upgrade::status::parse_probe(
-            &g.output(&crate::upgrade::status::probe_script(), GUEST_TIMEOUT)
+        let p = crate::kit::upgrade_status::parse_probe(
+            &g.output(&crate::kit::upgrade_status::probe_script(), GUEST_TIMEOUT)
                 .await?
                 .stdout,
         );
@@ -1137,7 +1137,7 @@ pub(super) mod tests {
         agent_reset_leaves_nothing(&e).await.unwrap();
         r.on(
             &ssh()
-                .cmd(&crate::upgrade::status::probe_script(), Duration::ZERO)
+                .cmd(&crate::kit::upgrade_status::probe_script(), Duration::ZERO)
                 .display_argv(),
             Output::ok(
                 "active=active\ntask=RUNNING\n---info\n{\"ID\":\"aks-flex-agent\",\"Image\":\"10.0.2.2:5000/aks-flex/agent@sha256:1\"}\n---status\n",

@@ -26,8 +26,8 @@ use super::checks::{
 };
 use super::render;
 use crate::check::{Group, HostMode, Needs, check, secs};
+use crate::kit::candidates;
 use crate::report::Checked;
-use crate::upgrade::candidates;
 
 const READY_TIMEOUT: Duration = Duration::from_secs(600);
 const RESET_UNIT_TIMEOUT: Duration = Duration::from_secs(900);
@@ -268,7 +268,7 @@ mod tests {
             ))
         };
         let probe_cmd = ssh()
-            .cmd(&crate::upgrade::status::probe_script(), Duration::ZERO)
+            .cmd(&crate::kit::upgrade_status::probe_script(), Duration::ZERO)
             .display_argv();
         r.on(&probe_cmd, probe(e.agent_image));
         let d = rejoin_after_cli_reset(&e).await.unwrap().detail.unwrap();

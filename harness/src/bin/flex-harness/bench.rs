@@ -321,7 +321,7 @@ done
 exit 1"#;
 
 /// The guest script that requests a node-local repave where the agent runs (`cmd`, from
-/// [`flex_harness::checks::agent_command`]) and prints the Unix times of the request and of the
+/// [`flex_harness::kit::agent::agent_command`]) and prints the Unix times of the request and of the
 /// command's return (the new side's kubelet active, the old side removed: the repave's `start`
 /// waits for kubelet and its `cleaning` removes the old side before the command returns); it
 /// then checks both and fails saying which did not hold.
@@ -439,7 +439,7 @@ async fn vm_figures(
     );
     // One sample: a repave provisions a whole machine side (minutes under TCG). The node is
     // left on the other side, as a repave leaves it.
-    let cmd = flex_harness::checks::agent_command(
+    let cmd = flex_harness::kit::agent::agent_command(
         s.mode,
         "aks-flex-node repave --settings-version bench-$(date +%s)",
     );
