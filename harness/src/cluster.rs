@@ -26,14 +26,11 @@
 //! Every command goes through a [`Runner`]; `kubectl` is always the cluster's own kubeconfig's.
 //! The bootstrap token goes to `kubectl` on stdin and never into an argument, a log or an error.
 
-pub mod checks;
 pub mod existing;
 pub mod kube;
-pub mod lifecycle;
 pub mod parse;
 pub mod render;
 pub mod token;
-pub mod trust;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -933,4 +930,4 @@ pub async fn down(r: &dyn Runner, work: &Path, provider: Option<&str>) -> anyhow
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -3,6 +3,12 @@
 //! Kubernetes cluster (`up --cluster`) are, without one, reported as skipped with the reason
 //! `up` recorded, and with one each starts by (re)starting the kubelet forward.
 
+pub mod machine_operations;
+pub mod node_join;
+pub mod node_lifecycle;
+pub mod repave;
+pub mod trust;
+
 use std::time::{Duration, Instant};
 
 pub use crate::check::{Check, Ctx, Group, HostMode, Needs};
@@ -21,11 +27,11 @@ pub const GROUPS: &[Group] = &[
     crate::checks::BOOTSTRAP,
     crate::checks::RESET,
     crate::faults::GROUP,
-    crate::cluster::checks::NODE_JOIN,
-    crate::cluster::checks::REPAVE,
-    crate::cluster::checks::MACHINE_OPERATIONS,
-    crate::cluster::lifecycle::NODE_LIFECYCLE,
-    crate::cluster::trust::TRUST,
+    node_join::GROUP,
+    repave::GROUP,
+    machine_operations::GROUP,
+    node_lifecycle::GROUP,
+    trust::GROUP,
 ];
 
 /// Groups that run only when named in `--only`: `faults` restores the snapshot for each of its
@@ -315,6 +321,14 @@ mod tests {
     fn every_group_has_checks() {
         for g in GROUPS {
             assert!(!g.checks.is_empty(), "{} has no checks", g.name);
+        }
+    }
+
+    #[test]
+    fn every_cluster_group_needs_the_cluster() {
+        for g in [node_join::GROUP, repave::GROUP, machine_operations::GROUP] {
+            assert_eq!(g.needs, Needs::Cluster, "{}", g.name);
+            assert!(!g.checks.is_empty(), "{}", g.name);
         }
     }
 

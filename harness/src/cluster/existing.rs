@@ -250,7 +250,7 @@ async fn forward_address(r: &dyn Runner, server: &str) -> String {
 }
 
 /// Writes `bytes` to `path` readable by root only (it holds the cluster's credentials).
-pub(super) fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+pub fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     let tmp = path.with_extension("tmp");
