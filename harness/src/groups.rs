@@ -3,10 +3,15 @@
 //! Kubernetes cluster (`up --cluster`) are, without one, reported as skipped with the reason
 //! `up` recorded, and with one each starts by (re)starting the kubelet forward.
 
+pub mod bootstrap;
+pub mod container;
 pub mod machine_operations;
+pub mod machines;
+pub mod mounts;
 pub mod node_join;
 pub mod node_lifecycle;
 pub mod repave;
+pub mod reset;
 pub mod trust;
 
 use std::time::{Duration, Instant};
@@ -20,12 +25,12 @@ use crate::report::{CheckReport, Checked, GroupReport, Outcome};
 /// `upgrade` follows it, with that limit to itself (it restarts the agent four times; see
 /// `docs/upgrade-checks.md`).
 pub const GROUPS: &[Group] = &[
-    crate::checks::MACHINES,
+    machines::GROUP,
     crate::upgrade::GROUP,
-    crate::checks::MOUNTS,
-    crate::checks::CONTAINER,
-    crate::checks::BOOTSTRAP,
-    crate::checks::RESET,
+    mounts::GROUP,
+    container::GROUP,
+    bootstrap::GROUP,
+    reset::GROUP,
     crate::faults::GROUP,
     node_join::GROUP,
     repave::GROUP,

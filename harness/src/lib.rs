@@ -18,7 +18,6 @@ pub mod acl;
 pub mod artefacts;
 pub mod bench;
 pub mod check;
-pub mod checks;
 pub mod cli;
 pub mod cluster;
 pub mod debug;
