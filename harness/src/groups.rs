@@ -5,6 +5,7 @@
 
 pub mod bootstrap;
 pub mod container;
+pub mod faults;
 pub mod machine_operations;
 pub mod machines;
 pub mod mounts;
@@ -13,6 +14,7 @@ pub mod node_lifecycle;
 pub mod repave;
 pub mod reset;
 pub mod trust;
+pub mod upgrade;
 
 use std::time::{Duration, Instant};
 
@@ -26,12 +28,12 @@ use crate::report::{CheckReport, Checked, GroupReport, Outcome};
 /// `docs/upgrade-checks.md`).
 pub const GROUPS: &[Group] = &[
     machines::GROUP,
-    crate::upgrade::GROUP,
+    upgrade::GROUP,
     mounts::GROUP,
     container::GROUP,
     bootstrap::GROUP,
     reset::GROUP,
-    crate::faults::GROUP,
+    faults::GROUP,
     node_join::GROUP,
     repave::GROUP,
     machine_operations::GROUP,
