@@ -11,7 +11,7 @@ use flex_host::runner::{Output, Runner};
 
 use crate::report::Checked;
 use crate::ssh::{Guest, Ssh};
-use crate::vm::State;
+use crate::state::State;
 
 /// What a group needs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

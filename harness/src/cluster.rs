@@ -219,7 +219,7 @@ impl Availability {
 /// Records `a` in `<work>/state.json` under [`STATE_KEY`] (the file `up` writes; the key is
 /// added beside the VM's state, which keeps its own fields).
 pub fn record(work: &Path, a: &Availability) -> anyhow::Result<()> {
-    let path = crate::vm::State::path(work);
+    let path = crate::state::State::path(work);
     let mut v: serde_json::Value = match std::fs::read(&path) {
         Ok(b) => serde_json::from_slice(&b)
             .map_err(|e| anyhow::anyhow!("{}: not JSON ({e})", path.display()))?,
@@ -240,7 +240,7 @@ pub fn record(work: &Path, a: &Availability) -> anyhow::Result<()> {
 /// What `<work>/state.json` records; without a record (no `up`, or an `up` before clusters),
 /// "not requested".
 pub fn load(work: &Path) -> anyhow::Result<Availability> {
-    let path = crate::vm::State::path(work);
+    let path = crate::state::State::path(work);
     let b = match std::fs::read(&path) {
         Ok(b) => b,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {

@@ -38,4 +38,5 @@ pub mod report;
 pub mod run;
 pub mod selinux;
 pub mod ssh;
+pub mod state;
 pub mod vm;

@@ -415,7 +415,7 @@ mod tests {
     use super::*;
     use crate::report::Checked;
     use crate::ssh::Ssh;
-    use crate::vm::State;
+    use crate::state::State;
     use flex_host::runner::Output;
     use flex_testkit::FakeRunner;
 

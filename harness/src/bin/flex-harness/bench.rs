@@ -50,7 +50,7 @@ pub async fn run(o: BenchOptions) -> anyhow::Result<()> {
     let state = if o.no_vm {
         Err("--no-vm".to_string())
     } else {
-        match flex_harness::vm::State::load(&work) {
+        match flex_harness::state::State::load(&work) {
             Ok(Some(s)) => Ok(s),
             Ok(None) => Err("no VM: run `cargo xtask up` first".to_string()),
             Err(e) => Err(format!("the VM's state is unreadable: {e:#}")),
@@ -350,7 +350,7 @@ pub fn parse_span(out: &str) -> Option<f64> {
 
 async fn vm_figures(
     r: &dyn Runner,
-    state: Result<&flex_harness::vm::State, &String>,
+    state: Result<&flex_harness::state::State, &String>,
     tries: usize,
     figs: &mut Vec<Figure>,
 ) {
