@@ -11,6 +11,9 @@
 //! Test code is left out: files in a `tests` module (`tests.rs`, `tests/…`) and a file's tail
 //! from `#[cfg(test)] mod …` on. Comments (doc links included) are skipped. Each binary under
 //! `src/bin/<name>/` is a crate of its own.
+//!
+//! The harness has two more rules (issue #32): its longest import chain is at most
+//! [`HARNESS_MAX_DEPTH`] modules, and no check group (`groups::<name>`) imports another.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure
 
@@ -606,6 +609,61 @@ fn longest_chain(g: &BTreeMap<Module, BTreeSet<Module>>) -> Vec<Module> {
         }
     }
     best
+}
+
+/// The harness's crate (its library).
+fn harness() -> Crate {
+    crates().into_iter().find(|c| c.name == "harness").unwrap()
+}
+
+/// How deep the harness's imports may chain, in modules (issue #32; 9 before its groups were
+/// split, on dbf9709): a module is read with at most five layers of the harness under it.
+const HARNESS_MAX_DEPTH: usize = 6;
+
+#[test]
+fn the_harness_imports_at_most_six_deep() {
+    let c = harness();
+    assert!(c.modules.len() > 30, "the harness's modules were not found");
+    let chain = longest_chain(&edges(&c));
+    assert!(
+        chain.len() <= HARNESS_MAX_DEPTH,
+        "the harness's imports chain {} modules deep (at most {HARNESS_MAX_DEPTH}):\n{}",
+        chain.len(),
+        chain.iter().map(name).collect::<Vec<_>>().join(" → ")
+    );
+}
+
+/// A check group (`groups::<name>`, with its private submodules) imports the shared kit, never
+/// another group.
+#[test]
+fn no_harness_group_imports_another() {
+    let c = harness();
+    let g = edges(&c);
+    let group = |m: &Module| -> Option<String> {
+        (m.first().map(String::as_str) == Some("groups"))
+            .then(|| m.get(1).cloned())
+            .flatten()
+    };
+    let groups: BTreeSet<String> = g.keys().filter_map(group).collect();
+    assert!(
+        groups.len() >= 12,
+        "the group modules were not found under groups::: {groups:?}"
+    );
+    let mut across = Vec::new();
+    for (from, tos) in &g {
+        for to in tos {
+            if let (Some(a), Some(b)) = (group(from), group(to))
+                && a != b
+            {
+                across.push(format!("{} → {}", name(from), name(to)));
+            }
+        }
+    }
+    assert!(
+        across.is_empty(),
+        "group modules that import another group:\n{}",
+        across.join("\n")
+    );
 }
 
 /// The depth function itself: the longest of several chains, through a shared tail, counted in
