@@ -105,14 +105,22 @@ pub fn render_list() -> String {
         .collect()
 }
 
+/// A group that does not run in the VM's mode: its checks are reported skipped with the reason.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{reason}")]
+pub struct Skipped {
+    /// Why ([`HostMode::Skip`]'s reason).
+    pub reason: &'static str,
+}
+
 /// `group` as it runs in `mode`: itself in image mode; in host mode what its
 /// [`Group::in_host_mode`] says: itself, its host variant (the `machines` and `upgrade`
 /// groups), or, for the groups about the container, `Err` with the reason they are skipped.
-pub fn for_mode(group: &Group, mode: AgentMode) -> Result<Group, &'static str> {
+pub fn for_mode(group: &Group, mode: AgentMode) -> Result<Group, Skipped> {
     match (mode, group.in_host_mode) {
         (AgentMode::Image, _) | (AgentMode::Host, HostMode::Same) => Ok(*group),
         (AgentMode::Host, HostMode::Variant(variant)) => Ok(*variant),
-        (AgentMode::Host, HostMode::Skip(why)) => Err(why),
+        (AgentMode::Host, HostMode::Skip(reason)) => Err(Skipped { reason }),
     }
 }
 
@@ -129,7 +137,7 @@ pub async fn run_group(ctx: &Ctx<'_>, group: &Group, restore: bool) -> GroupRepo
             for name in list_or_placeholder(group, group.checks) {
                 checks.push(CheckReport {
                     name,
-                    outcome: Outcome::Skipped(why.into()),
+                    outcome: Outcome::Skipped(why.to_string()),
                     duration: Duration::ZERO,
                     detail: None,
                     journal: None,
@@ -306,7 +314,8 @@ mod tests {
                 }
                 Err(why) => {
                     assert!(["container", "faults"].contains(&g.name), "{}", g.name);
-                    assert!(why.contains("--mode host"));
+                    assert!(why.reason.contains("--mode host"));
+                    assert_eq!(why.to_string(), why.reason);
                 }
             }
         }

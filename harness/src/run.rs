@@ -643,7 +643,7 @@ pub async fn cluster_step(
             say(&format!(
                 "no cluster: {reason}; the VM boots offline and check reports the cluster groups skipped"
             ));
-            (Availability::unavailable(reason), None)
+            (Availability::unavailable(reason.to_string()), None)
         }
     }
 }

@@ -357,7 +357,7 @@ fn record_status(name: &str, file_b64: &str, sidecar_b64: &str) -> String {
     };
     match crate::guest_json::record_integrity(name, &text, sidecar.as_deref()) {
         Ok(()) => "ok".to_string(),
-        Err(e) => e,
+        Err(e) => e.to_string(),
     }
 }
 
@@ -504,10 +504,30 @@ async fn problems(c: &Ctx<'_>, settle: Settle) -> anyhow::Result<(Vec<String>, b
     Ok((bad, h.moving()))
 }
 
+/// Why the node was not healthy again after a fault ([`wait_healthy`]).
+#[derive(Debug, thiserror::Error)]
+enum NotRecovered {
+    /// The same problems stayed for [`STUCK`] with none of the agent's units activating.
+    #[error(
+        "stuck for {} with nothing of the agent activating: {problems}",
+        secs(STUCK)
+    )]
+    Stuck {
+        /// The problems.
+        problems: String,
+    },
+    /// [`RECOVERY_TIMEOUT`] passed.
+    #[error("still after {}: {last_seen}", secs(RECOVERY_TIMEOUT))]
+    TimedOut {
+        /// The last problems seen (or the last answer).
+        last_seen: String,
+    },
+}
+
 /// Waits until the node is healthy; the time it took, or the last problems seen. It gives up
 /// early when the same problems stay for [`STUCK`] with none of the agent's units activating:
 /// nothing is left to repair them.
-async fn wait_healthy(c: &Ctx<'_>, settle: Settle) -> Result<Duration, String> {
+async fn wait_healthy(c: &Ctx<'_>, settle: Settle) -> Result<Duration, NotRecovered> {
     let t0 = Instant::now();
     let last = Mutex::new((String::new(), Instant::now()));
     let last = &last;
@@ -524,10 +544,7 @@ async fn wait_healthy(c: &Ctx<'_>, settle: Settle) -> Result<Duration, String> {
                     if l.0 != s || moving {
                         *l = (s.clone(), Instant::now());
                     } else if l.1.elapsed() >= STUCK {
-                        return Ok(Err(format!(
-                            "stuck for {} with nothing of the agent activating: {s}",
-                            secs(STUCK)
-                        )));
+                        return Ok(Err(NotRecovered::Stuck { problems: s }));
                     }
                     Err(s)
                 }
@@ -540,11 +557,9 @@ async fn wait_healthy(c: &Ctx<'_>, settle: Settle) -> Result<Duration, String> {
         Ok(r) => r,
         Err(e) => {
             let seen = last.lock().map(|l| l.0.clone()).unwrap_or_default();
-            Err(format!(
-                "still after {}: {}",
-                secs(RECOVERY_TIMEOUT),
-                if seen.is_empty() { e.last_seen } else { seen }
-            ))
+            Err(NotRecovered::TimedOut {
+                last_seen: if seen.is_empty() { e.last_seen } else { seen },
+            })
         }
     }
 }
