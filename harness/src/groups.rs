@@ -2,6 +2,9 @@
 //! starts from a bootstrapped host and leaves one, so any can run alone; groups that need a
 //! Kubernetes cluster (`up --cluster`) are, without one, reported as skipped with the reason
 //! `up` recorded, and with one each starts by (re)starting the kubelet forward.
+//!
+//! Each group is defined in its own module below (its definition, its checks and, for
+//! `machines` and `upgrade`, its host-mode variant); what groups share is in [`crate::kit`].
 
 pub mod bootstrap;
 pub mod container;

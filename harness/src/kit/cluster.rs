@@ -118,7 +118,7 @@ pub fn cluster_of(c: &Ctx<'_>) -> anyhow::Result<ClusterInfo> {
 pub type EnvCheck = for<'e> fn(&'e Env<'e>) -> BoxFuture<'e, anyhow::Result<Checked>>;
 
 /// Runs the cluster check `f` against the environment of `c`'s cluster (the `via` of every
-/// cluster group's [`check!`]).
+/// cluster group's `check!`).
 pub async fn in_cluster(c: &Ctx<'_>, f: EnvCheck) -> anyhow::Result<Checked> {
     let info = cluster_of(c)?;
     let env = Env::new(c, &info);
