@@ -2,8 +2,8 @@
 //! check runs against ([`Ctx`]: the VM, its SSH access, whether a cluster is there, and the
 //! [`Runner`] every command goes through, so a check runs against a fake as well as against the
 //! guest), a check ([`Check`]: a name and a [`CheckFn`], made with the one [`check!`] macro),
-//! and a group ([`Group`]: name, description, what it needs and its checks, defined once beside
-//! its checks).
+//! and a group ([`Group`]: name, description, what it needs, its checks and what it is in host
+//! mode ([`HostMode`]), defined once beside its checks).
 
 use std::time::Duration;
 
@@ -11,7 +11,7 @@ use flex_host::runner::{Output, Runner};
 
 use crate::report::Checked;
 use crate::ssh::{Guest, Ssh};
-use crate::vm::State;
+use crate::state::State;
 
 /// What a group needs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -21,6 +21,24 @@ pub enum Needs {
     /// A cluster the node joins (kind with network access).
     Cluster,
 }
+
+/// What a group is when the agent runs on the host (`up --mode host`).
+#[derive(Clone, Copy, Debug)]
+pub enum HostMode {
+    /// The group as it is: its checks choose by mode where the agent's tools run, or it needs a
+    /// cluster, which host mode's offline VM does not have.
+    Same,
+    /// Its host variant runs instead, under the same name (so `--only` and the reports are the
+    /// same).
+    Variant(&'static Group),
+    /// It is reported skipped with this reason.
+    Skip(&'static str),
+}
+
+/// The skip reason of the groups whose checks only mean something with the agent in its
+/// container.
+pub const IMAGE_MODE_ONLY: &str =
+    "the agent runs on the host (up --mode host): this group checks the agent's container";
 
 /// A check group: everything about it, in one definition beside its checks.
 #[derive(Clone, Copy, Debug)]
@@ -33,6 +51,8 @@ pub struct Group {
     pub needs: Needs,
     /// Its checks, in order.
     pub checks: &'static [Check],
+    /// What it is in host mode.
+    pub in_host_mode: HostMode,
 }
 
 /// What checks can reach.

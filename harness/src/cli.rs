@@ -237,6 +237,8 @@ pub struct CheckArgs {
     pub rerun_failed: bool,
 }
 
+// A clap value parser (private): clap shows its `String` as the argument's error, so a typed
+// error would only be turned back into this text.
 fn parse_mode(s: &str) -> Result<crate::hostmode::AgentMode, String> {
     crate::hostmode::AgentMode::parse(s)
         .ok_or_else(|| format!("{s:?} is not a mode: image or host"))

@@ -26,14 +26,11 @@
 //! Every command goes through a [`Runner`]; `kubectl` is always the cluster's own kubeconfig's.
 //! The bootstrap token goes to `kubectl` on stdin and never into an argument, a log or an error.
 
-pub mod checks;
 pub mod existing;
 pub mod kube;
-pub mod lifecycle;
 pub mod parse;
 pub mod render;
 pub mod token;
-pub mod trust;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -87,27 +84,23 @@ impl Engine {
 
     /// The engine: `KIND_EXPERIMENTAL_PROVIDER` when set to one of them, else podman when it
     /// is on `PATH`, else docker; `Err` says why there is none.
-    pub fn choose(r: &dyn Runner, provider: Option<&str>) -> Result<Engine, String> {
+    pub fn choose(r: &dyn Runner, provider: Option<&str>) -> Result<Engine, MissingTool> {
         let wanted = match provider.map(str::trim) {
             Some("podman") => Some(Engine::Podman),
             Some("docker") => Some(Engine::Docker),
             Some("") | None => None,
-            Some(other) => {
-                return Err(format!(
-                    "KIND_EXPERIMENTAL_PROVIDER={other:?} is neither podman nor docker"
-                ));
-            }
+            Some(other) => return Err(MissingTool::UnknownProvider(other.to_string())),
         };
         if let Some(e) = wanted {
             return r
                 .which(e.program())
                 .map(|_| e)
-                .ok_or_else(|| format!("no {} on PATH (KIND_EXPERIMENTAL_PROVIDER)", e.program()));
+                .ok_or(MissingTool::ProviderNotOnPath(e));
         }
         [Engine::Podman, Engine::Docker]
             .into_iter()
             .find(|e| r.which(e.program()).is_some())
-            .ok_or_else(|| "no container engine: neither podman nor docker is on PATH".into())
+            .ok_or(MissingTool::NoEngine)
     }
 
     fn kind(self, args: &[&str]) -> Cmd {
@@ -122,6 +115,55 @@ impl Engine {
         Cmd::new(self.program())
             .args(["exec", CONTROL_PLANE])
             .args(args.iter().copied())
+    }
+}
+
+/// What this machine lacks for a cluster ([`tools`], [`Engine::choose`]): `up --cluster` then
+/// makes none and boots the VM offline, and the cluster groups are skipped with it as the
+/// reason.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum MissingTool {
+    /// `kind` or `kubectl` is not on `PATH`.
+    #[error("no {0} binary on PATH")]
+    Binary(&'static str),
+    /// `KIND_EXPERIMENTAL_PROVIDER` names neither podman nor docker.
+    #[error("KIND_EXPERIMENTAL_PROVIDER={0:?} is neither podman nor docker")]
+    UnknownProvider(String),
+    /// The engine `KIND_EXPERIMENTAL_PROVIDER` names is not on `PATH`.
+    #[error("no {} on PATH (KIND_EXPERIMENTAL_PROVIDER)", .0.program())]
+    ProviderNotOnPath(Engine),
+    /// Neither podman nor docker is on `PATH`.
+    #[error("no container engine: neither podman nor docker is on PATH")]
+    NoEngine,
+}
+
+/// Why `up --cluster` made (or joined) no cluster; what it made is deleted or stopped first.
+/// Whatever the variant, `up` goes on without a cluster: the VM boots offline and the cluster
+/// groups are reported skipped with this as the reason.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum NoCluster {
+    /// This machine lacks a tool.
+    #[error(transparent)]
+    Tools(#[from] MissingTool),
+    /// No controller image to load into kind.
+    #[error("no controller image (cargo xtask up --cluster builds it)")]
+    NoControllerImage,
+    /// A step failed: which, and the line of its error that says why ([`summary`]).
+    #[error("{step} failed: {cause}")]
+    Step {
+        /// The step, as `up` names it.
+        step: &'static str,
+        /// Why, in one line.
+        cause: String,
+    },
+}
+
+impl From<StepError> for NoCluster {
+    fn from(e: StepError) -> Self {
+        NoCluster::Step {
+            step: e.step,
+            cause: summary(&e.cause),
+        }
     }
 }
 
@@ -222,7 +264,7 @@ impl Availability {
 /// Records `a` in `<work>/state.json` under [`STATE_KEY`] (the file `up` writes; the key is
 /// added beside the VM's state, which keeps its own fields).
 pub fn record(work: &Path, a: &Availability) -> anyhow::Result<()> {
-    let path = crate::vm::State::path(work);
+    let path = crate::state::State::path(work);
     let mut v: serde_json::Value = match std::fs::read(&path) {
         Ok(b) => serde_json::from_slice(&b)
             .map_err(|e| anyhow::anyhow!("{}: not JSON ({e})", path.display()))?,
@@ -243,7 +285,7 @@ pub fn record(work: &Path, a: &Availability) -> anyhow::Result<()> {
 /// What `<work>/state.json` records; without a record (no `up`, or an `up` before clusters),
 /// "not requested".
 pub fn load(work: &Path) -> anyhow::Result<Availability> {
-    let path = crate::vm::State::path(work);
+    let path = crate::state::State::path(work);
     let b = match std::fs::read(&path) {
         Ok(b) => b,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -439,13 +481,10 @@ fn without_runner_prefix(line: &str) -> &str {
 /// Whether this machine has what a cluster needs: `kind`, `kubectl`, and podman or docker
 /// ([`Engine::choose`]); `Err` says what is missing. `cargo xtask up --cluster` asks first, so
 /// it builds the controller's image only where a cluster can be made.
-pub fn tools(r: &dyn Runner, provider: Option<&str>) -> Result<Engine, String> {
-    for (tool, why) in [
-        ("kind", "no kind binary on PATH"),
-        ("kubectl", "no kubectl binary on PATH"),
-    ] {
+pub fn tools(r: &dyn Runner, provider: Option<&str>) -> Result<Engine, MissingTool> {
+    for tool in ["kind", "kubectl"] {
         if r.which(tool).is_none() {
-            return Err(why.into());
+            return Err(MissingTool::Binary(tool));
         }
     }
     Engine::choose(r, provider)
@@ -453,24 +492,20 @@ pub fn tools(r: &dyn Runner, provider: Option<&str>) -> Result<Engine, String> {
 
 /// Makes the cluster. `Err` is why there is none (what was made is deleted first); it becomes
 /// the skip reason of the cluster groups.
-pub async fn up(r: &dyn Runner, o: &Options<'_>) -> Result<Created, String> {
+pub async fn up(r: &dyn Runner, o: &Options<'_>) -> Result<Created, NoCluster> {
     if let Some(req) = o.existing {
         return existing::up(r, o, req).await;
     }
     let engine = tools(r, o.provider)?;
     let Some(layout) = o.controller_layout else {
-        return Err("no controller image (cargo xtask up --cluster builds it)".into());
+        return Err(NoCluster::NoControllerImage);
     };
     let dir = cluster_dir(o.work);
     let kubeconfig = dir.join("kubeconfig");
     match create(r, o, engine, layout, &dir, &kubeconfig).await {
         Ok(c) => Ok(c),
         Err(e) => {
-            let reason = if e.step == "kind create cluster" {
-                format!("kind create cluster failed: {}", summary(&e.cause))
-            } else {
-                format!("{} failed: {}", e.step, summary(&e.cause))
-            };
+            let reason = NoCluster::from(e);
             (o.say)(&format!("cluster: {reason}; deleting what was made"));
             if let Err(d) = delete_cluster(r, engine, &kubeconfig).await {
                 (o.say)(&format!("cluster: could not delete it: {d:#}"));
@@ -933,4 +968,4 @@ pub async fn down(r: &dyn Runner, work: &Path, provider: Option<&str>) -> anyhow
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -2,10 +2,26 @@
 //! starts from a bootstrapped host and leaves one, so any can run alone; groups that need a
 //! Kubernetes cluster (`up --cluster`) are, without one, reported as skipped with the reason
 //! `up` recorded, and with one each starts by (re)starting the kubelet forward.
+//!
+//! Each group is defined in its own module below (its definition, its checks and, for
+//! `machines` and `upgrade`, its host-mode variant); what groups share is in [`crate::kit`].
+
+pub mod bootstrap;
+pub mod container;
+pub mod faults;
+pub mod machine_operations;
+pub mod machines;
+pub mod mounts;
+pub mod node_join;
+pub mod node_lifecycle;
+pub mod repave;
+pub mod reset;
+pub mod trust;
+pub mod upgrade;
 
 use std::time::{Duration, Instant};
 
-pub use crate::check::{Check, Ctx, Group, Needs};
+pub use crate::check::{Check, Ctx, Group, HostMode, Needs};
 use crate::hostmode::AgentMode;
 use crate::report::{CheckReport, Checked, GroupReport, Outcome};
 
@@ -14,18 +30,18 @@ use crate::report::{CheckReport, Checked, GroupReport, Outcome};
 /// `upgrade` follows it, with that limit to itself (it restarts the agent four times; see
 /// `docs/upgrade-checks.md`).
 pub const GROUPS: &[Group] = &[
-    crate::checks::MACHINES,
-    crate::upgrade::GROUP,
-    crate::checks::MOUNTS,
-    crate::checks::CONTAINER,
-    crate::checks::BOOTSTRAP,
-    crate::checks::RESET,
-    crate::faults::GROUP,
-    crate::cluster::checks::NODE_JOIN,
-    crate::cluster::checks::REPAVE,
-    crate::cluster::checks::MACHINE_OPERATIONS,
-    crate::cluster::lifecycle::NODE_LIFECYCLE,
-    crate::cluster::trust::TRUST,
+    machines::GROUP,
+    upgrade::GROUP,
+    mounts::GROUP,
+    container::GROUP,
+    bootstrap::GROUP,
+    reset::GROUP,
+    faults::GROUP,
+    node_join::GROUP,
+    repave::GROUP,
+    machine_operations::GROUP,
+    node_lifecycle::GROUP,
+    trust::GROUP,
 ];
 
 /// Groups that run only when named in `--only`: `faults` restores the snapshot for each of its
@@ -92,22 +108,22 @@ pub fn render_list() -> String {
         .collect()
 }
 
-/// The groups whose checks only mean something with the agent in its container: in host mode
-/// they are reported skipped with this reason.
-const IMAGE_MODE_ONLY: &str =
-    "the agent runs on the host (up --mode host): this group checks the agent's container";
+/// A group that does not run in the VM's mode: its checks are reported skipped with the reason.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{reason}")]
+pub struct Skipped {
+    /// Why ([`HostMode::Skip`]'s reason).
+    pub reason: &'static str,
+}
 
-/// `group` as it runs in `mode`: itself in image mode; in host mode its host variant (the
-/// `machines` and `upgrade` groups), itself where its checks choose by mode (`mounts`,
-/// `bootstrap`, `reset`; the cluster groups, which host mode's offline VM skips), or, for
-/// the groups about the container, `Err` with the reason they are skipped.
-pub fn for_mode(group: &Group, mode: AgentMode) -> Result<Group, &'static str> {
-    match (mode, group.name) {
-        (AgentMode::Image, _) => Ok(*group),
-        (AgentMode::Host, "machines") => Ok(crate::checks::HOST_MACHINES),
-        (AgentMode::Host, "upgrade") => Ok(crate::upgrade::host::GROUP),
-        (AgentMode::Host, "container" | "faults") => Err(IMAGE_MODE_ONLY),
-        (AgentMode::Host, _) => Ok(*group),
+/// `group` as it runs in `mode`: itself in image mode; in host mode what its
+/// [`Group::in_host_mode`] says: itself, its host variant (the `machines` and `upgrade`
+/// groups), or, for the groups about the container, `Err` with the reason they are skipped.
+pub fn for_mode(group: &Group, mode: AgentMode) -> Result<Group, Skipped> {
+    match (mode, group.in_host_mode) {
+        (AgentMode::Image, _) | (AgentMode::Host, HostMode::Same) => Ok(*group),
+        (AgentMode::Host, HostMode::Variant(variant)) => Ok(*variant),
+        (AgentMode::Host, HostMode::Skip(reason)) => Err(Skipped { reason }),
     }
 }
 
@@ -124,7 +140,7 @@ pub async fn run_group(ctx: &Ctx<'_>, group: &Group, restore: bool) -> GroupRepo
             for name in list_or_placeholder(group, group.checks) {
                 checks.push(CheckReport {
                     name,
-                    outcome: Outcome::Skipped(why.into()),
+                    outcome: Outcome::Skipped(why.to_string()),
                     duration: Duration::ZERO,
                     detail: None,
                     journal: None,
@@ -294,10 +310,15 @@ mod tests {
             assert_eq!(same.checks.len(), g.checks.len(), "{}", g.name);
             assert_eq!(same.description, g.description, "{}", g.name);
             match for_mode(g, AgentMode::Host) {
-                Ok(h) => assert_eq!(h.name, g.name),
+                Ok(h) => {
+                    assert_eq!(h.name, g.name);
+                    let variant = ["machines", "upgrade"].contains(&g.name);
+                    assert_eq!(h.description != g.description, variant, "{}", g.name);
+                }
                 Err(why) => {
                     assert!(["container", "faults"].contains(&g.name), "{}", g.name);
-                    assert!(why.contains("--mode host"));
+                    assert!(why.reason.contains("--mode host"));
+                    assert_eq!(why.to_string(), why.reason);
                 }
             }
         }
@@ -319,6 +340,14 @@ mod tests {
     fn every_group_has_checks() {
         for g in GROUPS {
             assert!(!g.checks.is_empty(), "{} has no checks", g.name);
+        }
+    }
+
+    #[test]
+    fn every_cluster_group_needs_the_cluster() {
+        for g in [node_join::GROUP, repave::GROUP, machine_operations::GROUP] {
+            assert_eq!(g.needs, Needs::Cluster, "{}", g.name);
+            assert!(!g.checks.is_empty(), "{}", g.name);
         }
     }
 

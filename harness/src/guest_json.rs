@@ -77,12 +77,60 @@ pub fn parse_record<T: serde::de::DeserializeOwned>(file: &str, text: &str) -> a
         .map_err(|e| anyhow::anyhow!("{file} is not what it should be ({e})"))
 }
 
+/// What is wrong with a guest's agent record ([`record_integrity`]): each variant names the file
+/// and is one way the agent's loader would refuse it.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RecordFault {
+    /// Not JSON at all.
+    #[error("{file} is not JSON ({reason})")]
+    NotJson {
+        /// The record.
+        file: String,
+        /// The parser's words.
+        reason: String,
+    },
+    /// JSON with a `format`, but not an envelope.
+    #[error("{file}: not a record ({reason})")]
+    NotARecord {
+        /// The record.
+        file: String,
+        /// The parser's words.
+        reason: String,
+    },
+    /// An envelope of another format.
+    #[error("{file}: unknown record format {format:?}")]
+    UnknownFormat {
+        /// The record.
+        file: String,
+        /// Its `format`.
+        format: String,
+    },
+    /// An envelope whose payload's bytes do not hash to its `sha256`.
+    #[error("{file}: its payload does not match its sha256")]
+    PayloadMismatch {
+        /// The record.
+        file: String,
+    },
+    /// A legacy plain JSON record without its `.sha256` sidecar.
+    #[error("{file}: a legacy record without its .sha256")]
+    LegacyWithoutSidecar {
+        /// The record.
+        file: String,
+    },
+    /// A legacy record whose sidecar holds another hash.
+    #[error("{file}: a legacy record that does not match its .sha256")]
+    LegacyMismatch {
+        /// The record.
+        file: String,
+    },
+}
+
 /// Whether the guest's agent record `file` (its bytes `text`, and the legacy sidecar's content
 /// `sidecar` when the guest has one) is one the agent can load: an envelope whose `sha256` is
 /// the hash of its payload's bytes as they stand in the file, or a legacy plain JSON whose
 /// sidecar holds its hash. The harness's own reading of the format (documented in the agent's
 /// `state` module), an oracle independent of the agent's loader. `Err` says what is wrong.
-pub fn record_integrity(file: &str, text: &str, sidecar: Option<&str>) -> Result<(), String> {
+pub fn record_integrity(file: &str, text: &str, sidecar: Option<&str>) -> Result<(), RecordFault> {
     use sha2::{Digest, Sha256};
     #[derive(serde::Deserialize)]
     struct Envelope<'a> {
@@ -92,27 +140,35 @@ pub fn record_integrity(file: &str, text: &str, sidecar: Option<&str>) -> Result
         payload: &'a serde_json::value::RawValue,
     }
     let sum = |bytes: &[u8]| hex::encode(Sha256::digest(bytes));
+    let file = file.to_string();
     let looks_enveloped = serde_json::from_str::<serde_json::Value>(text)
-        .map_err(|e| format!("{file} is not JSON ({e})"))?
+        .map_err(|e| RecordFault::NotJson {
+            file: file.clone(),
+            reason: e.to_string(),
+        })?
         .get("format")
         .is_some();
     if looks_enveloped {
         let env: Envelope<'_> =
-            serde_json::from_str(text).map_err(|e| format!("{file}: not a record ({e})"))?;
+            serde_json::from_str(text).map_err(|e| RecordFault::NotARecord {
+                file: file.clone(),
+                reason: e.to_string(),
+            })?;
         if env.format != "aks-flex-node.record/v1" {
-            return Err(format!("{file}: unknown record format {:?}", env.format));
+            return Err(RecordFault::UnknownFormat {
+                file,
+                format: env.format,
+            });
         }
         if sum(env.payload.get().as_bytes()) != env.sha256 {
-            return Err(format!("{file}: its payload does not match its sha256"));
+            return Err(RecordFault::PayloadMismatch { file });
         }
         return Ok(());
     }
     match sidecar {
-        None => Err(format!("{file}: a legacy record without its .sha256")),
+        None => Err(RecordFault::LegacyWithoutSidecar { file }),
         Some(s) if s.trim() == sum(text.as_bytes()) => Ok(()),
-        Some(_) => Err(format!(
-            "{file}: a legacy record that does not match its .sha256"
-        )),
+        Some(_) => Err(RecordFault::LegacyMismatch { file }),
     }
 }
 
@@ -134,17 +190,20 @@ mod tests {
         assert!(
             record_integrity("s", &spaced, None)
                 .unwrap_err()
+                .to_string()
                 .contains("does not match")
         );
         let other = good.replacen("record/v1", "record/v9", 1);
         assert!(
             record_integrity("s", &other, None)
                 .unwrap_err()
+                .to_string()
                 .contains("unknown record format")
         );
         assert!(
             record_integrity("s", "{\"format\"", None)
                 .unwrap_err()
+                .to_string()
                 .contains("not JSON")
         );
         let legacy = "{\"activeMachine\": \"kube1\"}\n";
@@ -153,11 +212,13 @@ mod tests {
         assert!(
             record_integrity("s", legacy, None)
                 .unwrap_err()
+                .to_string()
                 .contains("without its .sha256")
         );
         assert!(
             record_integrity("s", legacy, Some("00"))
                 .unwrap_err()
+                .to_string()
                 .contains("does not match")
         );
     }

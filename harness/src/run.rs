@@ -20,7 +20,8 @@ use crate::qemu::{Accel, Boot};
 use crate::registry::{self, Registry};
 use crate::report::{self, RunReport};
 use crate::ssh::{self, Ssh};
-use crate::vm::{self, OsImage, Progress, State, UpOptions};
+use crate::state::State;
+use crate::vm::{self, OsImage, Progress, UpOptions};
 
 /// The hostname the harness gives the guest.
 pub const HOSTNAME: &str = "flex-dev-node";
@@ -272,7 +273,7 @@ async fn push_host_files(
 
 /// Stops the VM, registry and kind cluster of an earlier `up`, if any, and makes `work`.
 async fn replace_earlier_up(r: &dyn Runner, p: &Progress, work: &Path) -> anyhow::Result<()> {
-    if vm::State::load(work)?.is_some() {
+    if State::load(work)?.is_some() {
         p.say("replacing the VM of an earlier up");
     }
     let provider = crate::cluster::provider();
@@ -642,7 +643,7 @@ pub async fn cluster_step(
             say(&format!(
                 "no cluster: {reason}; the VM boots offline and check reports the cluster groups skipped"
             ));
-            (Availability::unavailable(reason), None)
+            (Availability::unavailable(reason.to_string()), None)
         }
     }
 }

@@ -13,8 +13,8 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use crate::checks::agent_command;
 use crate::hostmode::AgentMode;
+use crate::kit::agent::agent_command;
 use crate::ssh::Guest;
 
 /// What kind of host operation.

@@ -11,6 +11,9 @@
 //! Test code is left out: files in a `tests` module (`tests.rs`, `tests/…`) and a file's tail
 //! from `#[cfg(test)] mod …` on. Comments (doc links included) are skipped. Each binary under
 //! `src/bin/<name>/` is a crate of its own.
+//!
+//! The harness has two more rules (issue #32): its longest import chain is at most
+//! [`HARNESS_MAX_DEPTH`] modules, and no check group (`groups::<name>`) imports another.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure
 
@@ -563,4 +566,129 @@ fn the_agents_layers_only_look_down() {
         "imports that look up a layer:\n{}",
         up.join("\n")
     );
+}
+
+/// The longest chain of imports in `g` (acyclic: [`no_crate_has_an_import_cycle`] checks it),
+/// as the modules along it, importer first; ties go to the first module in order. A module in a
+/// cycle ends the chain there rather than looping.
+fn longest_chain(g: &BTreeMap<Module, BTreeSet<Module>>) -> Vec<Module> {
+    fn from<'a>(
+        g: &'a BTreeMap<Module, BTreeSet<Module>>,
+        v: &'a Module,
+        memo: &mut BTreeMap<&'a Module, Vec<Module>>,
+        open: &mut BTreeSet<&'a Module>,
+    ) -> Vec<Module> {
+        if let Some(c) = memo.get(v) {
+            return c.clone();
+        }
+        if !open.insert(v) {
+            return Vec::new();
+        }
+        let mut best: Vec<Module> = Vec::new();
+        for w in g.get(v).into_iter().flatten() {
+            let Some((w, _)) = g.get_key_value(w) else {
+                continue;
+            };
+            let c = from(g, w, memo, open);
+            if c.len() > best.len() {
+                best = c;
+            }
+        }
+        open.remove(v);
+        best.insert(0, v.clone());
+        memo.insert(v, best.clone());
+        best
+    }
+    let mut memo = BTreeMap::new();
+    let mut open = BTreeSet::new();
+    let mut best = Vec::new();
+    for v in g.keys() {
+        let c = from(g, v, &mut memo, &mut open);
+        if c.len() > best.len() {
+            best = c;
+        }
+    }
+    best
+}
+
+/// The harness's crate (its library).
+fn harness() -> Crate {
+    crates().into_iter().find(|c| c.name == "harness").unwrap()
+}
+
+/// How deep the harness's imports may chain, in modules (issue #32; 9 before its groups were
+/// split, on dbf9709): a module is read with at most five layers of the harness under it.
+const HARNESS_MAX_DEPTH: usize = 6;
+
+#[test]
+fn the_harness_imports_at_most_six_deep() {
+    let c = harness();
+    assert!(c.modules.len() > 30, "the harness's modules were not found");
+    let chain = longest_chain(&edges(&c));
+    assert!(
+        chain.len() <= HARNESS_MAX_DEPTH,
+        "the harness's imports chain {} modules deep (at most {HARNESS_MAX_DEPTH}):\n{}",
+        chain.len(),
+        chain.iter().map(name).collect::<Vec<_>>().join(" → ")
+    );
+}
+
+/// A check group (`groups::<name>`, with its private submodules) imports the shared kit, never
+/// another group.
+#[test]
+fn no_harness_group_imports_another() {
+    let c = harness();
+    let g = edges(&c);
+    let group = |m: &Module| -> Option<String> {
+        (m.first().map(String::as_str) == Some("groups"))
+            .then(|| m.get(1).cloned())
+            .flatten()
+    };
+    let groups: BTreeSet<String> = g.keys().filter_map(group).collect();
+    assert!(
+        groups.len() >= 12,
+        "the group modules were not found under groups::: {groups:?}"
+    );
+    let mut across = Vec::new();
+    for (from, tos) in &g {
+        for to in tos {
+            if let (Some(a), Some(b)) = (group(from), group(to))
+                && a != b
+            {
+                across.push(format!("{} → {}", name(from), name(to)));
+            }
+        }
+    }
+    assert!(
+        across.is_empty(),
+        "group modules that import another group:\n{}",
+        across.join("\n")
+    );
+}
+
+/// The depth function itself: the longest of several chains, through a shared tail, counted in
+/// modules; an edge to a module outside the graph is ignored.
+#[test]
+fn longest_chain_counts_modules_along_the_deepest_path() {
+    let m = |s: &str| -> Module { s.split("::").map(String::from).collect() };
+    let mut g: BTreeMap<Module, BTreeSet<Module>> = BTreeMap::new();
+    let mut edge = |a: &str, b: &str| {
+        g.entry(m(a)).or_default().insert(m(b));
+        g.entry(m(b)).or_default();
+    };
+    edge("a", "b");
+    edge("b", "z");
+    edge("c", "d");
+    edge("d", "e");
+    edge("e", "z");
+    edge("d", "z");
+    edge("f", "c");
+    g.entry(m("a")).or_default().insert(m("nowhere"));
+    assert_eq!(
+        longest_chain(&g),
+        vec![m("f"), m("c"), m("d"), m("e"), m("z")]
+    );
+    assert_eq!(longest_chain(&BTreeMap::new()), Vec::<Module>::new());
+    let single = BTreeMap::from([(m("x"), BTreeSet::new())]);
+    assert_eq!(longest_chain(&single), vec![m("x")]);
 }

@@ -519,13 +519,18 @@ pub(crate) mod testimg {
         }
     }
 
+    /// A tool [`tools_image`] needs is not installed (the test that needs it is skipped).
+    #[derive(Debug, thiserror::Error)]
+    #[error("{0}")]
+    pub struct ToolMissing(pub &'static str);
+
     /// The tools [`tools_image`] needs, or the first one missing.
-    pub fn tools() -> Result<(), String> {
+    pub fn tools() -> Result<(), ToolMissing> {
         for t in ["sgdisk", "mkfs.vfat", "mcopy", "mmd"] {
             if flex_host::runner::which_on(t, std::env::var_os("PATH").as_deref()).is_none()
                 && !Path::new("/usr/sbin").join(t).exists()
             {
-                return Err(t.to_string());
+                return Err(ToolMissing(t));
             }
         }
         Ok(())

@@ -1,6 +1,7 @@
 //! Downloading a managed disk's VHD from its SAS URL: streamed to a file that stays sparse
 //! (the gallery's VHDs are fixed-size, ~30 GB, mostly zeros), resumed with a `Range` request
-//! after a broken connection, with progress. The SAS URL is a secret: it is a [`SasUrl`],
+//! after a broken connection (the attempts and waits of [`BACKOFF`], through
+//! `flex_host::retry`), with progress. The SAS URL is a secret: it is a [`SasUrl`],
 //! whose `Debug` is redacted and which has no `Display`; errors name it by
 //! [`SasUrl::redacted`] (scheme, host and path, no query) and never carry reqwest's URL.
 
@@ -11,6 +12,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use async_trait::async_trait;
+use flex_host::retry::{self, Backoff};
 
 /// A shared access signature URL (the query is the credential).
 #[derive(Clone, PartialEq, Eq)]
@@ -63,13 +65,16 @@ pub trait Fetch: Send + Sync {
     async fn fetch(&self, url: &SasUrl, dest: &Path, progress: OnProgress<'_>) -> Result<u64>;
 }
 
+/// The download's attempts and waits: 6 attempts (the first and 5 resumptions), waiting 2 s
+/// doubling to 32 s between them.
+pub const BACKOFF: Backoff = Backoff::new(6, Duration::from_secs(2), Duration::from_secs(32));
+
 /// The real download, over HTTPS with reqwest.
 pub struct HttpFetch {
     client: reqwest::Client,
-    /// Attempts after the first, each resuming where the last one stopped.
-    pub retries: u32,
-    /// The pause before the first retry (doubling).
-    pub backoff: Duration,
+    /// Attempts, each after the first resuming where the last one stopped, and the waits
+    /// between them ([`BACKOFF`]).
+    pub backoff: Backoff,
 }
 
 impl HttpFetch {
@@ -85,8 +90,7 @@ impl HttpFetch {
             .map_err(|e| anyhow::anyhow!("building the HTTP client: {}", e.without_url()))?;
         Ok(Self {
             client,
-            retries: 5,
-            backoff: Duration::from_secs(2),
+            backoff: BACKOFF,
         })
     }
 }
@@ -137,6 +141,17 @@ enum Attempt {
     Done(u64),
     /// Worth retrying from where it stopped.
     Retry(String),
+}
+
+/// Why an attempt failed, the SAS scrubbed from it.
+#[derive(Debug, thiserror::Error)]
+enum Failure {
+    /// The connection broke or the server was busy: the next attempt resumes.
+    #[error("{0}")]
+    Interrupted(String),
+    /// The server refused (or the file could not be written): no attempt would do better.
+    #[error("{0}")]
+    Fatal(String),
 }
 
 impl HttpFetch {
@@ -200,30 +215,42 @@ impl HttpFetch {
 impl Fetch for HttpFetch {
     async fn fetch(&self, url: &SasUrl, dest: &Path, progress: OnProgress<'_>) -> Result<u64> {
         let file = File::create(dest).with_context(|| format!("creating {}", dest.display()))?;
-        let mut w = SparseWriter {
+        let w = SparseWriter {
             file,
             pos: 0,
             buf: Vec::with_capacity(BLOCK),
         };
-        let mut pause = self.backoff;
-        let mut last = String::new();
-        for attempt in 0..=self.retries {
-            if attempt > 0 {
-                tracing::info!(attempt, at = w.pos, reason = %last, "download interrupted, resuming");
-                tokio::time::sleep(pause).await;
-                pause *= 2;
+        let w = tokio::sync::Mutex::new(w);
+        let w = &w;
+        let r = retry::retry("the disk's download", self.backoff, |n| async move {
+            let mut w = w.lock().await;
+            if n > 1 {
+                tracing::info!(
+                    attempt = n - 1,
+                    at = w.pos,
+                    "download interrupted, resuming"
+                );
             }
             match self.attempt(url, &mut w, progress).await {
-                Ok(Attempt::Done(n)) => return Ok(n),
-                Ok(Attempt::Retry(why)) => last = url.scrub(&why),
-                Err(e) => bail!("{}", url.scrub(&format!("{e:#}"))),
+                Ok(Attempt::Done(size)) => Ok(size),
+                Ok(Attempt::Retry(why)) => {
+                    Err(retry::Attempt::retry(Failure::Interrupted(url.scrub(&why))))
+                }
+                Err(e) => Err(retry::Attempt::Fatal(Failure::Fatal(
+                    url.scrub(&format!("{e:#}")),
+                ))),
             }
+        })
+        .await;
+        match r {
+            Ok(size) => Ok(size),
+            Err(Failure::Fatal(why)) => bail!("{why}"),
+            Err(Failure::Interrupted(last)) => bail!(
+                "downloading {} failed after {} attempts: {last}",
+                url.redacted(),
+                self.backoff.max_attempts()
+            ),
         }
-        bail!(
-            "downloading {} failed after {} attempts: {last}",
-            url.redacted(),
-            self.retries + 1
-        )
     }
 }
 
@@ -311,7 +338,11 @@ mod tests {
 
     fn fetcher() -> HttpFetch {
         let mut f = HttpFetch::new().unwrap();
-        f.backoff = Duration::from_millis(10);
+        f.backoff = Backoff::new(
+            BACKOFF.attempts,
+            Duration::from_millis(10),
+            Duration::from_millis(160),
+        );
         f
     }
 
@@ -379,7 +410,7 @@ mod tests {
         let port = l.local_addr().unwrap().port();
         drop(l);
         let mut f = fetcher();
-        f.retries = 1;
+        f.backoff.attempts = 2;
         let d = tempfile::tempdir().unwrap();
         let e = f
             .fetch(
@@ -392,6 +423,16 @@ mod tests {
         let text = format!("{e:#}");
         assert!(text.contains("after 2 attempts"), "{text}");
         assert!(!text.contains("S3CR3T"), "{text}");
+    }
+
+    /// The waits the download always had: 5 resumptions, after 2, 4, 8, 16 and 32 s.
+    #[test]
+    fn the_backoff_is_six_attempts_doubling_from_two_seconds() {
+        assert_eq!(BACKOFF.max_attempts(), 6);
+        let waits: Vec<u64> = (1..BACKOFF.max_attempts())
+            .map(|n| BACKOFF.delay(n, None).as_secs())
+            .collect();
+        assert_eq!(waits, [2, 4, 8, 16, 32]);
     }
 
     #[test]

@@ -30,7 +30,9 @@ use serde::{Deserialize, Serialize};
 use super::kube::{Kubectl, cluster_dir};
 use super::render;
 use super::{ClusterInfo, Created, FIRST_SETTINGS_VERSION, GUEST_NODE_IP, Join, Provider};
-use super::{Options, Step, StepError, TUNNEL_SOCKET, Tunnel, register_machine};
+use super::{
+    MissingTool, NoCluster, Options, Step, StepError, TUNNEL_SOCKET, Tunnel, register_machine,
+};
 use crate::registry::GUEST_HOST_ADDR;
 
 /// The name `up` records for an existing cluster.
@@ -125,16 +127,20 @@ pub fn guest_server(server: &str) -> anyhow::Result<String> {
 
 /// Joins the existing cluster of `req`. `Err` is why there is none (the controller it started
 /// is stopped first); it becomes the cluster groups' skip reason.
-pub async fn up(r: &dyn Runner, o: &Options<'_>, req: &ExistingRequest) -> Result<Created, String> {
+pub async fn up(
+    r: &dyn Runner,
+    o: &Options<'_>,
+    req: &ExistingRequest,
+) -> Result<Created, NoCluster> {
     if r.which("kubectl").is_none() {
-        return Err("no kubectl binary on PATH".into());
+        return Err(MissingTool::Binary("kubectl").into());
     }
     let dir = cluster_dir(o.work);
     let controller = LocalController::at(&dir, o.api_port);
     match create(r, o, req, &dir, &controller).await {
         Ok(c) => Ok(c),
         Err(e) => {
-            let reason = format!("{} failed: {}", e.step, super::summary(&e.cause));
+            let reason = NoCluster::from(e);
             (o.say)(&format!("cluster: {reason}; stopping what was started"));
             let _ = r.output(&controller.stop_cmd()).await;
             Err(reason)
@@ -250,7 +256,7 @@ async fn forward_address(r: &dyn Runner, server: &str) -> String {
 }
 
 /// Writes `bytes` to `path` readable by root only (it holds the cluster's credentials).
-pub(super) fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+pub fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     let tmp = path.with_extension("tmp");
@@ -293,7 +299,7 @@ pub async fn wait_ready(c: &LocalController, timeout: Duration) -> anyhow::Resul
         "the local controller to answer /readyz",
         timeout,
         Duration::from_millis(200),
-        || async move { readyz(port).await },
+        || async move { readyz(port).await.map_err(|e| e.to_string()) },
     )
     .await
     .map_err(|t| {
@@ -304,23 +310,31 @@ pub async fn wait_ready(c: &LocalController, timeout: Duration) -> anyhow::Resul
     })
 }
 
+/// Why one `GET /readyz` did not say ready (the wait's last observation).
+#[derive(Debug, thiserror::Error)]
+enum NotReady {
+    /// No connection, or it broke.
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    /// Another status line than `200`.
+    #[error("answered {0:?}")]
+    Status(String),
+}
+
 /// One `GET /readyz` on `127.0.0.1:<port>`: `Ok` on `200`.
-async fn readyz(port: u16) -> Result<(), String> {
+async fn readyz(port: u16) -> Result<(), NotReady> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .map_err(|e| e.to_string())?;
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
     s.write_all(b"GET /readyz HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
-        .await
-        .map_err(|e| e.to_string())?;
+        .await?;
     let mut head = Vec::new();
-    s.read_to_end(&mut head).await.map_err(|e| e.to_string())?;
+    s.read_to_end(&mut head).await?;
     let text = String::from_utf8_lossy(&head);
     let status = text.lines().next().unwrap_or_default().to_string();
     if status.split(' ').nth(1) == Some("200") {
         Ok(())
     } else {
-        Err(format!("answered {status:?}"))
+        Err(NotReady::Status(status))
     }
 }
 

@@ -132,16 +132,22 @@ fn the_engine_is_podman_then_docker_unless_kind_is_told() {
     assert_eq!(Engine::choose(&r, Some("")), Ok(Engine::Docker));
     assert_eq!(
         Engine::choose(&r, Some("podman")),
+        Err(MissingTool::ProviderNotOnPath(Engine::Podman))
+    );
+    assert_eq!(
+        Engine::choose(&r, Some("podman")).map_err(|e| e.to_string()),
         Err("no podman on PATH (KIND_EXPERIMENTAL_PROVIDER)".into())
     );
     assert!(
         Engine::choose(&r, Some("nerdctl"))
             .unwrap_err()
+            .to_string()
             .contains("neither podman nor docker")
     );
     r.without("docker");
+    assert_eq!(Engine::choose(&r, None), Err(MissingTool::NoEngine));
     assert_eq!(
-        Engine::choose(&r, None),
+        Engine::choose(&r, None).map_err(|e| e.to_string()),
         Err("no container engine: neither podman nor docker is on PATH".into())
     );
     assert_eq!(
@@ -245,24 +251,36 @@ async fn without_tools_there_is_no_cluster_and_the_reason_says_why() {
     let r = FakeRunner::new();
     r.without("kind");
     assert_eq!(
-        up(&r, &options(repo, work, None, &say)).await.unwrap_err(),
+        up(&r, &options(repo, work, None, &say))
+            .await
+            .unwrap_err()
+            .to_string(),
         "no kind binary on PATH"
     );
     let r = FakeRunner::new();
     r.without("kubectl");
     assert_eq!(
-        up(&r, &options(repo, work, None, &say)).await.unwrap_err(),
+        up(&r, &options(repo, work, None, &say))
+            .await
+            .unwrap_err()
+            .to_string(),
         "no kubectl binary on PATH"
     );
     let r = FakeRunner::new();
     r.without("podman").without("docker");
     assert_eq!(
-        up(&r, &options(repo, work, None, &say)).await.unwrap_err(),
+        up(&r, &options(repo, work, None, &say))
+            .await
+            .unwrap_err()
+            .to_string(),
         "no container engine: neither podman nor docker is on PATH"
     );
     let r = FakeRunner::new();
     assert_eq!(
-        up(&r, &options(repo, work, None, &say)).await.unwrap_err(),
+        up(&r, &options(repo, work, None, &say))
+            .await
+            .unwrap_err()
+            .to_string(),
         "no controller image (cargo xtask up --cluster builds it)"
     );
     assert!(r.calls().is_empty(), "{:?}", r.calls());
@@ -289,7 +307,8 @@ async fn a_failed_create_is_the_reason_and_what_was_made_is_deleted() {
     let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let reason = up(&r, &options(&repo, &work, Some(&layout), &say))
         .await
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
     assert_eq!(
         reason,
         "kind create cluster failed: ERROR: failed to create cluster: failed to pull image \"kindest/node:v1.34.0\": dial tcp: lookup registry-1.docker.io: no such host"
@@ -318,7 +337,8 @@ async fn a_failed_step_names_itself() {
     let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let reason = up(&r, &options(&repo, &work, Some(&layout), &say))
         .await
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
     assert_eq!(
         reason,
         "wait for the controller failed: error: timed out waiting for the condition"
@@ -647,7 +667,14 @@ async fn an_existing_cluster_that_cannot_be_used_is_the_reason() {
 
     let r = FakeRunner::new();
     r.without("kubectl");
-    assert_eq!(up(&r, &o).await.unwrap_err(), "no kubectl binary on PATH");
+    assert_eq!(
+        up(&r, &o).await.unwrap_err(),
+        NoCluster::Tools(MissingTool::Binary("kubectl"))
+    );
+    assert_eq!(
+        up(&r, &o).await.unwrap_err().to_string(),
+        "no kubectl binary on PATH"
+    );
 
     // A kubeconfig that does not parse: kubectl says why; nothing is left running.
     let r = FakeRunner::new();
@@ -658,7 +685,7 @@ async fn an_existing_cluster_that_cannot_be_used_is_the_reason() {
             "error: error loading config file \"/given/kubeconfig\": yaml: line 3: mapping values are not allowed in this context\n",
         ),
     );
-    let reason = up(&r, &o).await.unwrap_err();
+    let reason = up(&r, &o).await.unwrap_err().to_string();
     assert_eq!(
         reason,
         "read the kubeconfig failed: error: error loading config file \"/given/kubeconfig\": yaml: line 3: mapping values are not allowed in this context"
@@ -676,7 +703,7 @@ async fn an_existing_cluster_that_cannot_be_used_is_the_reason() {
         &format!("{} version", kc(&work)),
         Output::failed(1, "The connection to the server 127.0.0.1:6443 was refused - did you specify the right host or port?\n"),
     );
-    let reason = up(&r, &o).await.unwrap_err();
+    let reason = up(&r, &o).await.unwrap_err().to_string();
     assert_eq!(
         reason,
         "reach the API server failed: The connection to the server 127.0.0.1:6443 was refused - did you specify the right host or port?"
@@ -688,7 +715,7 @@ async fn an_existing_cluster_that_cannot_be_used_is_the_reason() {
         &format!("{} apply --server-side", kc(&work)),
         Output::failed(1, "Error from server (Forbidden): customresourcedefinitions.apiextensions.k8s.io is forbidden: User \"dev\" cannot patch resource\n"),
     );
-    let reason = up(&r, &o).await.unwrap_err();
+    let reason = up(&r, &o).await.unwrap_err().to_string();
     assert!(
         reason.starts_with("apply deploy/crds failed: Error from server (Forbidden)"),
         "{reason}"

@@ -50,7 +50,7 @@ pub async fn run(o: BenchOptions) -> anyhow::Result<()> {
     let state = if o.no_vm {
         Err("--no-vm".to_string())
     } else {
-        match flex_harness::vm::State::load(&work) {
+        match flex_harness::state::State::load(&work) {
             Ok(Some(s)) => Ok(s),
             Ok(None) => Err("no VM: run `cargo xtask up` first".to_string()),
             Err(e) => Err(format!("the VM's state is unreadable: {e:#}")),
@@ -322,7 +322,7 @@ done
 exit 1"#;
 
 /// The guest script that requests a node-local repave where the agent runs (`cmd`, from
-/// [`flex_harness::checks::agent_command`]) and prints the Unix times of the request and of the
+/// [`flex_harness::kit::agent::agent_command`]) and prints the Unix times of the request and of the
 /// command's return (the new side's kubelet active, the old side removed: the repave's `start`
 /// waits for kubelet and its `cleaning` removes the old side before the command returns); it
 /// then checks both and fails saying which did not hold.
@@ -351,7 +351,7 @@ pub fn parse_span(out: &str) -> Option<f64> {
 
 async fn vm_figures(
     r: &dyn Runner,
-    state: Result<&flex_harness::vm::State, &String>,
+    state: Result<&flex_harness::state::State, &String>,
     tries: usize,
     figs: &mut Vec<Figure>,
 ) {
@@ -440,7 +440,7 @@ async fn vm_figures(
     );
     // One sample: a repave provisions a whole machine side (minutes under TCG). The node is
     // left on the other side, as a repave leaves it.
-    let cmd = flex_harness::checks::agent_command(
+    let cmd = flex_harness::kit::agent::agent_command(
         s.mode,
         "aks-flex-node repave --settings-version bench-$(date +%s)",
     );

@@ -211,8 +211,8 @@ pub async fn check(a: CheckArgs) -> anyhow::Result<()> {
 }
 
 /// The VM `up` started, or the error that says to start one.
-fn running_vm() -> anyhow::Result<flex_harness::vm::State> {
-    flex_harness::vm::State::load(&work_dir())?
+fn running_vm() -> anyhow::Result<flex_harness::state::State> {
+    flex_harness::state::State::load(&work_dir())?
         .ok_or_else(|| anyhow::anyhow!("no VM: run `cargo xtask up` first"))
 }
 

@@ -17,14 +17,14 @@
 
 use std::time::Instant;
 
-use super::status::{Probe, UpgradeRecord};
 use super::{
     AGENT_UNIT, OPERATION_TIMEOUT, RECOVERY_UNIT, STARTS_BACK, STARTS_BROKEN, STARTS_GOOD,
     STARTS_REBOOT, T, expect_scheduled, explained, running_agent, unchanged_after_refusal,
     wait_new_boot, wait_settled, wait_start_limit, waited_note,
 };
-use crate::check::{Ctx, Group, Needs, check, ensure, secs};
+use crate::check::{Ctx, Group, HostMode, Needs, check, ensure, secs};
 use crate::hostmode::{AGENT, Artifact, LIB_DIR, Served};
+use crate::kit::upgrade_status::{self as status, Probe, UpgradeRecord};
 use crate::report::{Checked, Outcome};
 use crate::ssh::shell_quote;
 
@@ -75,6 +75,7 @@ pub const GROUP: Group = Group {
             via explained
         ),
     ],
+    in_host_mode: HostMode::Same,
 };
 
 fn served<'a>(c: &'a Ctx<'_>) -> anyhow::Result<&'a Served> {
@@ -196,7 +197,7 @@ async fn wrong_checksum_refused(c: &Ctx<'_>) -> anyhow::Result<Checked> {
             OPERATION_TIMEOUT,
         )
         .await?;
-    let r = super::status::parse_op_result(&out.stdout);
+    let r = status::parse_op_result(&out.stdout);
     let refused = r
         .as_ref()
         .is_some_and(|r| r.phase == "Failed" && r.message.contains("SHA-256"));
@@ -481,7 +482,7 @@ async fn power_cut_after_switch(c: &Ctx<'_>) -> anyhow::Result<Checked> {
             OPERATION_TIMEOUT,
         )
         .await?;
-    let r = super::status::parse_op_result(&second.stdout);
+    let r = status::parse_op_result(&second.stdout);
     ensure(
         second.code != Some(0) && r.as_ref().is_some_and(|r| r.phase == "Failed"),
         || {

@@ -17,12 +17,12 @@
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use crate::check::{Ctx, Group, Needs, check, ensure, secs};
+use crate::check::{Ctx, Group, HostMode, IMAGE_MODE_ONLY, Needs, check, ensure, secs};
+use crate::kit::candidates::{self, Kind};
+use crate::kit::upgrade_status::{self as status, Probe, short};
 use crate::qmp::Qmp;
 use crate::report::{Checked, Outcome};
 use crate::ssh::shell_quote;
-use crate::upgrade::candidates::Kind;
-use crate::upgrade::status::{self, Probe, short};
 
 pub use flex_api::status::{AGENT_UNIT, RECOVERY_UNIT};
 /// The bootstrap unit (runs `start` through `aks-flex-node-bootstrap`).
@@ -235,6 +235,7 @@ pub const GROUP: Group = Group {
     description: "kill -9 and power cuts at the agent's fault points (start, AgentUpgrade, a node-local repave), containerd restarted, the registry down, /var full: each ends with the agent and its machine running, or the fault reported and nothing lost",
     needs: Needs::Host,
     checks: CHECKS,
+    in_host_mode: HostMode::Skip(IMAGE_MODE_ONLY),
 };
 
 /// Whether `id` is selected by the [`ONLY_ENV`] value `only`.
@@ -356,7 +357,7 @@ fn record_status(name: &str, file_b64: &str, sidecar_b64: &str) -> String {
     };
     match crate::guest_json::record_integrity(name, &text, sidecar.as_deref()) {
         Ok(()) => "ok".to_string(),
-        Err(e) => e,
+        Err(e) => e.to_string(),
     }
 }
 
@@ -503,10 +504,30 @@ async fn problems(c: &Ctx<'_>, settle: Settle) -> anyhow::Result<(Vec<String>, b
     Ok((bad, h.moving()))
 }
 
+/// Why the node was not healthy again after a fault ([`wait_healthy`]).
+#[derive(Debug, thiserror::Error)]
+enum NotRecovered {
+    /// The same problems stayed for [`STUCK`] with none of the agent's units activating.
+    #[error(
+        "stuck for {} with nothing of the agent activating: {problems}",
+        secs(STUCK)
+    )]
+    Stuck {
+        /// The problems.
+        problems: String,
+    },
+    /// [`RECOVERY_TIMEOUT`] passed.
+    #[error("still after {}: {last_seen}", secs(RECOVERY_TIMEOUT))]
+    TimedOut {
+        /// The last problems seen (or the last answer).
+        last_seen: String,
+    },
+}
+
 /// Waits until the node is healthy; the time it took, or the last problems seen. It gives up
 /// early when the same problems stay for [`STUCK`] with none of the agent's units activating:
 /// nothing is left to repair them.
-async fn wait_healthy(c: &Ctx<'_>, settle: Settle) -> Result<Duration, String> {
+async fn wait_healthy(c: &Ctx<'_>, settle: Settle) -> Result<Duration, NotRecovered> {
     let t0 = Instant::now();
     let last = Mutex::new((String::new(), Instant::now()));
     let last = &last;
@@ -523,10 +544,7 @@ async fn wait_healthy(c: &Ctx<'_>, settle: Settle) -> Result<Duration, String> {
                     if l.0 != s || moving {
                         *l = (s.clone(), Instant::now());
                     } else if l.1.elapsed() >= STUCK {
-                        return Ok(Err(format!(
-                            "stuck for {} with nothing of the agent activating: {s}",
-                            secs(STUCK)
-                        )));
+                        return Ok(Err(NotRecovered::Stuck { problems: s }));
                     }
                     Err(s)
                 }
@@ -539,11 +557,9 @@ async fn wait_healthy(c: &Ctx<'_>, settle: Settle) -> Result<Duration, String> {
         Ok(r) => r,
         Err(e) => {
             let seen = last.lock().map(|l| l.0.clone()).unwrap_or_default();
-            Err(format!(
-                "still after {}: {}",
-                secs(RECOVERY_TIMEOUT),
-                if seen.is_empty() { e.last_seen } else { seen }
-            ))
+            Err(NotRecovered::TimedOut {
+                last_seen: if seen.is_empty() { e.last_seen } else { seen },
+            })
         }
     }
 }
@@ -655,7 +671,7 @@ async fn cut(c: &Ctx<'_>, unit: Unit, how: Cut) -> anyhow::Result<()> {
 
 async fn write_bootstrap_env(c: &Ctx<'_>) -> anyhow::Result<()> {
     let env = c.state.bootstrap_env.clone().unwrap_or_default();
-    crate::checks::write_bootstrap_env(c, &env).await
+    crate::kit::agent::write_bootstrap_env(c, &env).await
 }
 
 async fn reset_node(c: &Ctx<'_>) -> anyhow::Result<()> {
@@ -678,7 +694,7 @@ fn upgrade_command(image: &str) -> String {
 }
 
 async fn candidate(c: &Ctx<'_>, kind: Kind) -> anyhow::Result<String> {
-    let (rec, _) = crate::upgrade::ensure_candidates(c).await?;
+    let (rec, _) = candidates::in_registry(c).await?;
     Ok(rec.reference(kind).to_string())
 }
 

@@ -19,6 +19,7 @@ use std::path::{Path, PathBuf};
 use flex_image::{Layer, LayerBlob};
 use flex_oci::RegistryClient;
 
+use crate::check::Ctx;
 use crate::images;
 
 /// The recipe's version: change it whenever what the candidates contain changes.
@@ -274,6 +275,25 @@ pub async fn ensure(
     };
     record.save(work)?;
     Ok((record, format!("built and pushed ({why})")))
+}
+
+/// The candidate images in the registry `up` started (built and pushed when missing), and why
+/// they were (re)built or reused.
+pub async fn in_registry(c: &Ctx<'_>) -> anyhow::Result<(Record, String)> {
+    let reg = c
+        .state
+        .registry
+        .as_ref()
+        .ok_or_else(|| anyhow::anyhow!("up recorded no registry"))?;
+    let client = crate::vm::registry_client(&reg.host_addr())?;
+    ensure(
+        &client,
+        &c.state.work,
+        &reg.host_addr(),
+        &reg.guest_addr(),
+        &c.state.agent_image,
+    )
+    .await
 }
 
 #[cfg(test)]

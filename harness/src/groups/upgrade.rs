@@ -16,19 +16,17 @@
 //! out of the unit's start limit ([`startlimit`]). On a failure it prints the journal of the
 //! agent's units, the recovery unit's included.
 
-pub mod candidates;
 pub mod host;
 pub mod startlimit;
-pub mod status;
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use crate::check::{CheckFn, Ctx, Group, Needs, check, ensure, secs};
+use crate::check::{CheckFn, Ctx, Group, HostMode, Needs, check, ensure, secs};
+use crate::kit::candidates::{self, Kind, Record};
+use crate::kit::upgrade_status::{self as status, OpResult, Probe, UpgradeRecord, short};
 use crate::report::{Checked, Outcome};
 use crate::ssh::shell_quote;
-use candidates::{Kind, Record};
-use status::{OpResult, Probe, UpgradeRecord, short};
 
 pub use flex_api::status::{AGENT_UNIT, RECOVERY_UNIT};
 
@@ -103,6 +101,7 @@ pub const GROUP: Group = Group {
             via explained
         ),
     ],
+    in_host_mode: HostMode::Variant(&host::GROUP),
 };
 
 /// Runs the check `f` and, should it fail, [`explain`]s (the `via` of every check of the
@@ -327,27 +326,8 @@ async fn running_agent(c: &Ctx<'_>) -> anyhow::Result<Probe> {
     Ok(p)
 }
 
-/// The candidate images in the registry `up` started (built and pushed when missing), and why
-/// they were (re)built or reused.
-pub(crate) async fn ensure_candidates(c: &Ctx<'_>) -> anyhow::Result<(Record, String)> {
-    let reg = c
-        .state
-        .registry
-        .as_ref()
-        .ok_or_else(|| anyhow::anyhow!("up recorded no registry"))?;
-    let client = crate::vm::registry_client(&reg.host_addr())?;
-    candidates::ensure(
-        &client,
-        &c.state.work,
-        &reg.host_addr(),
-        &reg.guest_addr(),
-        &c.state.agent_image,
-    )
-    .await
-}
-
 async fn candidates_ready(c: &Ctx<'_>) -> anyhow::Result<Checked> {
-    let (rec, why) = ensure_candidates(c).await?;
+    let (rec, why) = candidates::in_registry(c).await?;
     Ok(Checked::passed_with(format!(
         "{why}; good {}, broken {}",
         short(&rec.good),

@@ -20,20 +20,20 @@ use std::time::{Duration, Instant};
 
 use flex_host::secret::Secret;
 
-use super::checks::{
+use crate::check::{Group, HostMode, Needs, check, secs};
+use crate::cluster::render;
+use crate::kit::candidates;
+use crate::kit::cluster::{
     Env, bootstrap_again, in_cluster, nothing_left, run_operation_with, wait_agent_running,
     wait_node_ready,
 };
-use super::render;
-use crate::check::{Group, Needs, check, secs};
 use crate::report::Checked;
-use crate::upgrade::candidates;
 
 const READY_TIMEOUT: Duration = Duration::from_secs(600);
 const RESET_UNIT_TIMEOUT: Duration = Duration::from_secs(900);
 
 /// The `node-lifecycle` group.
-pub const NODE_LIFECYCLE: Group = Group {
+pub const GROUP: Group = Group {
     name: "node-lifecycle",
     description: "an AgentUpgrade MachineOperation switches the agent's image; the deletion signal and reset each leave nothing behind and are followed by a re-join, once with the image agent-image.env names",
     needs: Needs::Cluster,
@@ -64,6 +64,7 @@ pub const NODE_LIFECYCLE: Group = Group {
             via in_cluster
         ),
     ],
+    in_host_mode: HostMode::Same,
 };
 
 /// The good candidate image, built and pushed by the `upgrade` group's recipe if the registry
@@ -100,7 +101,7 @@ async fn deletion_signal(e: &Env<'_>) -> anyhow::Result<Checked> {
     let t = Instant::now();
     // The machine goes first: a taint with the machine still there only makes the daemon wait,
     // and the taint, a change of the Node, is what wakes it.
-    super::checks::remove_machine_entry(e, node).await?;
+    crate::kit::cluster::remove_machine_entry(e, node).await?;
     e.kubectl
         .run([
             "taint",
@@ -123,10 +124,11 @@ async fn deletion_signal(e: &Env<'_>) -> anyhow::Result<Checked> {
 
 /// The cluster's side of a node coming back: its Node deleted (a new Ready one then proves the
 /// join), its machine registered again (under a new settings version, naming the same token)
-/// and re-admitted ([`super::checks::readmit`]). Returns the old Node's uid, if there was one.
+/// and re-admitted ([`crate::kit::cluster::readmit`]). Returns the old Node's uid, if there was one.
 async fn cluster_side_of_rejoin(e: &Env<'_>) -> anyhow::Result<Option<String>> {
     let node = e.node();
-    let old = super::parse::node(&e.kubectl.get_json(&["node", node]).await?)?.map(|n| n.uid);
+    let old =
+        crate::cluster::parse::node(&e.kubectl.get_json(&["node", node]).await?)?.map(|n| n.uid);
     e.kubectl
         .run_t(
             [
@@ -149,7 +151,7 @@ async fn cluster_side_of_rejoin(e: &Env<'_>) -> anyhow::Result<Option<String>> {
     e.kubectl
         .apply(&render::machines_config_map(node, &entry))
         .await?;
-    super::checks::readmit(e).await?;
+    crate::kit::cluster::readmit(e).await?;
     Ok(old)
 }
 
@@ -221,7 +223,7 @@ mod tests {
     use flex_testkit::FakeRunner;
 
     use super::*;
-    use crate::cluster::checks::tests::{KC, env, guest, info, node_json, readable, ssh};
+    use crate::kit::cluster::testing::{KC, env, guest, info, node_json, readable, ssh};
 
     #[tokio::test]
     async fn deletion_signal_removes_the_machine_then_taints_and_waits_for_nothing_left() {
@@ -267,7 +269,7 @@ mod tests {
             ))
         };
         let probe_cmd = ssh()
-            .cmd(&crate::upgrade::status::probe_script(), Duration::ZERO)
+            .cmd(&crate::kit::upgrade_status::probe_script(), Duration::ZERO)
             .display_argv();
         r.on(&probe_cmd, probe(e.agent_image));
         let d = rejoin_after_cli_reset(&e).await.unwrap().detail.unwrap();

@@ -21,15 +21,15 @@ use base64::Engine as _;
 use flex_host::secret::Secret;
 use serde_json::{Value, json};
 
-use super::checks::{Env, in_cluster};
-use super::kube::{Kubectl, Seen, poll};
-use super::render;
-use super::token::BootstrapToken;
-use crate::check::{Group, Needs, check, secs};
+use crate::check::{Group, HostMode, Needs, check, secs};
+use crate::cluster::kube::{Kubectl, Seen, poll};
+use crate::cluster::render;
+use crate::cluster::token::BootstrapToken;
+use crate::kit::cluster::{Env, in_cluster};
 use crate::report::Checked;
 
 /// The `trust` group.
-pub const TRUST: Group = Group {
+pub const GROUP: Group = Group {
     name: "trust",
     description: "the API server refuses another node's identity on this node's MachineOperations and certificate, and the CRD keeps specs immutable and selectors non-empty",
     needs: Needs::Cluster,
@@ -50,6 +50,7 @@ pub const TRUST: Group = Group {
             via in_cluster
         ),
     ],
+    in_host_mode: HostMode::Same,
 };
 
 /// The label every object of the group carries.
@@ -155,14 +156,14 @@ struct Scratch {
 
 impl Scratch {
     fn new(e: &Env<'_>) -> anyhow::Result<Self> {
-        let dir = super::kube::cluster_dir(e.work).join(format!("trust-{}", e.stamp));
+        let dir = crate::cluster::kube::cluster_dir(e.work).join(format!("trust-{}", e.stamp));
         std::fs::create_dir_all(&dir)?;
         Ok(Self { dir })
     }
 
     fn write(&self, name: &str, text: &str) -> anyhow::Result<PathBuf> {
         let p = self.dir.join(name);
-        super::existing::write_private(&p, text.as_bytes())?;
+        crate::cluster::existing::write_private(&p, text.as_bytes())?;
         Ok(p)
     }
 }
@@ -433,7 +434,7 @@ async fn token_bound(e: &Env<'_>) -> anyhow::Result<Checked> {
     let t = Instant::now();
     let r = token_bound_inner(e).await;
     clean(e).await;
-    let _ = super::checks::remove_machine_entry(e, &format!("trust-{}-bound", e.stamp)).await;
+    let _ = crate::kit::cluster::remove_machine_entry(e, &format!("trust-{}-bound", e.stamp)).await;
     r.map(|m| Checked::passed_with(format!("{m}, in {}", secs(t.elapsed()))))
 }
 
@@ -463,7 +464,7 @@ async fn token_bound_inner(e: &Env<'_>) -> anyhow::Result<String> {
     let (good, stray) = (make_token(e).await?, make_token(e).await?);
     let entry = render::machine_entry(&bound, &e.info.kubernetes_version, "trust", good.id())?;
     let patch = json!({"data": {format!("{bound}.json"): entry}}).to_string();
-    super::checks::patch_machine_store(e, "merge", &patch).await?;
+    crate::kit::cluster::patch_machine_store(e, "merge", &patch).await?;
     let mut kcs = Vec::new();
     for (t, file) in [(&good, "good.kubeconfig"), (&stray, "stray.kubeconfig")] {
         let kc = kubeconfig_for(&e.kubectl, json!({"token": t.token().expose()})).await?;

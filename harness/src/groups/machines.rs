@@ -1,24 +1,26 @@
-//! The host check groups, run against the VM `up` started: each group's one definition
-//! ([`Group`]: name, description, needs and checks) and its checks. Every check runs shell
-//! commands in the guest as root over SSH, and the agent's own tools inside its container
-//! through `ctr tasks exec`, all through the context's runner, and says in its error what it
-//! saw. The cluster groups are in the cluster module's `checks`, the upgrade group in the
-//! upgrade module; the groups module lists them all in run order.
+//! The `machines` host group: the active machine runs in `machine.slice`, `aks-flex-node status`
+//! says the node is healthy (and, on a damaged daemon state, says so and changes nothing), the
+//! machine is reachable from where the agent runs (`systemd-run --machine`, `machinectl shell`),
+//! keeps its leader across an agent restart, restarts on a NodeReboot operation and is back
+//! after a VM reboot. Its host-mode variant ([`HOST_GROUP`]) runs the same checks with the
+//! agent's tools on the host, and first that the agent runs as the host unit from a blue/green
+//! slot.
+//!
+//! Every check runs shell commands in the guest as root over SSH, and the agent's own tools
+//! where the agent runs (in its container through `ctr tasks exec`, or on the host), all through
+//! the context's runner, and says in its error what it saw.
 
 use std::time::Duration;
 
-use crate::check::{Ctx, Group, Needs, check, ensure};
-use crate::guest_json::{self, AgentConfig};
+use crate::check::{Ctx, Group, HostMode, Needs, check, ensure};
 use crate::hostmode::AgentMode;
+use crate::kit::agent::{T, agent_command};
 use crate::node_status;
-use crate::provision::{PWNED_MARKER, hostile_location};
 use crate::report::{Checked, Outcome};
 use crate::vm;
 
-const T: Duration = Duration::from_secs(120);
-
 /// The `machines` group.
-pub const MACHINES: Group = Group {
+pub const GROUP: Group = Group {
     name: "machines",
     description: "the active machine runs in machine.slice, is reachable from the agent's container, keeps running across a container restart and comes back after a reboot",
     needs: Needs::Host,
@@ -50,12 +52,13 @@ pub const MACHINES: Group = Group {
         ),
         check!("it is back after a VM reboot", back_after_reboot),
     ],
+    in_host_mode: HostMode::Variant(&HOST_GROUP),
 };
 
 /// The `machines` group in host mode (`up --mode host`): the same checks, the agent's tools
 /// run on the host (where the agent runs), and first, that the agent runs as the host unit from
 /// a blue/green slot.
-pub const HOST_MACHINES: Group = Group {
+pub const HOST_GROUP: Group = Group {
     name: "machines",
     description: "host mode: the agent runs as the host unit from a blue/green slot; the active machine runs in machine.slice, is reachable from the host, keeps running across an agent restart and comes back after a reboot",
     needs: Needs::Host,
@@ -91,157 +94,8 @@ pub const HOST_MACHINES: Group = Group {
         ),
         check!("it is back after a VM reboot", back_after_reboot),
     ],
+    in_host_mode: HostMode::Same,
 };
-
-/// The `mounts` group.
-pub const MOUNTS: Group = Group {
-    name: "mounts",
-    description: "a host bpffs mount is unmounted from the agent's container; removing a machine leaves no mount",
-    needs: Needs::Host,
-    checks: &[
-        check!(
-            "a host bpffs mount is unmounted from the agent's container",
-            bpffs_unmount
-        ),
-        check!(
-            "removing a machine leaves no mount behind",
-            cleanup_leaves_no_mount
-        ),
-    ],
-};
-
-/// The `container` group.
-pub const CONTAINER: Group = Group {
-    name: "container",
-    description: "the agent's container is in aks-flex-agent.scope under system-aksflex.slice, its units wait for containerd, and its SELinux domain",
-    needs: Needs::Host,
-    checks: &[
-        check!(
-            "the agent's container is in aks-flex-agent.scope under system-aksflex.slice",
-            container_scope
-        ),
-        check!(
-            "the agent's units wait for containerd",
-            units_wait_for_containerd
-        ),
-        check!(
-            "the container's SELinux domain is the one its labels imply",
-            selinux_domain
-        ),
-    ],
-};
-
-/// The `bootstrap` group.
-pub const BOOTSTRAP: Group = Group {
-    name: "bootstrap",
-    description: "bootstrap.env is data; start runs once and saves state; a second bootstrap with a new config works",
-    needs: Needs::Host,
-    checks: &[
-        check!("bootstrap.env is data", bootstrap_env_is_data),
-        check!("start ran once and saved the state", start_ran_once),
-        check!(
-            "a second bootstrap with a new config works",
-            second_bootstrap
-        ),
-    ],
-};
-
-/// The `reset` group.
-pub const RESET: Group = Group {
-    name: "reset",
-    description: "reset leaves no unit, link, machine, mount or runtime dir behind, and the host bootstraps again",
-    needs: Needs::Host,
-    checks: &[
-        check!(
-            "reset leaves no unit, link, machine, mount or runtime dir",
-            reset_leaves_nothing
-        ),
-        check!("the host bootstraps again", bootstraps_again),
-    ],
-};
-
-impl Ctx<'_> {
-    async fn sh(&self, script: &str) -> anyhow::Result<String> {
-        Ok(self.run(script, T).await?.trim().to_string())
-    }
-
-    async fn sh_t(&self, script: &str, t: Duration) -> anyhow::Result<String> {
-        Ok(self.run(script, t).await?.trim().to_string())
-    }
-
-    /// Runs a command where the agent runs: in its container, or on the host in host mode.
-    async fn in_agent(&self, cmd: &str) -> anyhow::Result<String> {
-        self.sh(&agent_command(self.state.mode, cmd)).await
-    }
-
-    /// The agent's own report, `aks-flex-node status --output json`, where the agent runs.
-    async fn node_status(&self) -> anyhow::Result<node_status::Report> {
-        node_status::parse(&self.sh(&node_status::json_command(self.state.mode)).await?)
-    }
-
-    /// The daemon's active machine, as `aks-flex-node status` reports it.
-    async fn active_machine(&self) -> anyhow::Result<String> {
-        node_status::active_machine(&self.node_status().await?)
-    }
-
-    /// The agent's config.
-    async fn agent_config(&self) -> anyhow::Result<AgentConfig> {
-        let text = self.sh(&format!("cat {}", guest_json::CONFIG)).await?;
-        guest_json::parse(guest_json::CONFIG, &text)
-    }
-
-    /// Waits until `script` succeeds in the guest, polling every 2 s; a timeout names the last
-    /// exit status and stderr (or the ssh failure) seen.
-    async fn wait_for(&self, what: &str, script: &str, timeout: Duration) -> anyhow::Result<()> {
-        flex_host::retry::wait_until(what, timeout, Duration::from_secs(2), || async {
-            match self.output(script, T).await {
-                Ok(o) if o.success() => Ok(()),
-                Ok(o) => Err(format!("exit {:?}: {}", o.code, o.stderr.trim())),
-                Err(e) => Err(format!("{e:#}")),
-            }
-        })
-        .await
-        .map_err(|e| anyhow::anyhow!("{e} ({script})"))
-    }
-
-    async fn wait_agent_active(&self) -> anyhow::Result<()> {
-        self.wait_for(
-            "aks-flex-node-agent.service active",
-            agent_running_script(self.state.mode),
-            Duration::from_secs(300),
-        )
-        .await
-    }
-}
-
-/// The shell command that runs `cmd` (a command line starting with `aks-flex-node` or a host
-/// tool) where the agent runs: through `ctr tasks exec` in its container (image mode), or as
-/// it is on the host, where `aks-flex-node` is the link through the `current` slot (host mode).
-pub fn agent_command(mode: AgentMode, cmd: &str) -> String {
-    match mode {
-        AgentMode::Image => format!(
-            "ctr -n aks-flex tasks exec --exec-id check-$$-$(date +%s%N) aks-flex-agent {cmd}"
-        ),
-        AgentMode::Host => match cmd.strip_prefix("aks-flex-node ") {
-            Some(rest) => format!("{} {rest}", crate::hostmode::AGENT),
-            None => cmd.to_string(),
-        },
-    }
-}
-
-/// A guest script that succeeds when the agent's unit is active and its process runs: the
-/// container's task (image mode), or the unit's main process running a slot's binary (host
-/// mode).
-pub fn agent_running_script(mode: AgentMode) -> &'static str {
-    match mode {
-        AgentMode::Image => {
-            "systemctl is-active --quiet aks-flex-node-agent.service && ctr -n aks-flex tasks ls | grep -q '^aks-flex-agent .*RUNNING'"
-        }
-        AgentMode::Host => {
-            "systemctl is-active --quiet aks-flex-node-agent.service && pid=$(systemctl show -p MainPID --value aks-flex-node-agent.service) && test \"$pid\" != 0 && readlink /proc/$pid/exe | grep -Eq '^/usr/local/lib/aks-flex-node/(blue|green)/aks-flex-node$'"
-        }
-    }
-}
 
 async fn agent_runs_from_a_slot(c: &Ctx<'_>) -> anyhow::Result<Checked> {
     let exec = c
@@ -556,299 +410,14 @@ async fn back_after_reboot(c: &Ctx<'_>) -> anyhow::Result<Outcome> {
     Ok(Outcome::Passed)
 }
 
-async fn bpffs_unmount(c: &Ctx<'_>) -> anyhow::Result<Outcome> {
-    let p = "/run/bpffs/harness-check";
-    c.sh(&format!(
-        "mkdir -p {p} && (mountpoint -q {p} || mount -t bpf bpf {p}) && mountpoint -q {p}"
-    ))
-    .await?;
-    c.in_agent(&format!("umount {p}")).await?;
-    let still = c.output(&format!("mountpoint -q {p}"), T).await?;
-    ensure(!still.success(), || {
-        format!("the host still has {p} mounted")
-    })?;
-    c.sh(&format!("rmdir {p}")).await?;
-    Ok(Outcome::Passed)
-}
-
-async fn cleanup_leaves_no_mount(c: &Ctx<'_>) -> anyhow::Result<Outcome> {
-    let active = c.active_machine().await?;
-    let other = if active == "kube1" { "kube2" } else { "kube1" };
-    let p = format!("/run/bpffs/{other}");
-    c.sh(&format!(
-        "mkdir -p {p} /var/lib/machines/{other}/etc && mount -t bpf bpf {p} && echo stale > /var/lib/machines/{other}/etc/hostname"
-    ))
-    .await?;
-    c.in_agent(&format!("aks-flex-node debug cleanup-machine {other}"))
-        .await?;
-    let mounted = c
-        .output(&format!("grep -qs ' {p} ' /proc/mounts"), T)
-        .await?;
-    ensure(!mounted.success(), || {
-        format!("{p} is still mounted on the host")
-    })?;
-    let left = c
-        .output(
-            &format!("test -e /var/lib/machines/{other} || test -e {p}"),
-            T,
-        )
-        .await?;
-    ensure(!left.success(), || {
-        format!("{other}'s directory or mount point is still there")
-    })?;
-    Ok(Outcome::Passed)
-}
-
-async fn container_scope(c: &Ctx<'_>) -> anyhow::Result<Outcome> {
-    let slice = c
-        .sh("systemctl show aks-flex-agent.scope -p Slice --value")
-        .await?;
-    ensure(slice == "system-aksflex.slice", || {
-        format!("aks-flex-agent.scope is in {slice:?}")
-    })?;
-    let pid = c
-        .sh("ctr -n aks-flex tasks ls | awk '$1==\"aks-flex-agent\"{print $2}'")
-        .await?;
-    let cg = c.sh(&format!("cat /proc/{pid}/cgroup")).await?;
-    ensure(
-        cg.contains("/system.slice/system-aksflex.slice/aks-flex-agent.scope"),
-        || format!("the agent's process {pid} is in {cg}"),
-    )?;
-    Ok(Outcome::Passed)
-}
-
-async fn units_wait_for_containerd(c: &Ctx<'_>) -> anyhow::Result<Outcome> {
-    for unit in [
-        "aks-flex-node-agent.service",
-        "aks-flex-node-bootstrap.service",
-        "aks-flex-node-reset.service",
-    ] {
-        let text = c.sh(&format!("systemctl cat {unit}")).await?;
-        let first_pre = text
-            .lines()
-            .find(|l| l.starts_with("ExecStartPre="))
-            .unwrap_or_default();
-        ensure(first_pre.contains("ctr version"), || {
-            format!("{unit}'s first ExecStartPre is {first_pre:?}")
-        })?;
-        let after = c
-            .sh(&format!("systemctl show {unit} -p After --value"))
-            .await?;
-        ensure(after.contains("containerd.service"), || {
-            format!("{unit} is not After=containerd.service")
-        })?;
-    }
-    Ok(Outcome::Passed)
-}
-
-/// The SELinux type of a context (`system_u:system_r:spc_t:s0` → `spc_t`; a bare type as it is).
-/// Pure.
-pub fn context_type(context: &str) -> &str {
-    let c = context.trim().trim_end_matches('\0');
-    c.split(':').nth(2).unwrap_or(c)
-}
-
-/// The domain the agent's container must run in: `spc_t` when containerd's directory carries a
-/// container label (refpolicy's container module moves a container engine executing such files
-/// to `spc_t`), else containerd's own domain, which nothing moves it out of: `kernel_t` on ACL
-/// as it ships (its `/usr` unlabelled, PID 1 `kernel_t`), `init_t` on the SELinux dev host
-/// (Debian's policy has no container module, so containerd itself stays `init_t`). Pure.
-pub fn expected_agent_domain(containerd_dir_label: &str, containerd_context: &str) -> String {
-    if containerd_dir_label.contains(":container_") {
-        "spc_t".to_string()
-    } else {
-        context_type(containerd_context).to_string()
-    }
-}
-
-async fn selinux_domain(c: &Ctx<'_>) -> anyhow::Result<Outcome> {
-    let enforce = c.output("cat /sys/fs/selinux/enforce", T).await?;
-    if !enforce.success() {
-        return Ok(Outcome::Skipped("SELinux is off on this host".into()));
-    }
-    let label = c
-        .sh("ls -dZ /var/lib/containerd | awk '{print $1}'")
-        .await?;
-    let containerd = c
-        .sh("cat /proc/$(systemctl show -p MainPID --value containerd.service)/attr/current")
-        .await?;
-    let expected = expected_agent_domain(&label, &containerd);
-    let pid = c
-        .sh("ctr -n aks-flex tasks ls | awk '$1==\"aks-flex-agent\"{print $2}'")
-        .await?;
-    let ctx = c.sh(&format!("cat /proc/{pid}/attr/current")).await?;
-    ensure(context_type(&ctx) == expected, || {
-        format!(
-            "the agent runs as {ctx}; /var/lib/containerd is {label} and containerd runs as \
-             {containerd}, which implies {expected}"
-        )
-    })?;
-    Ok(Outcome::Passed)
-}
-
-async fn bootstrap_env_is_data(c: &Ctx<'_>) -> anyhow::Result<Outcome> {
-    let evaluated = c.output(&format!("test -e {PWNED_MARKER}"), T).await?;
-    ensure(!evaluated.success(), || {
-        format!("{PWNED_MARKER} exists: bootstrap.env was evaluated")
-    })?;
-    let cfg = c.agent_config().await?;
-    let loc = cfg.azure.target_cluster.location;
-    ensure(loc == hostile_location(), || {
-        format!("location in config.json is {loc:?}")
-    })?;
-    Ok(Outcome::Passed)
-}
-
-async fn start_ran_once(c: &Ctx<'_>) -> anyhow::Result<Outcome> {
-    // One file per record (its checksum inside, no `.sha256` sidecar), and the bootstrap
-    // marked complete last.
-    c.sh("test -s /etc/aks-flex-node/daemon-state.json && ! test -e /etc/aks-flex-node/daemon-state.json.sha256 && test -s /etc/aks-flex-node/bootstrap-complete.json")
-        .await?;
-    let count = || async {
-        c.sh("journalctl -u aks-flex-node-bootstrap.service -o cat | grep -c 'AKS Flex Node agent service started successfully' || true")
-            .await
-    };
-    let before: u32 = count().await?.parse().unwrap_or(0);
-    ensure(before == 1, || {
-        format!("start reported success {before} times")
-    })?;
-    // The first-boot unit removed the file that carried the token once the bootstrap succeeded
-    // (the drop-in `aks-flex-node ignition` and the harness's config add).
-    let kept = c
-        .output("test -e /etc/aks-flex-node/bootstrap.env", T)
-        .await?;
-    ensure(!kept.success(), || {
-        "/etc/aks-flex-node/bootstrap.env (it carries the token) is still there after the bootstrap"
-            .into()
-    })?;
-    // Inputs again, so the unit runs (its condition) and must find the node bootstrapped.
-    let env = c.state.bootstrap_env.clone().unwrap_or_default();
-    write_bootstrap_env(c, &env).await?;
-    c.sh_t(
-        "systemctl restart aks-flex-node-bootstrap.service",
-        Duration::from_secs(300),
-    )
-    .await?;
-    let after: u32 = count().await?.parse().unwrap_or(0);
-    ensure(after == 1, || {
-        format!("a second bootstrap ran start again ({after} successes)")
-    })?;
-    Ok(Outcome::Passed)
-}
-
-/// Resets the host: the container's reset unit (image mode), or `aks-flex-node reset` on the
-/// host as an operator runs it (host mode, which has no reset unit).
-async fn run_reset(c: &Ctx<'_>) -> anyhow::Result<()> {
-    let script = match c.state.mode {
-        AgentMode::Image => "systemctl start aks-flex-node-reset.service".to_string(),
-        AgentMode::Host => format!("{} reset", crate::hostmode::AGENT),
-    };
-    c.sh_t(&script, Duration::from_secs(900)).await?;
-    Ok(())
-}
-
-/// Writes bootstrap.env in the guest. The content goes on stdin, not in an argument: with a
-/// cluster it holds a real bootstrap token, which an error would otherwise show.
-pub(crate) async fn write_bootstrap_env(c: &Ctx<'_>, env: &str) -> anyhow::Result<()> {
-    c.guest()
-        .sh_stdin(
-            "mkdir -p /etc/aks-flex-node && umask 077 && cat > /etc/aks-flex-node/bootstrap.env",
-            &flex_host::secret::Secret::new(env),
-            &[],
-        )
-        .await?;
-    Ok(())
-}
-
-async fn bootstrap_and_wait(c: &Ctx<'_>) -> anyhow::Result<()> {
-    c.sh_t(
-        "systemctl reset-failed aks-flex-node-agent.service aks-flex-node-bootstrap.service 2>/dev/null; systemctl restart aks-flex-node-bootstrap.service",
-        Duration::from_secs(1500),
-    )
-    .await?;
-    c.wait_agent_active().await
-}
-
-async fn second_bootstrap(c: &Ctx<'_>) -> anyhow::Result<Outcome> {
-    let env = c.state.bootstrap_env.clone().unwrap_or_default();
-    run_reset(c).await?;
-    let new_env = format!("{env}AKS_FLEX_NODE_LABELS=harness/second-bootstrap=true\n");
-    write_bootstrap_env(c, &new_env).await?;
-    bootstrap_and_wait(c).await?;
-    let cfg = c.agent_config().await?;
-    ensure(
-        cfg.node.labels.contains_key("harness/second-bootstrap"),
-        || "the new config was not used".into(),
-    )?;
-    Ok(Outcome::Passed)
-}
-
-async fn reset_leaves_nothing(c: &Ctx<'_>) -> anyhow::Result<Outcome> {
-    run_reset(c).await?;
-    let leftovers = c
-        .sh(
-            "for p in /etc/systemd/system/aks-flex-node-agent.service \
-                      /etc/systemd/system/multi-user.target.wants/aks-flex-node-agent.service \
-                      /var/lib/machines/kube1 /var/lib/machines/kube2 \
-                      /etc/systemd/nspawn/kube1.nspawn /etc/systemd/nspawn/kube2.nspawn \
-                      /etc/systemd/system/systemd-nspawn@kube1.service.d /etc/systemd/system/systemd-nspawn@kube2.service.d \
-                      /etc/aks-flex-node /var/log/aks-flex-node; do test -e $p && echo $p; done; \
-             machinectl list --no-legend | awk '{print \"machine \" $1}'; \
-             grep ' /run/bpffs/' /proc/mounts | awk '{print \"mount \" $2}'; \
-             systemctl is-active aks-flex-node-agent.service >/dev/null && echo 'agent unit active'; true",
-        )
-        .await?;
-    ensure(leftovers.is_empty(), || {
-        format!("left behind:\n{leftovers}")
-    })?;
-    Ok(Outcome::Passed)
-}
-
-async fn bootstraps_again(c: &Ctx<'_>) -> anyhow::Result<Outcome> {
-    let env = c.state.bootstrap_env.clone().unwrap_or_default();
-    write_bootstrap_env(c, &env).await?;
-    bootstrap_and_wait(c).await?;
-    let m = c.active_machine().await?;
-    let state = c
-        .sh(&format!("machinectl show {m} -p State --value"))
-        .await?;
-    ensure(state == "running", || format!("machine {m} is {state:?}"))?;
-    Ok(Outcome::Passed)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::report::Checked;
     use crate::ssh::Ssh;
-    use crate::vm::State;
+    use crate::state::State;
     use flex_host::runner::Output;
     use flex_testkit::FakeRunner;
-
-    /// The domain the container must run in, from the labels: spc_t with container labels,
-    /// else containerd's own (kernel_t on ACL as it ships, init_t on the SELinux dev host,
-    /// whose policy has no container module).
-    #[test]
-    fn expected_agent_domain_follows_the_labels() {
-        let acl_kernel = "system_u:system_r:kernel_t:s0";
-        assert_eq!(
-            expected_agent_domain("system_u:object_r:container_var_lib_t:s0", acl_kernel),
-            "spc_t"
-        );
-        assert_eq!(
-            expected_agent_domain("system_u:object_r:unlabeled_t:s0", acl_kernel),
-            "kernel_t"
-        );
-        assert_eq!(
-            expected_agent_domain(
-                "system_u:object_r:var_lib_t:s0",
-                "system_u:system_r:init_t:s0\0"
-            ),
-            "init_t"
-        );
-        assert_eq!(context_type("system_u:system_r:spc_t:s0:c1,c2"), "spc_t");
-        assert_eq!(context_type("kernel"), "kernel");
-    }
 
     fn state(ssh: &Ssh) -> State {
         State {
@@ -902,7 +471,7 @@ mod tests {
         let st = state(&ssh);
         let r = FakeRunner::new();
         let ctx = fake_ctx(&st, &ssh, &r);
-        let check = MACHINES.checks[0];
+        let check = GROUP.checks[0];
         assert_eq!(check.name, "active machine runs in machine.slice");
         // The agent's report, as `status --output json` prints it (the agent's own snapshot).
         let status = "timeout 30 ctr -n aks-flex tasks exec --exec-id status-";

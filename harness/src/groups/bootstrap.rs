@@ -1,0 +1,90 @@
+//! The `bootstrap` host group: `bootstrap.env` is data (never evaluated), `start` ran once and
+//! saved the state (a second start finds the node bootstrapped), and a second bootstrap with a
+//! new config works.
+
+use std::time::Duration;
+
+use crate::check::{Ctx, Group, HostMode, Needs, check, ensure};
+use crate::kit::agent::{T, bootstrap_and_wait, run_reset, write_bootstrap_env};
+use crate::provision::{PWNED_MARKER, hostile_location};
+use crate::report::Outcome;
+
+/// The `bootstrap` group.
+pub const GROUP: Group = Group {
+    name: "bootstrap",
+    description: "bootstrap.env is data; start runs once and saves state; a second bootstrap with a new config works",
+    needs: Needs::Host,
+    checks: &[
+        check!("bootstrap.env is data", bootstrap_env_is_data),
+        check!("start ran once and saved the state", start_ran_once),
+        check!(
+            "a second bootstrap with a new config works",
+            second_bootstrap
+        ),
+    ],
+    in_host_mode: HostMode::Same,
+};
+
+async fn bootstrap_env_is_data(c: &Ctx<'_>) -> anyhow::Result<Outcome> {
+    let evaluated = c.output(&format!("test -e {PWNED_MARKER}"), T).await?;
+    ensure(!evaluated.success(), || {
+        format!("{PWNED_MARKER} exists: bootstrap.env was evaluated")
+    })?;
+    let cfg = c.agent_config().await?;
+    let loc = cfg.azure.target_cluster.location;
+    ensure(loc == hostile_location(), || {
+        format!("location in config.json is {loc:?}")
+    })?;
+    Ok(Outcome::Passed)
+}
+
+async fn start_ran_once(c: &Ctx<'_>) -> anyhow::Result<Outcome> {
+    // One file per record (its checksum inside, no `.sha256` sidecar), and the bootstrap
+    // marked complete last.
+    c.sh("test -s /etc/aks-flex-node/daemon-state.json && ! test -e /etc/aks-flex-node/daemon-state.json.sha256 && test -s /etc/aks-flex-node/bootstrap-complete.json")
+        .await?;
+    let count = || async {
+        c.sh("journalctl -u aks-flex-node-bootstrap.service -o cat | grep -c 'AKS Flex Node agent service started successfully' || true")
+            .await
+    };
+    let before: u32 = count().await?.parse().unwrap_or(0);
+    ensure(before == 1, || {
+        format!("start reported success {before} times")
+    })?;
+    // The first-boot unit removed the file that carried the token once the bootstrap succeeded
+    // (the drop-in `aks-flex-node ignition` and the harness's config add).
+    let kept = c
+        .output("test -e /etc/aks-flex-node/bootstrap.env", T)
+        .await?;
+    ensure(!kept.success(), || {
+        "/etc/aks-flex-node/bootstrap.env (it carries the token) is still there after the bootstrap"
+            .into()
+    })?;
+    // Inputs again, so the unit runs (its condition) and must find the node bootstrapped.
+    let env = c.state.bootstrap_env.clone().unwrap_or_default();
+    write_bootstrap_env(c, &env).await?;
+    c.sh_t(
+        "systemctl restart aks-flex-node-bootstrap.service",
+        Duration::from_secs(300),
+    )
+    .await?;
+    let after: u32 = count().await?.parse().unwrap_or(0);
+    ensure(after == 1, || {
+        format!("a second bootstrap ran start again ({after} successes)")
+    })?;
+    Ok(Outcome::Passed)
+}
+
+async fn second_bootstrap(c: &Ctx<'_>) -> anyhow::Result<Outcome> {
+    let env = c.state.bootstrap_env.clone().unwrap_or_default();
+    run_reset(c).await?;
+    let new_env = format!("{env}AKS_FLEX_NODE_LABELS=harness/second-bootstrap=true\n");
+    write_bootstrap_env(c, &new_env).await?;
+    bootstrap_and_wait(c).await?;
+    let cfg = c.agent_config().await?;
+    ensure(
+        cfg.node.labels.contains_key("harness/second-bootstrap"),
+        || "the new config was not used".into(),
+    )?;
+    Ok(Outcome::Passed)
+}
