@@ -21,6 +21,7 @@ use aks_flex_node::machine::components::{
     Failure, InstallReport, Outcome, STAGING_PREFIX, Step, check_reachable_with,
     install_components,
 };
+use aks_flex_node::machine::seams::ProbeError;
 use flex_host::context::Host;
 use flex_host::fs::HostFs;
 use flex_host::retry::Backoff;
@@ -808,14 +809,16 @@ async fn real_http_reachability_checks_fall_back_to_ranged_get_and_hide_urls() {
     assert_eq!(results[1], (CHECK_CRI.to_string(), Ok(())));
     assert_eq!(
         results[0].1,
-        Err(
+        Err(ProbeError::Unreachable(
             "one or more required Kubernetes artifact sources are not reachable: kube-proxy (HTTP 404)"
                 .to_string()
-        )
+        ))
     );
     assert_eq!(
         results[2].1,
-        Err("required CNI artifact source is not reachable: cni-plugins (HTTP 404)".to_string())
+        Err(ProbeError::Unreachable(
+            "required CNI artifact source is not reachable: cni-plugins (HTTP 404)".to_string()
+        ))
     );
     let gets = server.requests()[before..]
         .iter()
@@ -835,14 +838,14 @@ async fn real_http_reachability_checks_fall_back_to_ranged_get_and_hide_urls() {
     }
     let closed = ComponentPlan::resolve(&config(), "amd64", d).unwrap();
     let results = check_reachable_with(&fs, &NoRegistry, &http(), &closed).await;
-    let cri = results[1].1.clone().unwrap_err();
+    let cri = results[1].1.clone().unwrap_err().to_string();
     assert_eq!(
         cri,
         "one or more required CRI artifact sources are not reachable: crictl (connection failed), \
          containerd (connection failed), runc (connection failed)"
     );
     for (_, r) in results {
-        let m = r.unwrap_err();
+        let m = r.unwrap_err().to_string();
         assert!(!m.contains("127.0.0.1") && !m.contains("secret"), "{m}");
     }
 }

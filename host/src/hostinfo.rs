@@ -31,7 +31,28 @@ pub trait HostInfo: Send + Sync {
         host: &str,
         port: u16,
         timeout: std::time::Duration,
-    ) -> Result<(), String>;
+    ) -> Result<(), ConnectError>;
+}
+
+/// Why [`HostInfo::tcp_connect`] did not connect. The messages leave out the host and port:
+/// the caller names the endpoint if it may (an API server's may identify the cluster).
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    /// The name did not resolve.
+    #[error("cannot resolve the API server host: {cause}")]
+    Resolve {
+        /// The resolver's error.
+        cause: std::io::Error,
+    },
+    /// The name resolved to no address.
+    #[error("no addresses")]
+    NoAddress,
+    /// No address accepted a connection in time; the last address's error.
+    #[error("{cause}")]
+    Connect {
+        /// The last connection error.
+        cause: std::io::Error,
+    },
 }
 
 /// Parses a boolean as Go's `strconv.ParseBool` does (`1 t T TRUE true True` and the false
@@ -92,17 +113,17 @@ impl HostInfo for RealHostInfo {
         host: &str,
         port: u16,
         timeout: std::time::Duration,
-    ) -> Result<(), String> {
+    ) -> Result<(), ConnectError> {
         use std::net::ToSocketAddrs;
         let addrs: Vec<_> = (host, port)
             .to_socket_addrs()
-            .map_err(|e| format!("cannot resolve the API server host: {e}"))?
+            .map_err(|cause| ConnectError::Resolve { cause })?
             .collect();
-        let mut last = String::from("no addresses");
+        let mut last = ConnectError::NoAddress;
         for a in addrs {
             match std::net::TcpStream::connect_timeout(&a, timeout) {
                 Ok(_) => return Ok(()),
-                Err(e) => last = e.to_string(),
+                Err(cause) => last = ConnectError::Connect { cause },
             }
         }
         Err(last)

@@ -326,11 +326,18 @@ impl HostInfo for FakeHostInfo {
     fn port_bindable(&self, addr: std::net::SocketAddr) -> bool {
         !self.busy_ports.contains(&addr.port())
     }
-    fn tcp_connect(&self, _host: &str, _port: u16, _t: std::time::Duration) -> Result<(), String> {
+    fn tcp_connect(
+        &self,
+        _host: &str,
+        _port: u16,
+        _t: std::time::Duration,
+    ) -> Result<(), flex_host::hostinfo::ConnectError> {
         if self.network_up {
             Ok(())
         } else {
-            Err("connection refused".into())
+            Err(flex_host::hostinfo::ConnectError::Connect {
+                cause: std::io::Error::from(std::io::ErrorKind::ConnectionRefused),
+            })
         }
     }
 }

@@ -179,7 +179,7 @@ pub async fn run_checks(
                     "oci-image-reachable",
                     "node rootfs image",
                     Severity::Error,
-                    e,
+                    e.to_string(),
                 ),
             });
             results.push(machine_provisioning(host, &goal));
@@ -189,7 +189,7 @@ pub async fn run_checks(
                     Ok(()) => {
                         CheckResult::new(&name, &target, Severity::Ok, "artifacts are reachable")
                     }
-                    Err(e) => CheckResult::new(&name, &target, Severity::Error, e),
+                    Err(e) => CheckResult::new(&name, &target, Severity::Error, e.to_string()),
                 });
             }
         }
@@ -667,6 +667,7 @@ pub fn verdict(report: &Report, fail_on_warnings: bool) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::machine::seams::ProbeError;
     use flex_testkit::FakeHost;
     use flex_testkit::FakeHostInfo;
 
@@ -685,18 +686,24 @@ mod tests {
 
     #[async_trait::async_trait]
     impl RemoteProbe for FakeRemote {
-        async fn image_reachable(&self, _c: &Config, _g: &MachineGoal) -> Result<String, String> {
+        async fn image_reachable(
+            &self,
+            _c: &Config,
+            _g: &MachineGoal,
+        ) -> Result<String, ProbeError> {
             if self.up {
                 Ok("sha256:abc".into())
             } else {
-                Err("rootfs image is not reachable: connection refused".into())
+                Err(ProbeError::Unreachable(
+                    "rootfs image is not reachable: connection refused".into(),
+                ))
             }
         }
         async fn artifacts_reachable(
             &self,
             _c: &Config,
             _g: &MachineGoal,
-        ) -> Vec<(String, Result<(), String>)> {
+        ) -> Vec<(String, Result<(), ProbeError>)> {
             ["kubernetes-artifacts", "cri-artifacts", "cni-artifacts"]
                 .into_iter()
                 .map(|n| {
@@ -705,7 +712,7 @@ mod tests {
                         if self.up {
                             Ok(())
                         } else {
-                            Err("not reachable".to_string())
+                            Err(ProbeError::Unreachable("not reachable".to_string()))
                         },
                     )
                 })

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use async_trait::async_trait;
 
-use super::seams::{NodeOps, NodeStarter, RemoteProbe, SeamError};
+use super::seams::{NodeOps, NodeStarter, ProbeError, RemoteProbe, SeamError};
 use crate::config::Config;
 use crate::machine::components::{self, ComponentPlan, Downloads};
 use crate::machine::lifecycle;
@@ -241,37 +241,48 @@ impl NodeMachines {
     /// A registry client with `config`'s insecure registries: a probe is asked about the config
     /// it is given, which is not always the one these machines were made for (`bootstrap-node`
     /// probes the config it has just rendered).
-    fn registry_for(&self, config: &Config) -> Result<RegistryClient, String> {
+    fn registry_for(&self, config: &Config) -> Result<RegistryClient, ProbeError> {
         let insecure = config
             .bootstrap
             .insecure_registries()
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| ProbeError::Config(e.to_string()))?;
         Ok(RegistryClient::new(self.http.clone()).with_insecure_registries(insecure))
     }
 }
 
 #[async_trait]
 impl RemoteProbe for NodeMachines {
-    async fn image_reachable(&self, config: &Config, goal: &MachineGoal) -> Result<String, String> {
-        let source = ImageSource::parse(&goal.oci_image).map_err(|e| e.to_string())?;
-        let arch = goal.arch.parse().map_err(|e| format!("{e}"))?;
+    async fn image_reachable(
+        &self,
+        config: &Config,
+        goal: &MachineGoal,
+    ) -> Result<String, ProbeError> {
+        let source =
+            ImageSource::parse(&goal.oci_image).map_err(|e| ProbeError::Config(e.to_string()))?;
+        let arch = goal
+            .arch
+            .parse()
+            .map_err(|e| ProbeError::Config(format!("{e}")))?;
         flex_oci::manifest_reachable(&self.registry_for(config)?, &source, arch)
             .await
             .map(|d| d.to_string())
-            .map_err(|e| format!("rootfs image is not reachable: {e}"))
+            .map_err(|e| ProbeError::Unreachable(format!("rootfs image is not reachable: {e}")))
     }
 
     async fn artifacts_reachable(
         &self,
         config: &Config,
         goal: &MachineGoal,
-    ) -> Vec<(String, Result<(), String>)> {
+    ) -> Vec<(String, Result<(), ProbeError>)> {
         match ComponentPlan::resolve(config, &goal.arch, self.downloads.clone()) {
             Ok(plan) => match self.registry_for(config) {
                 Ok(registry) => components::check_reachable(&self.http, &registry, &plan).await,
                 Err(e) => vec![(components::CHECK_KUBERNETES.to_string(), Err(e))],
             },
-            Err(e) => vec![(components::CHECK_KUBERNETES.to_string(), Err(e.to_string()))],
+            Err(e) => vec![(
+                components::CHECK_KUBERNETES.to_string(),
+                Err(ProbeError::Config(e.to_string())),
+            )],
         }
     }
 }

@@ -108,16 +108,33 @@ pub trait NodeOps: Send + Sync {
     async fn is_enabled(&self, machine: &str) -> Result<bool, SeamError>;
 }
 
+/// Why a network check of preflight failed. Its message names artifacts, registries' answers
+/// and HTTP statuses, never URLs or paths (they may carry credentials).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ProbeError {
+    /// What the check was given cannot be probed (an image reference, an architecture or the
+    /// insecure registries do not parse): the configuration must change.
+    #[error("{0}")]
+    Config(String),
+    /// The image, a download or the offline bundle is not there or does not answer.
+    #[error("{0}")]
+    Unreachable(String),
+}
+
 /// Checks that reach the network: the rootfs image and the component downloads. The machine
 /// layer implements it; tests fake it.
 #[async_trait]
 pub trait RemoteProbe: Send + Sync {
     /// Whether the rootfs image's manifest can be fetched: `Ok(digest)` or why not.
-    async fn image_reachable(&self, config: &Config, goal: &MachineGoal) -> Result<String, String>;
+    async fn image_reachable(
+        &self,
+        config: &Config,
+        goal: &MachineGoal,
+    ) -> Result<String, ProbeError>;
     /// `(check name, result)` for `kubernetes-artifacts`, `cri-artifacts`, `cni-artifacts`.
     async fn artifacts_reachable(
         &self,
         config: &Config,
         goal: &MachineGoal,
-    ) -> Vec<(String, Result<(), String>)>;
+    ) -> Vec<(String, Result<(), ProbeError>)>;
 }

@@ -18,6 +18,7 @@ use super::archive;
 use super::offline::{self, ArtifactFetcher, BundleIndex, OciArtifactFetcher, OfflineSource};
 use super::plan::{ComponentPlan, PlanSource};
 use super::spec::{Component, Location, Payload};
+use crate::machine::seams::ProbeError;
 use flex_host::fs::HostFs;
 
 pub use super::spec::{CHECK_CNI, CHECK_CRI, CHECK_KUBERNETES};
@@ -42,7 +43,7 @@ pub async fn check_reachable(
     http: &reqwest::Client,
     registry: &flex_oci::RegistryClient,
     plan: &ComponentPlan,
-) -> Vec<(String, Result<(), String>)> {
+) -> Vec<(String, Result<(), ProbeError>)> {
     let fetcher = OciArtifactFetcher::new(registry.clone());
     check_reachable_with(&HostFs::host(), &fetcher, http, plan).await
 }
@@ -54,7 +55,7 @@ pub async fn check_reachable_with(
     fetcher: &dyn ArtifactFetcher,
     http: &reqwest::Client,
     plan: &ComponentPlan,
-) -> Vec<(String, Result<(), String>)> {
+) -> Vec<(String, Result<(), ProbeError>)> {
     let problems: Vec<(Component, String)> = match &plan.source {
         PlanSource::Online { specs, .. } => {
             let probes = specs.iter().flat_map(|s| {
@@ -108,13 +109,13 @@ pub async fn check_reachable_with(
             let result = if mine.is_empty() {
                 Ok(())
             } else if plan.is_offline() {
-                Err(mine.join("; "))
+                Err(ProbeError::Unreachable(mine.join("; ")))
             } else {
-                Err(format!(
+                Err(ProbeError::Unreachable(format!(
                     "{}: {}",
                     unreachable_message(check),
                     mine.join(", ")
-                ))
+                )))
             };
             (check.to_string(), result)
         })
@@ -128,7 +129,8 @@ fn url_of(l: &Location) -> Option<&str> {
     }
 }
 
-/// `HEAD`, then `GET` with `Range: bytes=0-0`; the reason has no URL.
+/// `HEAD`, then `GET` with `Range: bytes=0-0`; the reason has no URL. (A private `String`:
+/// the reason only becomes part of a [`ProbeError`]'s message.)
 async fn probe(http: &reqwest::Client, url: &str) -> Result<(), String> {
     if let Ok(r) = http.head(url).timeout(PROBE_TIMEOUT).send().await
         && r.status().is_success()
@@ -158,7 +160,8 @@ enum OfflineIndex {
     ManifestOnly,
 }
 
-/// The bundle's file list, or for `oci://` whether its manifest resolves.
+/// The bundle's file list, or for `oci://` whether its manifest resolves. (A private `String`:
+/// the reason only becomes part of a [`ProbeError`]'s message.)
 async fn offline_index(
     fs: &HostFs,
     fetcher: &dyn ArtifactFetcher,

@@ -10,6 +10,7 @@ use super::download::parse_checksum;
 use super::offline::{BundleIndex, bundle_specs};
 use super::*;
 use crate::config::{Config, OfflineArtifacts};
+use crate::machine::seams::ProbeError;
 use flex_host::retry::Backoff;
 use flex_host::runner::Output;
 use flex_host::secret::redact_url;
@@ -1062,7 +1063,7 @@ async fn preflight_offline_bundle_checks_name_missing_files_without_paths() {
         results[2],
         (
             "cni-artifacts".to_string(),
-            Err("offline artifact bundle: cni-plugins: required file cni-plugins-linux-amd64-v*.tgz is missing".to_string())
+            Err(ProbeError::Unreachable("offline artifact bundle: cni-plugins: required file cni-plugins-linux-amd64-v*.tgz is missing".to_string()))
         )
     );
     let plan = ComponentPlan::resolve(
@@ -1073,7 +1074,7 @@ async fn preflight_offline_bundle_checks_name_missing_files_without_paths() {
     .unwrap();
     let results = check_reachable_with(&fake.host.fs, &NoFetcher, &http, &plan).await;
     for (_, r) in results {
-        let m = r.unwrap_err();
+        let m = r.unwrap_err().to_string();
         assert!(
             m.starts_with("offline artifact bundle cannot be read"),
             "{m}"

@@ -15,14 +15,18 @@ struct UpProbe;
 
 #[async_trait]
 impl RemoteProbe for UpProbe {
-    async fn image_reachable(&self, _c: &Config, _g: &MachineGoal) -> Result<String, String> {
+    async fn image_reachable(
+        &self,
+        _c: &Config,
+        _g: &MachineGoal,
+    ) -> Result<String, crate::machine::seams::ProbeError> {
         Ok("sha256:abc".into())
     }
     async fn artifacts_reachable(
         &self,
         _c: &Config,
         _g: &MachineGoal,
-    ) -> Vec<(String, Result<(), String>)> {
+    ) -> Vec<(String, Result<(), crate::machine::seams::ProbeError>)> {
         ["kubernetes-artifacts", "cri-artifacts", "cni-artifacts"]
             .into_iter()
             .map(|n| (n.to_string(), Ok(())))
