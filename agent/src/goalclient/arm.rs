@@ -21,7 +21,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::azure::{AccessToken, AuthError, AzureCredential};
-use super::retry::{parse_retry_after, retryable_status};
+use super::retry::{NoAnswer, Tried, parse_retry_after};
 use super::{Machine, MachineClient, MachineError, MachineStatus};
 use crate::config::Config;
 use flex_api::arm::{parse_arm_machine, put_body};
@@ -339,10 +339,8 @@ impl ArmMachineClient {
             other(anyhow::Error::new(e).context(format!("{op}: get an Azure token")))
         })?;
         let url = self.machine_url();
-        let max = self.retry.max_attempts();
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
+        let what = format!("{op}: {method} {url}");
+        let sent = super::retry::exchange(&what, self.retry, |_| {
             let mut req = self
                 .http
                 .request(method.clone(), &url)
@@ -353,34 +351,39 @@ impl ArmMachineClient {
                     .header(reqwest::header::CONTENT_TYPE, "application/json")
                     .body(b.to_vec());
             }
-            let (cause, retry_after) = match req.send().await {
-                Ok(resp) => {
-                    let status = resp.status();
-                    let retry_after = parse_retry_after(
-                        resp.headers()
-                            .get(reqwest::header::RETRY_AFTER)
-                            .and_then(|v| v.to_str().ok()),
-                    );
-                    let bytes = flex_host::http::read_capped(resp, flex_host::http::DOCUMENT_LIMIT)
-                        .await
-                        .map_err(|e| other(anyhow::anyhow!("{op}: {e}")))?;
-                    if !retryable_status(status.as_u16()) || attempt >= max {
-                        return Ok((status, bytes.to_vec()));
-                    }
-                    (format!("status {status}: {}", snippet(&bytes)), retry_after)
+            async move {
+                let resp = match req.send().await {
+                    Ok(resp) => resp,
+                    Err(e) => return Tried::Transport(e.to_string()),
+                };
+                let status = resp.status();
+                let retry_after = parse_retry_after(
+                    resp.headers()
+                        .get(reqwest::header::RETRY_AFTER)
+                        .and_then(|v| v.to_str().ok()),
+                );
+                match flex_host::http::read_capped(resp, flex_host::http::DOCUMENT_LIMIT).await {
+                    Ok(bytes) => Tried::Answer {
+                        status: status.as_u16(),
+                        retry_after,
+                        summary: format!("status {status}: {}", snippet(&bytes)),
+                        reply: Ok((status, bytes.to_vec())),
+                    },
+                    Err(e) => Tried::Final(Err(other(anyhow::anyhow!("{op}: {e}")))),
                 }
-                Err(e) if attempt >= max => {
-                    return Err(other(anyhow::anyhow!(
-                        "{op}: {method} {url}: {e} (gave up after {attempt} attempts)"
-                    )));
+            }
+        })
+        .await;
+        match sent {
+            Ok(reply) => reply,
+            Err(NoAnswer { cause, attempts }) => Err(other(anyhow::anyhow!(
+                "{what}: {cause}{}",
+                if attempts > 1 {
+                    format!(" (gave up after {attempts} attempts)")
+                } else {
+                    String::new()
                 }
-                Err(e) => (e.to_string(), None),
-            };
-            let wait = self.retry.delay(attempt, retry_after);
-            tracing::warn!(operation = op, url = %url, attempt, max_attempts = max,
-                backoff_ms = wait.as_millis() as u64, cause = %cause,
-                "ARM machine request failed; retrying");
-            tokio::time::sleep(wait).await;
+            ))),
         }
     }
 

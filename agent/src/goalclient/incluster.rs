@@ -33,7 +33,7 @@ use bytes::Bytes;
 use http::{Method, Request, StatusCode, header};
 use http_body_util::BodyExt;
 
-use super::retry::{parse_retry_after, retryable_status};
+use super::retry::{NoAnswer, Tried, parse_retry_after};
 use super::{Machine, MachineClient, MachineError, MachineStatus};
 use crate::kubeclient::KubeClients;
 use flex_api::arm::{parse_arm_machine, put_body, status_patch_body};
@@ -351,48 +351,35 @@ impl InClusterClient {
         path: &str,
         body: Option<&[u8]>,
     ) -> Result<Reply, MachineError> {
-        let max = self.retry.max_attempts();
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
-            let (cause, retry_after) = match self.send_once(&method, path, body).await {
-                Ok((status, body, retry_after)) => {
-                    let reply = Reply {
-                        status,
-                        body,
-                        attempts: attempt,
-                    };
-                    if !retryable_status(status.as_u16()) || attempt >= max {
-                        return Ok(reply);
+        let what = format!("{op}: {method} {}", self.url(path));
+        let sent = super::retry::exchange(&what, self.retry, |attempt| {
+            let once = self.send_once(&method, path, body);
+            async move {
+                match once.await {
+                    Ok((status, body, retry_after)) => {
+                        let reply = Reply {
+                            status,
+                            body,
+                            attempts: attempt,
+                        };
+                        Tried::Answer {
+                            status: status.as_u16(),
+                            retry_after,
+                            summary: format!("status {status}: {}", reply.body_text()),
+                            reply,
+                        }
                     }
-                    (
-                        format!("status {status}: {}", reply.body_text()),
-                        retry_after,
-                    )
+                    Err(e) => Tried::Transport(format!("{e:#}")),
                 }
-                Err(e) => {
-                    if attempt >= max {
-                        return Err(other(anyhow::anyhow!(
-                            "{op}: {method} {}: {e:#}{}",
-                            self.url(path),
-                            attempts_note(attempt)
-                        )));
-                    }
-                    (format!("{e:#}"), None)
-                }
-            };
-            let wait = self.retry.delay(attempt, retry_after);
-            tracing::warn!(
-                operation = op,
-                url = %self.url(path),
-                attempt,
-                max_attempts = max,
-                backoff_ms = wait.as_millis() as u64,
-                cause = %cause,
-                "machine endpoint request failed; retrying"
-            );
-            tokio::time::sleep(wait).await;
-        }
+            }
+        })
+        .await;
+        sent.map_err(|NoAnswer { cause, attempts }| {
+            other(anyhow::anyhow!(
+                "{what}: {cause}{}",
+                attempts_note(attempts)
+            ))
+        })
     }
 
     fn status_error(&self, op: &str, path: &str, reply: &Reply) -> MachineError {

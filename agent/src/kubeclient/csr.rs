@@ -4,6 +4,7 @@
 //! approval and certificate. Only the request (public key, subject, self-signature) is sent.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use k8s_openapi::ByteString;
@@ -19,6 +20,7 @@ use super::{
     describe, is_refused,
 };
 use crate::config::format_go_duration;
+use flex_host::retry::{Attempt, Backoff, retry, wait_until};
 use flex_host::secret::Secret;
 
 /// The certificate's common name for `node`.
@@ -158,9 +160,10 @@ pub(crate) async fn request_certificate(
     let deadline = tokio::time::Instant::now() + w.wait;
     let timeout = format_go_duration(w.wait);
     let resource = csr_resource(name, request_pem);
-    let backoff = flex_host::retry::Backoff::new(u32::MAX, w.retry_base, w.retry_max);
-    let mut failures = 0u32;
-    loop {
+    // Creation: transient failures retried with backoff until the deadline (the wait after the
+    // last failure may pass it by at most `w.retry_max`).
+    let backoff = Backoff::new(u32::MAX, w.retry_base, w.retry_max);
+    retry("create CertificateSigningRequest", backoff, |_| async {
         match api.create(&PostParams::default(), &resource).await {
             Ok(_) => {
                 tracing::info!(
@@ -168,86 +171,80 @@ pub(crate) async fn request_certificate(
                     signer = SIGNER_NAME,
                     "requested daemon client certificate"
                 );
-                break;
+                Ok(())
             }
             Err(kube::Error::Api(s)) if s.is_already_exists() || s.code == 409 => {
                 tracing::info!(
                     csr = name,
                     "daemon certificate request already exists; waiting for it"
                 );
-                break;
+                Ok(())
             }
-            Err(e) if is_refused(&e) => {
-                return Err(KubeClientError::CreateCsr {
-                    name: name.to_string(),
-                    reason: describe(&e),
-                    refused: true,
-                });
-            }
+            Err(e) if is_refused(&e) => Err(Attempt::Fatal(KubeClientError::CreateCsr {
+                name: name.to_string(),
+                reason: describe(&e),
+                refused: true,
+            })),
             Err(e) => {
-                let reason = describe(&e);
-                let now = tokio::time::Instant::now();
-                if now >= deadline {
-                    return Err(KubeClientError::Timeout {
-                        name: name.to_string(),
-                        timeout,
-                        state: "was not created",
-                        last_error: format!("; last error: {reason}"),
-                    });
+                let last_error = format!("; last error: {}", describe(&e));
+                let timed_out = KubeClientError::Timeout {
+                    name: name.to_string(),
+                    timeout: timeout.clone(),
+                    state: "was not created",
+                    last_error,
+                };
+                if tokio::time::Instant::now() >= deadline {
+                    Err(Attempt::Fatal(timed_out))
+                } else {
+                    Err(Attempt::retry(timed_out))
                 }
-                failures = failures.saturating_add(1);
-                let delay = backoff.delay(failures, None);
-                tracing::warn!(csr = name, error = %reason, retry_in = ?delay, "create CertificateSigningRequest failed; retrying");
-                tokio::time::sleep(delay.min(deadline - now)).await;
             }
         }
-    }
-    let mut approved = false;
-    let mut last_error = String::new();
-    loop {
+    })
+    .await?;
+    // Then its state, polled every `w.poll` until issued, denied, failed or the deadline.
+    let approved = AtomicBool::new(false);
+    let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+    let polled = wait_until("the daemon certificate", left, w.poll, || async {
         match api.get_opt(name).await {
-            Ok(Some(csr)) => {
-                last_error.clear();
-                match csr_state(&csr) {
-                    CsrState::Issued(cert) => {
-                        tracing::info!(csr = name, "daemon client certificate issued");
-                        return Ok(cert);
-                    }
-                    CsrState::Denied(message) => {
-                        return Err(KubeClientError::Denied {
-                            name: name.to_string(),
-                            message,
-                        });
-                    }
-                    CsrState::Failed(message) => {
-                        return Err(KubeClientError::Failed {
-                            name: name.to_string(),
-                            message,
-                        });
-                    }
-                    CsrState::Pending { approved: a } => approved = a,
+            Ok(Some(csr)) => match csr_state(&csr) {
+                CsrState::Issued(cert) => {
+                    tracing::info!(csr = name, "daemon client certificate issued");
+                    Ok(Ok(cert))
                 }
-            }
-            Ok(None) => last_error = "; last error: the CertificateSigningRequest is gone".into(),
+                CsrState::Denied(message) => Ok(Err(KubeClientError::Denied {
+                    name: name.to_string(),
+                    message,
+                })),
+                CsrState::Failed(message) => Ok(Err(KubeClientError::Failed {
+                    name: name.to_string(),
+                    message,
+                })),
+                CsrState::Pending { approved: a } => {
+                    approved.store(a, Ordering::Relaxed);
+                    Err(String::new())
+                }
+            },
+            Ok(None) => Err("; last error: the CertificateSigningRequest is gone".into()),
             Err(e) => {
                 let reason = describe(&e);
                 tracing::debug!(csr = name, error = %reason, "read CertificateSigningRequest failed");
-                last_error = format!("; last error: {reason}");
+                Err(format!("; last error: {reason}"))
             }
         }
-        let now = tokio::time::Instant::now();
-        if now >= deadline {
-            return Err(KubeClientError::Timeout {
-                name: name.to_string(),
-                timeout,
-                state: if approved {
-                    "is approved but has no certificate yet"
-                } else {
-                    "is not approved"
-                },
-                last_error,
-            });
-        }
-        tokio::time::sleep(w.poll.min(deadline - now)).await;
+    })
+    .await;
+    match polled {
+        Ok(done) => done,
+        Err(w) => Err(KubeClientError::Timeout {
+            name: name.to_string(),
+            timeout,
+            state: if approved.load(Ordering::Relaxed) {
+                "is approved but has no certificate yet"
+            } else {
+                "is not approved"
+            },
+            last_error: w.last_seen,
+        }),
     }
 }

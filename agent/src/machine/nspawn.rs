@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use flex_host::context::Host;
+use flex_host::retry::{Attempt, Backoff, retry, wait_until};
 use flex_host::runner::Cmd;
 
 pub use crate::state::{KUBE1, KUBE2};
@@ -220,16 +221,28 @@ async fn wait_gone(
     poll: Duration,
     deadline: Duration,
 ) -> Result<bool, MachineError> {
-    let start = tokio::time::Instant::now();
-    loop {
-        if !is_registered(host, machine).await? {
-            return Ok(true);
+    let gone = wait_until("the machine to unregister", deadline, poll, || async {
+        match is_registered(host, machine).await {
+            Ok(true) => Err("still registered".to_string()),
+            Ok(false) => Ok(Ok(())),
+            Err(e) => Ok(Err(e)),
         }
-        if start.elapsed() >= deadline {
-            return Ok(false);
-        }
-        tokio::time::sleep(poll).await;
+    })
+    .await;
+    match gone {
+        Ok(done) => done.map(|()| true),
+        Err(_) => Ok(false),
     }
+}
+
+/// What asking the machine to power off came to.
+enum Poweroff {
+    /// `machinectl poweroff` succeeded.
+    Asked,
+    /// The machine unregistered while the requests failed.
+    Gone,
+    /// Whether it is registered could not be read.
+    Failed(MachineError),
 }
 
 /// `StopNode`: stops kubelet and containerd inside the machine (failures are warnings), then
@@ -300,22 +313,32 @@ pub async fn stop_machine(host: &Host, machine: &str, t: Timings) -> Result<(), 
     if !is_registered(host, machine).await? {
         return Ok(());
     }
-    // Ask the machine's init to shut down cleanly, retrying a failed request.
-    for attempt in 1..=t.poweroff_attempts.max(1) {
-        match host
-            .runner
-            .run(&Cmd::new("machinectl").args(["poweroff", machine]))
-            .await
-        {
-            Ok(_) => break,
-            Err(e) => {
-                tracing::warn!(machine, attempt, error = %e, "machinectl poweroff failed");
-                if !is_registered(host, machine).await? {
-                    return Ok(());
-                }
-                tokio::time::sleep(t.poll).await;
+    // Ask the machine's init to shut down cleanly, retrying a failed request (every `t.poll`);
+    // a machine that unregistered meanwhile is stopped.
+    let asked = retry(
+        "machinectl poweroff",
+        Backoff::new(t.poweroff_attempts, t.poll, t.poll),
+        |_| async {
+            let Err(e) = host
+                .runner
+                .run(&Cmd::new("machinectl").args(["poweroff", machine]))
+                .await
+            else {
+                return Ok(Poweroff::Asked);
+            };
+            match is_registered(host, machine).await {
+                Ok(true) => Err(Attempt::retry(e.to_string())),
+                Ok(false) => Ok(Poweroff::Gone),
+                Err(e) => Ok(Poweroff::Failed(e)),
             }
-        }
+        },
+    )
+    .await;
+    match asked {
+        Ok(Poweroff::Gone) => return Ok(()),
+        Ok(Poweroff::Failed(e)) => return Err(e),
+        // Still registered after the last failed request: the wait and terminate below.
+        Ok(Poweroff::Asked) | Err(_) => {}
     }
     if wait_gone(host, machine, t.poll, t.stop_wait).await? {
         return Ok(());
@@ -384,44 +407,55 @@ pub async fn start_machine(host: &Host, machine: &str, t: Timings) -> Result<(),
         let _ = r
             .run(&Cmd::new("machinectl").args(["terminate", machine]))
             .await;
-        let start = tokio::time::Instant::now();
-        loop {
-            let shown = r
-                .output(&Cmd::new("machinectl").args(["show", machine]))
-                .await
-                .is_ok_and(|o| o.success());
-            if !shown {
-                break;
-            }
-            if start.elapsed() >= t.stale_wait {
-                return Err(start_err(
-                    machine,
-                    "start",
-                    format!(
-                        "stale registration did not clear after terminate (initial error: {first})"
-                    ),
-                ));
-            }
-            tokio::time::sleep(t.ready_poll).await;
-        }
+        wait_until(
+            "the stale registration to clear",
+            t.stale_wait,
+            t.ready_poll,
+            || async {
+                let shown = r
+                    .output(&Cmd::new("machinectl").args(["show", machine]))
+                    .await
+                    .is_ok_and(|o| o.success());
+                if shown {
+                    Err("still registered".to_string())
+                } else {
+                    Ok(())
+                }
+            },
+        )
+        .await
+        .map_err(|_| {
+            start_err(
+                machine,
+                "start",
+                format!(
+                    "stale registration did not clear after terminate (initial error: {first})"
+                ),
+            )
+        })?;
         r.run(&Cmd::new("machinectl").args(["start", machine]))
             .await
             .map_err(|e| start_err(machine, "start", format!("after recovery: {e}")))?;
     }
-    let start = tokio::time::Instant::now();
-    loop {
-        if r.run(&machine_run(machine, &["/bin/true"])).await.is_ok() {
-            return Ok(());
-        }
-        if start.elapsed() >= t.ready_wait {
-            return Err(start_err(
-                machine,
-                "wait for machine",
-                format!("not responsive after {:?}", t.ready_wait),
-            ));
-        }
-        tokio::time::sleep(t.ready_poll).await;
-    }
+    wait_until(
+        "the machine to answer",
+        t.ready_wait,
+        t.ready_poll,
+        || async {
+            r.run(&machine_run(machine, &["/bin/true"]))
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        },
+    )
+    .await
+    .map_err(|_| {
+        start_err(
+            machine,
+            "wait for machine",
+            format!("not responsive after {:?}", t.ready_wait),
+        )
+    })
 }
 
 /// `start-containerd` and `start-kubelet`: `systemctl enable --now` inside the machine.
@@ -444,34 +478,38 @@ pub async fn start_services(host: &Host, machine: &str) -> Result<(), MachineErr
 /// `wait-for-kubelet`: polls `systemctl is-active kubelet.service` inside the machine until it
 /// prints `active`.
 pub async fn wait_for_kubelet(host: &Host, machine: &str, t: Timings) -> Result<(), MachineError> {
-    let start = tokio::time::Instant::now();
-    loop {
-        let last = match host
-            .runner
-            .output(&machine_run(
-                machine,
-                &["systemctl", "is-active", "kubelet.service"],
-            ))
-            .await
-        {
-            Ok(o) if o.success() && o.stdout.trim() == "active" => return Ok(()),
-            Ok(o) => format!("{} {}", o.stdout.trim(), o.stderr.trim())
-                .trim()
-                .to_string(),
-            Err(e) => e.to_string(),
-        };
-        if start.elapsed() >= t.kubelet_wait {
-            return Err(start_err(
-                machine,
-                "wait for kubelet",
-                format!(
-                    "kubelet.service not active after {:?} (last: {last})",
-                    t.kubelet_wait
-                ),
-            ));
-        }
-        tokio::time::sleep(t.kubelet_poll).await;
-    }
+    wait_until(
+        "kubelet.service to be active",
+        t.kubelet_wait,
+        t.kubelet_poll,
+        || async {
+            match host
+                .runner
+                .output(&machine_run(
+                    machine,
+                    &["systemctl", "is-active", "kubelet.service"],
+                ))
+                .await
+            {
+                Ok(o) if o.success() && o.stdout.trim() == "active" => Ok(()),
+                Ok(o) => Err(format!("{} {}", o.stdout.trim(), o.stderr.trim())
+                    .trim()
+                    .to_string()),
+                Err(e) => Err(e.to_string()),
+            }
+        },
+    )
+    .await
+    .map_err(|w| {
+        start_err(
+            machine,
+            "wait for kubelet",
+            format!(
+                "kubelet.service not active after {:?} (last: {})",
+                t.kubelet_wait, w.last_seen
+            ),
+        )
+    })
 }
 
 /// `CleanupMachine`: unmounts the machine's bpffs if it is a mount point, removes the machine
@@ -504,19 +542,30 @@ pub async fn cleanup_machine(host: &Host, machine: &str, t: Timings) -> Result<(
 
     let dir = machine_dir(machine);
     if host.fs.exists(&dir) {
-        let start = tokio::time::Instant::now();
-        loop {
-            let out = host
-                .runner
-                .output(&Cmd::new("machinectl").args(["remove", machine]))
-                .await;
-            if matches!(&out, Ok(o) if o.success()) || !host.fs.exists(&dir) {
-                break;
-            }
-            if !is_registered(host, machine).await? || start.elapsed() >= t.remove_wait {
-                break;
-            }
-            tokio::time::sleep(t.remove_retry).await;
+        // Retried while the machine is registered and busy; what is left afterwards is
+        // decided below.
+        let removed = wait_until(
+            "machinectl remove",
+            t.remove_wait,
+            t.remove_retry,
+            || async {
+                let out = host
+                    .runner
+                    .output(&Cmd::new("machinectl").args(["remove", machine]))
+                    .await;
+                if matches!(&out, Ok(o) if o.success()) || !host.fs.exists(&dir) {
+                    return Ok(Ok(()));
+                }
+                match is_registered(host, machine).await {
+                    Ok(true) => Err("busy".to_string()),
+                    Ok(false) => Ok(Ok(())),
+                    Err(e) => Ok(Err(e)),
+                }
+            },
+        )
+        .await;
+        if let Ok(Err(e)) = removed {
+            return Err(e);
         }
         if host.fs.exists(&dir) {
             if is_registered(host, machine).await? {
