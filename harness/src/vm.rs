@@ -380,6 +380,7 @@ pub async fn kill_qemu(pid: u32) {
 /// files (the SSH key and the cached OS images stay). Nothing is left running.
 pub async fn down(r: &dyn Runner, work: &Path) -> anyhow::Result<()> {
     if let Some(state) = State::load(work)? {
+        state.ssh.close_shared(r).await;
         if let Some(pid) = state.qemu_pid {
             kill_qemu(pid).await;
         }
@@ -412,6 +413,7 @@ pub async fn down(r: &dyn Runner, work: &Path) -> anyhow::Result<()> {
         "qmp.sock",
         "config.ign",
         "OVMF_VARS.fd",
+        crate::ssh::CONTROL_SOCKET,
     ] {
         let _ = std::fs::remove_file(work.join(f));
     }
@@ -555,6 +557,7 @@ pub async fn restore(r: &dyn Runner, state: &State) -> anyhow::Result<()> {
     let Some(name) = &state.snapshot else {
         anyhow::bail!("no snapshot was saved by up");
     };
+    state.ssh.close_shared(r).await;
     let q = qmp(state).await?;
     q.loadvm(name).await?;
     // The restored guest's clock is the snapshot's; set it to now.
@@ -578,6 +581,14 @@ pub async fn restore(r: &dyn Runner, state: &State) -> anyhow::Result<()> {
             Duration::from_secs(30),
         )
         .await?;
+    Ok(())
+}
+
+/// Cuts the guest's power (QMP `system_reset`: no shutdown, the disk as it is), after closing
+/// the shared SSH connection (commands through `r`).
+pub async fn power_cut(r: &dyn Runner, state: &State) -> anyhow::Result<()> {
+    state.ssh.close_shared(r).await;
+    qmp(state).await?.reset().await?;
     Ok(())
 }
 

@@ -20,7 +20,6 @@ use std::time::{Duration, Instant};
 use crate::check::{Ctx, Group, HostMode, IMAGE_MODE_ONLY, Needs, check, ensure, secs};
 use crate::kit::candidates::{self, Kind};
 use crate::kit::upgrade_status::{self as status, Probe, short};
-use crate::qmp::Qmp;
 use crate::report::{Checked, Outcome};
 use crate::ssh::shell_quote;
 
@@ -659,7 +658,7 @@ async fn cut(c: &Ctx<'_>, unit: Unit, how: Cut) -> anyhow::Result<()> {
         }
         Cut::Power => {
             let boot = c.guest().boot_id().await?;
-            crate::vm::qmp(c.state).await?.reset().await?;
+            crate::vm::power_cut(c.guest().runner(), c.state).await?;
             c.guest()
                 .wait_new_boot(&boot, BOOT_TIMEOUT)
                 .await

@@ -440,7 +440,6 @@ async fn link(c: &Ctx<'_>, name: &str) -> anyhow::Result<String> {
 /// into their directory), so the boot starts the candidate and the upgrade completes on the
 /// switched slot; a `current` that reverted would end it Failed on the previous slot.
 async fn power_cut_after_switch(c: &Ctx<'_>) -> anyhow::Result<Checked> {
-    use crate::qmp::Qmp as _;
     let s = served(c)?;
     let waited = wait_start_limit(c, STARTS_REBOOT, "the upgrade held after its switch").await?;
     let (before, before_slot) = running_slot(c).await?;
@@ -509,7 +508,7 @@ async fn power_cut_after_switch(c: &Ctx<'_>) -> anyhow::Result<Checked> {
     )?;
 
     let boot = c.guest().boot_id().await?;
-    crate::vm::qmp(c.state).await?.reset().await?;
+    crate::vm::power_cut(c.guest().runner(), c.state).await?;
     wait_new_boot(c, &boot).await?;
     let st = wait_settled(c, &target, before.record.clone(), t0).await?;
     ensure(
