@@ -4,8 +4,9 @@
 //!
 //! Secrets never reach a log line: config secrets are [`flex_host::secret::Secret`] (whose `Debug`
 //! is redacted and which has no `Display`), and secret command arguments are redacted by
-//! [`flex_host::runner::Cmd`]. `tests/secrets.rs` runs whole flows with secrets in the config and
-//! checks the captured log.
+//! [`flex_host::runner::Cmd`]. A test of `tests/cli.rs`
+//! (`daemon_stops_cleanly_on_sigterm_and_logs_no_secrets`) runs the daemon with secrets in the
+//! config and checks its log file.
 
 use std::fs::OpenOptions;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};

@@ -45,7 +45,12 @@
 //! A missing record is `Ok(None)`. A record that is there but cannot be trusted (truncated,
 //! not JSON, an unknown format, a checksum mismatch, a payload that does not decode, a legacy
 //! file without its sidecar) is a [`StateError`] for which [`StateError::is_unreadable`] holds;
-//! each caller decides what that means for it (see `ARCHITECTURE.md`).
+//! each caller decides what that means for it: an unreadable daemon state stops the reconcile
+//! (reported `Failed`, nothing touched); an unreadable operation record counts as an operation
+//! that started (never run twice); an unreadable upgrade record counts as none; an unreadable
+//! repave journal keeps the side the daemon state names (else the one enabled machine),
+//! stopping and removing the other, and is deleted (`crate::flows::repave`): never a node
+//! without a machine.
 
 use std::path::{Path, PathBuf};
 

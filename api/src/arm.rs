@@ -9,7 +9,8 @@
 //! version when empty) and `properties.provisioningState`. What it sends on PUT
 //! ([`put_body`]): `orchestratorVersion`, `maxPods`, `nodeLabels`, `nodeTaints` — never the
 //! kubelet thresholds. Fields the model does not know are dropped when a document goes through
-//! it (the controller re-encodes every machine so).
+//! it (the controller re-encodes every machine so). [`DEFAULT_ENDPOINT_PATH`] is the controller's
+//! machine endpoint through the API server's service proxy.
 
 use std::collections::BTreeMap;
 

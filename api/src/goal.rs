@@ -1,5 +1,7 @@
 //! The node's goal and the machine resource that carries it, as every machine client and the
-//! controller see them: data only.
+//! controller see them: data only. [`GoalState`] (the goal), [`Machine`] and [`MachineStatus`]
+//! (the resource that carries it), and [`DaemonState`] (the goal applied and the active side,
+//! `kube1` or `kube2`).
 
 use std::collections::BTreeMap;
 

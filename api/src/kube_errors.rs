@@ -1,6 +1,7 @@
 //! Kubernetes client errors as one line a person can act on (feature `client`): the API
 //! server's status, or the transport error with its sources, secret environment values of an
-//! exec plugin redacted. Shared by the agent and the controller.
+//! exec plugin redacted. Shared by the agent and the controller: [`describe`], [`error_chain`],
+//! [`redact_env`], [`is_refused`].
 
 /// What a redacted value shows.
 pub const REDACTED: &str = "***REDACTED***";

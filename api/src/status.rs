@@ -1,6 +1,8 @@
 //! `aks-flex-node status`: what the gatherer found on the node ([`Facts`]), the pure verdict
 //! over it ([`assess`] → [`Report`]), and its two renderings ([`render_text`], [`render_json`]).
 //! The JSON is a stable schema ([`SCHEMA`]; see `docs/status.md`): fields are only ever added.
+//! Each record the gatherer reads is a [`Read`] (`Ok`, `Missing`, `Unreadable`, `Error`). The
+//! harness parses the agent's JSON with this type (`flex_harness::node_status`).
 
 use serde::{Deserialize, Serialize};
 

@@ -1,6 +1,17 @@
 //! The agent upgrade's and recovery's state machines: pure functions from the upgrade record
 //! (the signal file), what runs now, and the agent unit's state to what to do. No I/O; the
 //! table tests are in this file. The agent's `upgrade` module describes the flow they drive.
+//!
+//! - [`UpgradeRecord`]: the record and its stages;
+//! - [`on_start`]: what a starting daemon does with the record;
+//! - [`on_prove_deadline`]: whether a candidate gives up at its proof deadline;
+//! - [`recovery`]: what recovery does given the record, the selection and the agent unit's
+//!   state ([`AgentUnit`], a view of systemd's properties; [`RecoveryAction::Wait`] while the
+//!   unit is still stopping);
+//! - [`may_upgrade`]: a new upgrade is refused while an unproven agent is selected;
+//! - [`resume`]: an interrupted AgentUpgrade operation's outcome, from the record;
+//! - [`START_LIMIT_RESET_LOG`]: the line recovery logs when it resets the unit, which the
+//!   harness greps for.
 
 use serde::{Deserialize, Serialize};
 

@@ -10,6 +10,11 @@
 //! - [`csr`]: the CSR approver (pure authorization decisions and the watch that applies them);
 //! - [`cli`]: flags and the run that ties them together;
 //! - [`logging`]: JSON logs on stdout.
+//!
+//! It uses the API crate for the machine model and the host crate for its HTTP setup only,
+//! never the agent (`cargo xtask layering`). `deploy/controller/` holds its manifests,
+//! `deploy/crds/` the CRDs; `cargo xtask image --controller` builds its image with the same
+//! Rust image builder as the agent's.
 
 pub mod cli;
 pub mod csr;

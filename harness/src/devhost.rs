@@ -16,6 +16,11 @@
 //!   for the `sudo` group, no root password and no console autologin;
 //! - [`BOOT_MARKER`] on ttyS0 once `multi-user.target` is reached.
 //!
+//! [`Variant::Selinux`] is the SELinux-enforcing dev host of `up --selinux`: Debian's reference
+//! policy with refpolicy's container module built from Debian's policy source, the tree labelled
+//! at build by `setfiles`, a local policy module (`devhost/flex-devhost.cil`) and one local file
+//! context (`docs/SELINUX.md`).
+//!
 //! [`ensure`] builds it once per recipe: the image lives in
 //! `<cache_root>/devhost/<suite>-<hash[..16]>/` (`rootfs.img`, an 8 GiB sparse raw ext4 file
 //! system labelled `root`; `vmlinuz`; `initrd.img`; `image.json`), keyed by

@@ -8,6 +8,9 @@
 //!
 //! Pure but for [`read_sources`] and [`host_archive`], which read files under a root the caller
 //! names (`/` for the machine itself, a temporary directory in tests).
+//!
+//! It lives in the host crate because it is host configuration and both of its users already
+//! depend on this crate: xtask (which must not link the harness) and the harness.
 
 use std::path::{Path, PathBuf};
 

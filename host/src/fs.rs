@@ -14,6 +14,14 @@
 //! [`HostFs`] also syncs each directory it creates (for a write's missing parents) into its
 //! parent; [`ConfinedFs`] does not yet for the directories it creates.
 //!
+//! [`HostFs::remove_dir_all`] counts a directory that is a mount point as removed once its
+//! contents are gone ([`Removed::EmptiedMountPoint`]: in the agent's container its host
+//! directories are bind mounts).
+//!
+//! [`write_new`] is for a path the user named rather than a host path under a root (`aks-flex-node
+//! ignition`'s output): a new file created `O_EXCL` with its mode from the start and linked into
+//! place, never replacing anything.
+//!
 //! [`HostFs`] follows symlinks like any path-based call: right for the host's own files, wrong
 //! inside a tree someone else built. A machine's root file system comes from an image, and an
 //! image may hold `etc/systemd/system -> /etc/systemd/system`; writes into such a tree go

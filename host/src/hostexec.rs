@@ -12,6 +12,10 @@
 //!   host instead of the container's slave copy of the mount. They also run the host's binaries
 //!   (from `/proc/1/root`, which is the host's root in that namespace).
 //!
+//! A chroot tool is looked up on the host's `PATH` under `/host`, its links followed as the host
+//! sees them (an absolute link target is the host's path, so it is taken under `/host` again:
+//! `follow_in_root`).
+//!
 //! The runner needs no special case: the image puts the links first on `PATH`, and
 //! [`resolve`] additionally maps a bare tool name to the `host-exec` path when containerised,
 //! so a changed `PATH` cannot silently run a container binary.

@@ -1,7 +1,8 @@
 //! Facts about the host the agent reads but does not change: who it runs as, the hostname,
-//! whether a path is on a read-only mount, free space, and whether it runs in its container.
+//! whether a path is on a read-only mount, free space, whether it runs in its container, the
+//! kernel release, and whether a port can be bound or a TCP address answers (preflight).
 //!
-//! Behind the [`HostInfo`] trait so flows can be tested with [`crate::testing::FakeHostInfo`].
+//! Behind the [`HostInfo`] trait so flows can be tested with `flex_testkit::FakeHostInfo`.
 
 use std::path::Path;
 

@@ -12,6 +12,10 @@
 //!
 //! Errors, in every crate of the workspace, follow one rule ([`error`]): a message names its
 //! cause, and the cause is never also its `source()`, so no printer shows a cause twice.
+//!
+//! Features: `dbus` (the D-Bus manager, zbus) and `http` (the download client, rustls) are on by
+//! default. xtask, the image builder and the test kit use the crate without either; the OCI
+//! crate and the controller take `http` alone.
 
 pub mod apt;
 pub mod confine;

@@ -6,6 +6,15 @@
 //!
 //! Whether a failure is worth another attempt is the caller's typed decision ([`Attempt`]),
 //! never a reading of the error's text.
+//!
+//! Every retry with a growing wait in the workspace takes its waits from [`Backoff`]: through
+//! [`retry`] (component downloads, the registry client, the Azure credentials, the harness's ACL
+//! download), or a loop of the caller's own over [`Backoff::delay`] where it must also watch
+//! something else (the machine clients, the daemon's work queue and its wait for the cluster at
+//! start, CSR creation, certificate rotation, the runner's `ETXTBSY` retry). Waits for a
+//! state to be reached use [`wait_until`] (the harness's waits for the guest). The machine steps
+//! of the agent's `machine::nspawn` (readiness, poweroff, removal) poll and retry at the fixed
+//! intervals of their own `Timings`, without backoff.
 
 use std::fmt;
 use std::future::Future;

@@ -3,8 +3,14 @@
 //! Every host command the agent issues is a [`Cmd`]: a bare program name (resolved on `PATH`,
 //! exactly as the upstream agent runs it, so a containerised agent can shadow the names with
 //! `host-exec`), its arguments, optional extra environment and a timeout. A [`Runner`] executes
-//! it. [`ProcessRunner`] is the real implementation on `tokio::process`; the recording fake lives
-//! in [`crate::testing::FakeRunner`].
+//! it. [`ProcessRunner`] is the real implementation on `tokio::process`; the recording fake is
+//! `flex_testkit::FakeRunner`. [`run_inherited`] runs a command with the caller's terminal (for
+//! tooling that streams its output: xtask, the harness's binary).
+//!
+//! This module is the only place a process starts: `clippy.toml`'s `disallowed-methods` bans
+//! `std::process::Command::new` and `tokio::process::Command::new` everywhere else; each
+//! exception is an `#[allow]` at its call (the agent's build script, the `exec(2)` of host-exec
+//! and of the image's entrypoint, tests that need a child's handle or PID).
 //!
 //! Guarantees of [`ProcessRunner`]:
 //! - each call runs inside a `tracing` span named `cmd` carrying the (redacted) argv;

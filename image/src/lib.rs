@@ -6,7 +6,12 @@
 //! - [`oci`]: the config, manifest and index documents, [`write_oci_layout`] and
 //!   [`write_oci_archive`] (what `ctr images import` and `podman load` take);
 //! - [`agent`]: the agent's image ([`build_agent_image`]): the multi-call binary, its links, its
-//!   shared libraries, a CA bundle and a minimal `/etc`, with `entrypoint` as the entrypoint.
+//!   shared libraries, a CA bundle and a minimal `/etc`, with `entrypoint` as the entrypoint;
+//! - [`derive`]: images derived from another by appending a layer (documents or layouts).
+//!
+//! Beside the crate: `image/agent-container.bu` is the ACL host provisioning (generated from the
+//! agent's own units by `cargo xtask codegen`), `image/label-containerd.bu` the SELinux relabel
+//! of containerd's directory (`up --label-containerd`).
 //!
 //! Given the same inputs and epoch (`SOURCE_DATE_EPOCH`) every function here writes the same
 //! bytes, so an image's digest identifies its sources. `image/Containerfile` builds the same

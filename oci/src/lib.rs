@@ -26,7 +26,9 @@
 //! Modules: [`reference`](mod@reference) (image references), [`digest`], [`manifest`] (documents, media types,
 //! platforms), [`registry`] (the anonymous registry client), [`layout`] (local OCI layouts),
 //! [`unpack`](mod@unpack) (applying layers, safely; path confinement in `flex_host::confine`, shared with the agent's writes into machine trees), [`error`].
-//! The tests build their layers with `flex_testkit::layer_builder`.
+//! The tests build their layers with `flex_testkit::layer_builder`; `tests/registry.rs` pulls
+//! and pushes against a real registry (Debian's `docker-registry`), and `benches/unpack.rs`
+//! times the unpacker against `tar -xzf`.
 
 pub mod error;
 pub mod layout;

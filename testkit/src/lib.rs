@@ -5,6 +5,15 @@
 //! everything above them is the real code. Files are never faked: tests give
 //! [`flex_host::fs::HostFs`] a temporary root instead. HTTP peers are not faked either:
 //! [`http::ScriptedServer`] is a real server on 127.0.0.1 with scripted answers.
+//!
+//! Besides the fakes ([`FakeRunner`], [`FakeSystemd`], [`FakeHostInfo`], and [`FakeHost`], the
+//! bundle over a temporary root): [`tree_snapshot`] (a directory tree as text), [`layer_builder`]
+//! (image layers with every entry kind the unpacker handles, and hostile ones), [`operations`]
+//! (MachineOperation builders for the decision and reconciler tests), [`http`] and [`errors`]
+//! ([`assert_cause_once`]: the workspace's error rule, checked per error type).
+//!
+//! The host crate's own tests that need a fake are integration tests (`host/tests/`), so the
+//! fakes and the code they fake use one build of `flex-host`'s types.
 
 pub mod errors;
 pub mod http;

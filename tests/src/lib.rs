@@ -1,5 +1,13 @@
 //! Cross-crate tests live in `tests/tests/`; this library locates the workspace root and holds
 //! what several of them share ([`daemon`]: long-running children such as containerd).
+//!
+//! The tests: the repository's own checks (`tidy.rs`: module docs, the README's commands,
+//! ARCHITECTURE.md names every crate and the main modules; `docs_paths.rs`: every repository
+//! path the docs name exists; `imports.rs`: no crate's modules import each other in a circle,
+//! the agent's layers only look down, the harness's groups never import each other;
+//! `workflows.rs`: the GitHub workflows parse, keep least privilege, and run only tasks and
+//! flags xtask and the harness accept), and the agent's image under a real containerd
+//! (`containerd_image.rs`, `containerd_pull.rs`).
 
 pub mod daemon;
 

@@ -1,6 +1,8 @@
 //! Repository tidiness, checked on the real tree: every Rust module opens with a `//!` doc, the
 //! README's first commands are the two set-up commands, `.ci/run` calls the README's test
-//! command, and ARCHITECTURE.md's code map names every workspace crate and agent module.
+//! command, and ARCHITECTURE.md's Crates section names every workspace crate and the modules of
+//! the agent, the host, the API and the OCI crates (that every repository path the docs name
+//! exists is `docs_paths.rs`).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure
 
@@ -94,7 +96,7 @@ fn architecture_code_map_names_every_crate_and_module() {
     for c in &members {
         assert!(
             arch.contains(&format!("`{c}/`")),
-            "ARCHITECTURE.md's code map does not mention the crate {c}/"
+            "ARCHITECTURE.md's Crates section does not mention the crate {c}/"
         );
     }
     for lib in [
@@ -110,7 +112,7 @@ fn architecture_code_map_names_every_crate_and_module() {
             let m = m.trim_end_matches(';');
             assert!(
                 arch.contains(&format!("`{m}`")),
-                "ARCHITECTURE.md's code map lacks module `{m}` of {lib}"
+                "ARCHITECTURE.md's Crates section lacks module `{m}` of {lib}"
             );
         }
     }

@@ -12,7 +12,11 @@
 //! - the controller, the harness, the image builder and the OCI crate (`flex-oci`) do not link
 //!   the agent (the harness may use it as a dev-dependency to cross-check with it);
 //! - the OCI crate knows nothing of systemd, containerd or the agent (it takes image references
-//!   and digests from the API crate).
+//!   and digests from the API crate);
+//! - the Ignition crate (`flex-ignition`) depends on neither the host crate nor the agent: it
+//!   renders configs from data (the API crate's bootstrap arguments and image references), so
+//!   the agent and the harness both call it (the host crate may be a dev-dependency of its
+//!   tests).
 
 use flex_host::runner::{Cmd, Runner};
 
@@ -70,6 +74,11 @@ const RULES: &[Rule] = &[
         package: "flex-oci",
         forbidden: &["aks-flex-node", "zbus", "containerd-api", "tonic"],
         why: "the OCI crate pulls and unpacks images; it knows nothing of systemd, containerd or the agent",
+    },
+    Rule {
+        package: "flex-ignition",
+        forbidden: &["flex-host", "aks-flex-node"],
+        why: "the Ignition crate renders configs from data; the agent and the harness both call it",
     },
     Rule {
         package: "flex-host",

@@ -10,8 +10,8 @@
 //! - `backports [--write]`: the `-backports` apt source from this machine's own Debian source
 //!   (`.ci/run` adds it before installing QEMU from it);
 //! - `codegen [--check]`: `flex-codegen` (committed generated files);
-//! - `up`, `check`, `down`, `image`, `ssh`, `console`, `journal`: the `flex-harness` binary,
-//!   with the task's flags.
+//! - `up`, `check`, `down`, `image`, `ssh`, `console`, `journal`, `selinux`, `bench`: the
+//!   `flex-harness` binary (`harness/src/bin/flex-harness/`), with the task's flags.
 //!
 //! The task table and the parsing of the flags are the library's ([`xtask::tasks`]).
 

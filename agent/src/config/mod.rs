@@ -9,6 +9,11 @@
 //! schema does not know are ignored; unlike Go, each ignored key is reported (the CLI logs them
 //! as a warning) so a typo does not go unnoticed. Keys inside free-form maps (`node.labels`,
 //! `azure.arc.tags`) are kept exactly as written.
+//!
+//! The serde types are here; `keys` holds the schema the keys are matched against (`SCHEMA`:
+//! a field missing from it is dropped as an unknown key), `legacy` the adapter of the pre-RP
+//! shape, and `validate` the defaults and the rules in upstream's order. Go durations are the
+//! API crate's ([`GoDuration`]), secrets the host crate's `Secret`.
 
 mod keys;
 mod legacy;

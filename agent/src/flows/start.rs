@@ -8,6 +8,13 @@
 //! files rewritten only when they differ, the service enabled and started) and the mark written.
 //! The machine, already running, is not provisioned again.
 //!
+//! `start` marks its beginning ([`crate::state::BOOTSTRAP_STARTED_PATH`]) before it changes
+//! the host; that mark without a daemon state is a `start` cut short before its machine came
+//! up, which `bootstrap-node` runs again without preflight (its own half-started machine would
+//! fail the port checks). A `start` that returns an error removes the mark (only a kill leaves
+//! it); `reset` removes both marks as its first step, so a reset cut short never leaves a node
+//! without a machine that `bootstrap-node` takes for bootstrapped.
+//!
 //! The node-machine work (rootfs, configuration, lifecycle) sits behind [`NodeStarter`] and the
 //! machine-goal registration behind [`MachineRegistry`], so this flow is tested with fakes and
 //! the layers that implement them plug in without changing it.

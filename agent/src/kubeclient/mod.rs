@@ -14,6 +14,14 @@
 //!   it in the background once 80 % of its lifetime has passed.
 //! - [`daemon_clients`]: the two together, as the daemon uses them; [`KubeClients`] hands out
 //!   the current client (a rotation replaces it).
+//! - [`discover`]: before a CSR, whether the cluster serves the Flex API
+//!   (`unbounded-cloud.io/v1alpha3`, which `deploy/crds` installs with the controller). Where it
+//!   does not, nothing would approve the request, so the daemon says so at once (`the cluster
+//!   has no AKS Flex controller: …`) and retries with backoff, instead of waiting two minutes
+//!   for a certificate (upstream's "wait for daemon controller certificate: context deadline
+//!   exceeded").
+//! - [`scratch`]: the same credential store on a scratch root only (`debug credential-store`,
+//!   the `faults` group's window 4; `/` is refused).
 //!
 //! The private key is generated here, written only inside the credential directory and never
 //! sent: the CSR carries the public key. The key is held as a [`Secret`] (redacted `Debug`) and

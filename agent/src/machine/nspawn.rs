@@ -1,6 +1,8 @@
-//! Stopping and removing the node's systemd-nspawn machines (`kube1`, `kube2`), as unbounded's
-//! `StopNode`, `StopMachine` and `CleanupMachine` do. Provisioning and starting machines build on
-//! this in the node-machines layer.
+//! The node's systemd-nspawn machines (`kube1`, `kube2`) by name: their paths; starting one
+//! (enable, start with a stale registration cleared once, wait until it answers), its services
+//! and the wait for kubelet; stopping (`machinectl poweroff`, retried, then `terminate` if it
+//! lingers) and removing one (bpffs, `machinectl remove`, files), as unbounded's `StopNode`,
+//! `StopMachine` and `CleanupMachine` do. Provisioning builds on this in [`super::node`].
 //!
 //! Every command is upstream's argv through the [`flex_host::runner::Runner`], so the agent's
 //! container can route `machinectl`, `systemd-run`, `mountpoint` and `umount` to `host-exec`.

@@ -1,4 +1,7 @@
-//! The agent's own unit, `aks-flex-node-agent.service`, rendered as upstream ships it.
+//! The agent's own units: `aks-flex-node-agent.service` as upstream ships it (the host
+//! variant) and the recovery unit, and the container variants, which run the agent's image with
+//! `ctr run` ([`ContainerUnit`]: the agent, the first-boot bootstrap, reset; the container
+//! recovery unit).
 
 /// Unit name.
 pub const AGENT_UNIT: &str = "aks-flex-node-agent.service";

@@ -21,6 +21,11 @@
 //! - a key given twice: the last line wins.
 //!
 //! Errors name the 1-based line and never include a value (a value may be a secret).
+//!
+//! [`keys`]: the input names ([`keys::ALL`]; [`keys::INSTALL`], the ones only
+//! `scripts/bootstrap.sh` reads), which the agent's input table is checked against; [`args`]:
+//! bootstrap arguments (`AKS_FLEX_NODE_*=VALUE`) checked and written as a `bootstrap.env` this
+//! parser reads back exactly (`aks-flex-node ignition`, the harness).
 
 pub mod args;
 pub mod keys;

@@ -11,7 +11,8 @@
 //! one kept as written, the phase as a string; the decision layer ([`crate::operations`]) says
 //! what an unknown value means. `status.reason` is this agent's
 //! addition, the `Completed` condition's reason, for `kubectl get -o` and scripts; a cluster
-//! with upstream's CRD prunes it, and the condition still carries it.
+//! with upstream's CRD prunes it, and the condition still carries it. [`GROUP`] is the API
+//! group, [`DAEMON_GROUP`] the group every daemon certificate carries (the RBAC subject).
 
 use std::collections::BTreeMap;
 

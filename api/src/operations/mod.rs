@@ -6,6 +6,8 @@
 //!   given the operation and the local record (the table below);
 //! - [`record`]: the local record's data ([`Record`], [`Stage`]); the agent stores it.
 //!
+//! The decision table's tests, row by row, are `api/tests/operations_decide.rs`.
+//!
 //! # Decisions
 //!
 //! [`decide::decide`] takes the operation, this node's facts (machine name, Node labels, whether

@@ -12,7 +12,7 @@
 //!   auxiliary unit, what `systemd-run --on-active=… --timer-property=AccuracySec=…` sends.
 //!
 //! Errors are [`SystemdError::Call`] whose `call` is the line
-//! [`FakeSystemd`](crate::testing::FakeSystemd) records for the same verb (`start foo.service`).
+//! `flex_testkit::FakeSystemd` records for the same verb (`start foo.service`).
 
 use std::fmt::Display;
 use std::sync::Arc;

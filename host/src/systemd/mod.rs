@@ -3,8 +3,9 @@
 //! [`SystemdManager`] is the narrow interface every flow uses. Two implementations:
 //! [`SystemctlManager`] runs `systemctl`/`systemd-run` through the [`Runner`] (what upstream
 //! does, and what the container mode routes through `host-exec`), and [`DbusManager`] talks to
-//! `org.freedesktop.systemd1` over D-Bus with zbus. The recording fake is
-//! `FakeSystemd` in the flex-testkit crate.
+//! `org.freedesktop.systemd1` over D-Bus with zbus (feature `dbus`; a job verb waits for its job
+//! to finish, as `systemctl` does). The recording fake is `FakeSystemd` in the flex-testkit
+//! crate.
 
 #[cfg(feature = "dbus")]
 mod dbus;

@@ -1,11 +1,14 @@
 //! AgentUpgrade and recovery: the agent replaces itself, and a candidate that fails to start
 //! is rolled back on its own.
 //!
-//! - [`plan`]: the pure state machines (what a starting daemon does with the upgrade record,
-//!   what recovery does given the record and the unit's state), table-tested;
-//! - [`layout`]: the blue/green binary layout on a host;
-//! - [`flow`]: [`Upgrader`], the I/O: fetch and check the candidate, switch, schedule the
-//!   restart, prove or finish at daemon start, and recover.
+//! - the pure state machines (what a starting daemon does with the upgrade record, what
+//!   recovery does given the record and the unit's state), table-tested, are the API crate's
+//!   [`flex_api::upgrade`], their types re-exported here;
+//! - [`layout`]: the blue/green binary layout on a host (`current` and `last-good` links);
+//! - [`flow`]: [`Upgrader`], the I/O: fetch and check the candidate (download + SHA-256, or a
+//!   containerd pull), refuse while unproven, switch, schedule the restart, prove after the
+//!   daemon's first successful reconcile or finish at daemon start, and recover. See
+//!   `docs/upgrade.md`.
 //!
 //! # The flow
 //!

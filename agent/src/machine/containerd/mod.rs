@@ -26,7 +26,8 @@
 //!   with `ctr` ([`HostImages`]). Which path is taken is logged at `warn` when it is `ctr`.
 //! - `FakeImages` (`fake`, test code only): a recording fake for other modules' tests.
 //!
-//! Every error ([`ContainerdError`]) names the image and the failing step.
+//! Every error ([`ContainerdError`]) names the image and the failing step. Both stores run
+//! against a real containerd and registry in `tests/tests/containerd_pull.rs`.
 
 pub mod ctr;
 #[cfg(test)]
