@@ -204,6 +204,123 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    /// Keys the schema reads only for the legacy adapter: no serde field carries them.
+    const LEGACY: &[&str] = &[
+        "kubernetes",
+        "kubernetes.version",
+        "containerd",
+        "containerd.version",
+        "runc",
+        "runc.version",
+        "cni",
+        "cni.version",
+        "node.kubelet.dnsServiceIP",
+        "node.kubelet.serverURL",
+    ];
+
+    /// A config in which every optional part is present, so its serialization shows every
+    /// serde field (the ones skipped when empty are filled).
+    fn filled() -> crate::config::Config {
+        use crate::config::*;
+        let mut c = Config::default();
+        c.azure.service_principal = Some(ServicePrincipal::default());
+        c.azure.managed_identity = Some(ManagedIdentity {
+            client_id: "x".into(),
+        });
+        c.azure.bootstrap_token = Some(BootstrapToken::default());
+        c.azure.arc = Some(ArcConfig::default());
+        c.azure.target_cluster = Some(TargetCluster::default());
+        c.bootstrap.offline_artifacts = Some(OfflineArtifacts::default());
+        c.bootstrap.additional_host_devices = vec!["x".into()];
+        c.bootstrap.insecure_registries = vec!["x".into()];
+        c.node.registry_mirrors.insert("x".into(), "y".into());
+        c.host_routing.static_routes.routes.push(StaticRoute {
+            destination: "x".into(),
+            gateway: "x".into(),
+            dev: "x".into(),
+            metric: Some(1),
+        });
+        c
+    }
+
+    /// Every key path of `v`, not descending into free-form maps of `shape`.
+    fn serde_paths(v: &Value, shape: Option<&Shape>, path: &str, out: &mut Vec<String>) {
+        let at = |k: &str| {
+            if path.is_empty() {
+                k.to_string()
+            } else {
+                format!("{path}.{k}")
+            }
+        };
+        match (v, shape) {
+            (_, Some(FreeMap)) => {}
+            (Value::Object(o), _) => {
+                for (k, sub) in o {
+                    let sub_shape = match shape {
+                        Some(Struct(fields)) => fields.iter().find(|(n, _)| n == k).map(|(_, s)| s),
+                        _ => None,
+                    };
+                    out.push(at(k));
+                    serde_paths(sub, sub_shape, &at(k), out);
+                }
+            }
+            (Value::Array(items), _) => {
+                let elem = match shape {
+                    Some(Array(e)) => Some(*e),
+                    _ => None,
+                };
+                for item in items {
+                    serde_paths(item, elem, path, out);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn schema_paths(shape: &Shape, path: &str, out: &mut Vec<String>) {
+        let shape = match shape {
+            Array(e) => *e,
+            s => s,
+        };
+        if let Struct(fields) = shape {
+            for (k, sub) in *fields {
+                let p = if path.is_empty() {
+                    (*k).to_string()
+                } else {
+                    format!("{path}.{k}")
+                };
+                out.push(p.clone());
+                schema_paths(sub, &p, out);
+            }
+        }
+    }
+
+    /// `SCHEMA` is written by hand beside the serde types; this keeps the two the same: every
+    /// key a fully filled config serializes to is in the schema (else loading drops it as
+    /// unknown), and every schema key but the legacy ones is a serde field.
+    #[test]
+    fn schema_matches_the_serde_types() {
+        let v = serde_json::to_value(filled()).unwrap();
+        let mut serde = Vec::new();
+        serde_paths(&v, Some(&SCHEMA), "", &mut serde);
+        let mut schema = Vec::new();
+        schema_paths(&SCHEMA, "", &mut schema);
+        let missing: Vec<_> = serde.iter().filter(|p| !schema.contains(p)).collect();
+        assert!(
+            missing.is_empty(),
+            "serde fields missing from SCHEMA: {missing:?}"
+        );
+        let extra: Vec<_> = schema
+            .iter()
+            .filter(|p| !serde.contains(p) && !LEGACY.contains(&p.as_str()))
+            .collect();
+        assert!(
+            extra.is_empty(),
+            "SCHEMA keys no serde field has: {extra:?}"
+        );
+        assert!(serde.len() > 60, "{serde:?}");
+    }
+
     #[test]
     fn keys_match_case_insensitively_and_exact_wins() {
         let raw = json!({

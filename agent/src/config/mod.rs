@@ -284,9 +284,13 @@ pub struct NodeConfig {
 pub struct KubeletConfig {
     /// Default 2.
     pub verbosity: i64,
-    /// Default 85.
+    /// Default 85. The key is `imageGCHighThreshold`, as upstream and docs/config.md spell it
+    /// (camelCase would make it `imageGcHighThreshold`, which the key canonicaliser never
+    /// produces: the value was dropped).
+    #[serde(rename = "imageGCHighThreshold")]
     pub image_gc_high_threshold: i64,
-    /// Default 80.
+    /// Default 80 (`imageGCLowThreshold`).
+    #[serde(rename = "imageGCLowThreshold")]
     pub image_gc_low_threshold: i64,
     /// API server host (`host`, `host:port` or a URL).
     #[serde(rename = "clusterFQDN")]

@@ -23,6 +23,25 @@ fn with(mut v: Value, f: impl FnOnce(&mut Value)) -> Value {
     v
 }
 
+/// The documented kubelet GC keys reach the config, in any spelling case (they were dropped:
+/// the schema's key and the serde field's differed, found by keys.rs's schema test).
+#[test]
+fn image_gc_thresholds_are_read() {
+    for (high, low) in [
+        ("imageGCHighThreshold", "imageGCLowThreshold"),
+        ("imageGcHighThreshold", "imageGcLowThreshold"),
+    ] {
+        let v = with(base(), |v| {
+            v["node"]["kubelet"][high] = json!(90);
+            v["node"]["kubelet"][low] = json!(70);
+        });
+        let l = parse_value(&v).unwrap();
+        assert_eq!(l.config.node.kubelet.image_gc_high_threshold, 90, "{high}");
+        assert_eq!(l.config.node.kubelet.image_gc_low_threshold, 70, "{low}");
+        assert!(l.unknown_keys.is_empty(), "{:?}", l.unknown_keys);
+    }
+}
+
 #[test]
 fn token_fixture_loads_with_defaults() {
     let l = parse_value(&base()).unwrap();

@@ -38,13 +38,6 @@ pub const GROUP: &str = "unbounded-cloud.io";
 /// The API version.
 pub const VERSION: &str = "v1alpha3";
 
-/// `NodeReboot`, as [`OperationKind::NodeReboot`] writes it.
-pub const NODE_REBOOT: &str = "NodeReboot";
-/// `AgentUpgrade`, as [`OperationKind::AgentUpgrade`] writes it.
-pub const AGENT_UPGRADE: &str = "AgentUpgrade";
-/// `AgentReset`, as [`OperationKind::AgentReset`] writes it.
-pub const AGENT_RESET: &str = "AgentReset";
-
 /// The one condition type the agent writes on an operation.
 pub const CONDITION_COMPLETED: &str = "Completed";
 

@@ -62,7 +62,7 @@ fn operation_decodes_as_the_api_server_returns_it() {
         },
     });
     let op: MachineOperation = serde_json::from_value(v).unwrap();
-    assert_eq!(op.spec.operation_kind, NODE_REBOOT);
+    assert_eq!(op.spec.operation_kind, OperationKind::NodeReboot);
     assert_eq!(op.spec.ttl_seconds_after_finished, Some(60));
     assert_eq!(op.phase(), Ok(OperationPhase::Failed));
     assert!(op.phase().unwrap().is_terminal());
