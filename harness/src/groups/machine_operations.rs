@@ -74,7 +74,8 @@ async fn node_reboot(e: &Env<'_>) -> anyhow::Result<Checked> {
         anyhow::bail!("no activeMachine in {DAEMON_STATE}");
     }
     let leader = machine_prop(e.guest, &m, "Leader").await?;
-    let (op, took) = run_operation(e, flex_api::machina::NODE_REBOOT).await?;
+    let (op, took) =
+        run_operation(e, flex_api::machina::OperationKind::NodeReboot.as_str()).await?;
     let g = e.guest;
     let (mm, before) = (m.as_str(), leader.as_str());
     poll(
@@ -141,7 +142,8 @@ async fn ready_after_vm_reboot(e: &Env<'_>) -> anyhow::Result<Checked> {
 
 async fn agent_reset(e: &Env<'_>) -> anyhow::Result<Checked> {
     wait_node_ready(e, None, NODE_READY_TIMEOUT).await?;
-    let (op, took) = run_operation(e, flex_api::machina::AGENT_RESET).await?;
+    let (op, took) =
+        run_operation(e, flex_api::machina::OperationKind::AgentReset.as_str()).await?;
     Ok(Checked::passed_with(format!("{op} in {}", secs(took))))
 }
 

@@ -88,8 +88,12 @@ async fn good_candidate(e: &Env<'_>) -> anyhow::Result<String> {
 async fn agent_upgrade(e: &Env<'_>) -> anyhow::Result<Checked> {
     wait_node_ready(e, None, READY_TIMEOUT).await?;
     let good = good_candidate(e).await?;
-    let (op, took) =
-        run_operation_with(e, flex_api::machina::AGENT_UPGRADE, &[("image", &good)]).await?;
+    let (op, took) = run_operation_with(
+        e,
+        flex_api::machina::OperationKind::AgentUpgrade.as_str(),
+        &[("image", &good)],
+    )
+    .await?;
     wait_agent_running(e, Some(&good)).await?;
     wait_node_ready(e, None, READY_TIMEOUT).await?;
     Ok(Checked::passed_with(format!("{op} in {}", secs(took))))

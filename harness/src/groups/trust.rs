@@ -199,7 +199,7 @@ async fn node_identity(e: &Env<'_>, s: &Scratch, node: &str) -> anyhow::Result<P
 fn operation(e: &Env<'_>, name: &str, target: &str) -> String {
     let mut doc: Value = serde_json::from_str(&render::machine_operation(
         name,
-        flex_api::machina::NODE_REBOOT,
+        flex_api::machina::OperationKind::NodeReboot.as_str(),
         target,
         &[],
     ))
@@ -207,7 +207,7 @@ fn operation(e: &Env<'_>, name: &str, target: &str) -> String {
     doc["metadata"]["labels"][TRUST_LABEL] = json!("true");
     if target.is_empty() {
         doc["spec"] = json!({
-            "operationKind": flex_api::machina::NODE_REBOOT,
+            "operationKind": flex_api::machina::OperationKind::NodeReboot.as_str(),
             "machineSelector": {"matchLabels": {TRUST_LABEL: e.stamp.to_string()}},
         });
     }
