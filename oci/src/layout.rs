@@ -268,7 +268,7 @@ impl OciLayout {
                         .map_err(|available| OciError::NoPlatform {
                             reference: self.name.clone(),
                             wanted: format!("linux/{arch}"),
-                            available,
+                            available: available.to_string(),
                         })?
                         .clone();
                     index_digest.get_or_insert(desc.digest.clone());
@@ -279,7 +279,7 @@ impl OciLayout {
                         reference: self.name.clone(),
                         what: "manifest",
                         digest: Some(desc.digest.clone()),
-                        reason,
+                        reason: reason.to_string(),
                     });
                 }
             }

@@ -417,10 +417,10 @@ struct Probe {
 
 /// Parses a manifest or index. `content_type` is the HTTP `Content-Type` (if any). The error is
 /// a human-readable reason.
-pub fn parse_manifest(content_type: Option<&str>, bytes: &[u8]) -> Result<Manifest, String> {
+pub fn parse_manifest(content_type: Option<&str>, bytes: &[u8]) -> Result<Manifest, ManifestError> {
     use media_type::*;
     let probe: Probe =
-        serde_json::from_slice(bytes).map_err(|e| format!("not a JSON manifest: {e}"))?;
+        serde_json::from_slice(bytes).map_err(|e| ManifestError::NotJson(e.to_string()))?;
     let declared = probe.media_type.as_deref().or_else(|| {
         content_type
             .map(|c| c.split(';').next().unwrap_or(c).trim())
@@ -431,33 +431,76 @@ pub fn parse_manifest(content_type: Option<&str>, bytes: &[u8]) -> Result<Manife
         Some(DOCKER_MANIFEST_V1 | DOCKER_MANIFEST_V1_SIGNED)
     ) || probe.schema_version == Some(1)
     {
-        return Err("Docker schema 1 manifests are not supported".into());
+        return Err(ManifestError::SchemaV1);
     }
     let kind = match declared.map(normalize_media_type) {
         Some(OCI_INDEX) => OCI_INDEX,
         Some(OCI_MANIFEST) => OCI_MANIFEST,
         Some(other) if probe.manifests.is_none() && probe.config.is_none() => {
-            return Err(format!("unsupported manifest media type {other}"));
+            return Err(ManifestError::UnsupportedMediaType(other.to_string()));
         }
         _ if probe.manifests.is_some() => OCI_INDEX,
         _ if probe.config.is_some() => OCI_MANIFEST,
-        _ => return Err("neither an index nor a manifest".into()),
+        _ => return Err(ManifestError::Neither),
     };
     if kind == OCI_INDEX {
-        let mut ix: ImageIndex =
-            serde_json::from_slice(bytes).map_err(|e| format!("invalid index: {e}"))?;
+        let mut ix: ImageIndex = serde_json::from_slice(bytes)
+            .map_err(|e| ManifestError::InvalidIndex(e.to_string()))?;
         ix.media_type = Some(OCI_INDEX.into());
         ix.manifests.iter_mut().for_each(Descriptor::normalize);
         Ok(Manifest::Index(ix))
     } else {
-        let mut m: ImageManifest =
-            serde_json::from_slice(bytes).map_err(|e| format!("invalid manifest: {e}"))?;
+        let mut m: ImageManifest = serde_json::from_slice(bytes)
+            .map_err(|e| ManifestError::InvalidManifest(e.to_string()))?;
         m.media_type = Some(OCI_MANIFEST.into());
         m.config.normalize();
         m.layers.iter_mut().for_each(Descriptor::normalize);
         Ok(Manifest::Image(m))
     }
 }
+
+/// Why [`parse_manifest`] refused a document.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ManifestError {
+    /// Not JSON, or not the fields every manifest has.
+    #[error("not a JSON manifest: {0}")]
+    NotJson(String),
+    /// Docker's schema 1, which has no content-addressed config.
+    #[error("Docker schema 1 manifests are not supported")]
+    SchemaV1,
+    /// A media type that is neither an index nor an image manifest.
+    #[error("unsupported manifest media type {0}")]
+    UnsupportedMediaType(String),
+    /// No media type, and neither `manifests` nor `config`.
+    #[error("neither an index nor a manifest")]
+    Neither,
+    /// An index whose fields do not decode.
+    #[error("invalid index: {0}")]
+    InvalidIndex(String),
+    /// An image manifest whose fields do not decode.
+    #[error("invalid manifest: {0}")]
+    InvalidManifest(String),
+}
+
+/// [`select_platform`] found no entry for the platform: the platforms the index has (none when
+/// it is empty), each as `os/architecture[/variant]` or `(no platform)`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NoPlatform {
+    /// The index's platforms.
+    pub available: Vec<String>,
+}
+
+impl std::fmt::Display for NoPlatform {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.available.is_empty() {
+            f.write_str("the index is empty")
+        } else {
+            f.write_str(&self.available.join(", "))
+        }
+    }
+}
+
+impl std::error::Error for NoPlatform {}
 
 /// Whether an index entry is an attestation or other non-image entry (`unknown/unknown`).
 fn is_attestation(d: &Descriptor) -> bool {
@@ -466,7 +509,7 @@ fn is_attestation(d: &Descriptor) -> bool {
 
 /// Picks the entry of `index` for `linux/<arch>` (variant ignored). An index whose only entry has
 /// no platform is accepted. `Err` lists the platforms available.
-pub fn select_platform(index: &ImageIndex, arch: Arch) -> Result<&Descriptor, String> {
+pub fn select_platform(index: &ImageIndex, arch: Arch) -> Result<&Descriptor, NoPlatform> {
     let candidates: Vec<&Descriptor> = index
         .manifests
         .iter()
@@ -492,11 +535,7 @@ pub fn select_platform(index: &ImageIndex, arch: Arch) -> Result<&Descriptor, St
             None => "(no platform)".to_string(),
         })
         .collect();
-    Err(if available.is_empty() {
-        "the index is empty".into()
-    } else {
-        available.join(", ")
-    })
+    Err(NoPlatform { available })
 }
 
 #[cfg(test)]
@@ -552,10 +591,9 @@ mod tests {
     #[test]
     fn bad_documents_are_refused() {
         assert!(parse_manifest(None, b"{").is_err());
-        assert!(
-            parse_manifest(None, br#"{"schemaVersion":1,"fsLayers":[]}"#)
-                .unwrap_err()
-                .contains("schema 1")
+        assert_eq!(
+            parse_manifest(None, br#"{"schemaVersion":1,"fsLayers":[]}"#).unwrap_err(),
+            ManifestError::SchemaV1
         );
         assert!(parse_manifest(Some("application/x-foo"), br#"{"schemaVersion":2}"#).is_err());
         let bad_digest = br#"{"schemaVersion":2,"config":{"mediaType":"x","digest":"sha256:../../x","size":1},"layers":[]}"#;
@@ -574,11 +612,14 @@ mod tests {
         };
         let ix = ImageIndex::new(vec![d("s390x", "linux"), d("amd64", "windows")]);
         let e = select_platform(&ix, Arch::Amd64).unwrap_err();
-        assert_eq!(e, "linux/s390x, windows/amd64");
+        assert_eq!(e.available, ["linux/s390x", "windows/amd64"]);
+        assert_eq!(e.to_string(), "linux/s390x, windows/amd64");
         let single = ImageIndex::new(vec![Descriptor::of(media_type::OCI_MANIFEST, b"x")]);
         assert!(select_platform(&single, Arch::Arm64).is_ok());
         assert_eq!(
-            select_platform(&ImageIndex::new(vec![]), Arch::Arm64).unwrap_err(),
+            select_platform(&ImageIndex::new(vec![]), Arch::Arm64)
+                .unwrap_err()
+                .to_string(),
             "the index is empty"
         );
     }

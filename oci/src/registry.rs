@@ -172,18 +172,28 @@ pub fn parse_bearer_challenge(header: &str) -> Option<BearerChallenge> {
     })
 }
 
+/// Why a token endpoint's answer gave no token. Neither quotes the body (it may hold a token).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum TokenResponseError {
+    /// The body is not JSON.
+    #[error("not JSON: {0}")]
+    NotJson(String),
+    /// No non-empty `token` or `access_token`.
+    #[error("no token")]
+    NoToken,
+}
+
 /// The token in a token endpoint's answer: `token`, else `access_token` (Docker's token
-/// spec), a non-empty string. The error is the reason, starting with `: ` or a blank so it
-/// reads after the endpoint's name, and never quotes the body (it may hold a token).
-pub fn parse_token_response(body: &[u8]) -> Result<String, String> {
+/// spec), a non-empty string.
+pub fn parse_token_response(body: &[u8]) -> Result<String, TokenResponseError> {
     let v: serde_json::Value =
-        serde_json::from_slice(body).map_err(|e| format!(": not JSON: {e}"))?;
+        serde_json::from_slice(body).map_err(|e| TokenResponseError::NotJson(e.to_string()))?;
     v.get("token")
         .or_else(|| v.get("access_token"))
         .and_then(|t| t.as_str())
         .filter(|t| !t.is_empty())
         .map(str::to_string)
-        .ok_or_else(|| " returned no token".to_string())
+        .ok_or(TokenResponseError::NoToken)
 }
 
 fn scope(image: &ImageRef, push: bool) -> String {
@@ -399,8 +409,14 @@ impl RegistryClient {
         let body = flex_host::http::read_capped(resp, flex_host::http::DOCUMENT_LIMIT)
             .await
             .map_err(|e| auth(format!("token endpoint {shown}: {e}")))?;
-        parse_token_response(&body)
-            .map_err(|reason| auth(format!("token endpoint {shown}{reason}")))
+        parse_token_response(&body).map_err(|reason| match reason {
+            TokenResponseError::NotJson(e) => {
+                auth(format!("token endpoint {shown}: not JSON: {e}"))
+            }
+            TokenResponseError::NoToken => {
+                auth(format!("token endpoint {shown} returned no token"))
+            }
+        })
     }
 
     /// One request with the token flow; classifies failures. 2xx/3xx and non-transient 4xx
@@ -568,7 +584,7 @@ impl RegistryClient {
                 reference: image.to_string(),
                 what: "manifest",
                 digest: Some(digest.clone()),
-                reason,
+                reason: reason.to_string(),
             }
         })?;
         Ok(FetchedManifest {
@@ -600,7 +616,7 @@ impl RegistryClient {
                         .map_err(|available| OciError::NoPlatform {
                             reference: image.to_string(),
                             wanted: format!("linux/{arch}"),
-                            available,
+                            available: available.to_string(),
                         })?
                         .clone();
                     index_digest.get_or_insert(fetched.digest.clone());

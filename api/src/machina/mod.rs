@@ -205,15 +205,20 @@ pub struct MachineOperationStatus {
     pub claimed_by: String,
 }
 
+/// A phase this API version does not define, as written.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("unknown phase {0:?}")]
+pub struct UnknownPhase(pub String);
+
 impl MachineOperation {
     /// The phase (`""` counts as `Pending`); `Err` carries an unknown phase as written.
-    pub fn phase(&self) -> Result<OperationPhase, String> {
+    pub fn phase(&self) -> Result<OperationPhase, UnknownPhase> {
         let raw = self
             .status
             .as_ref()
             .map(|s| s.phase.as_str())
             .unwrap_or_default();
-        OperationPhase::parse(raw).ok_or_else(|| raw.to_string())
+        OperationPhase::parse(raw).ok_or_else(|| UnknownPhase(raw.to_string()))
     }
 
     /// The `Completed` condition, if any.

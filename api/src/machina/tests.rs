@@ -74,7 +74,7 @@ fn operation_decodes_as_the_api_server_returns_it() {
         "status": {"phase": "Paused"},
     }))
     .unwrap();
-    assert_eq!(odd.phase(), Err("Paused".to_string()));
+    assert_eq!(odd.phase(), Err(UnknownPhase("Paused".to_string())));
 }
 
 #[test]

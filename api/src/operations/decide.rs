@@ -416,43 +416,70 @@ pub fn may_concern(op: &MachineOperation, machine_name: &str) -> bool {
         }
 }
 
+/// Why an operation does not concern this machine (each reads after "it no longer targets
+/// this machine (…)" and in the logs).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum NotTargeted {
+    /// `machineRef` names another machine.
+    #[error("it targets machine {other:?}, not {this:?}")]
+    OtherMachine {
+        /// The machine it names.
+        other: String,
+        /// This machine.
+        this: String,
+    },
+    /// Neither `machineRef` nor `machineSelector`.
+    #[error("it names no machine (neither machineRef nor machineSelector)")]
+    NoTarget,
+    /// An empty selector, which matches no machine.
+    #[error(
+        "its machineSelector is empty, and an empty selector matches no machine (name the \
+         machine with machineRef, or the machines with a label requirement)"
+    )]
+    EmptySelector,
+    /// A selector, and no labels to match it against (neither Node nor Machine exists).
+    #[error("its machineSelector needs labels, and neither Node nor Machine {0:?} exists")]
+    NoLabels(String),
+    /// The selector does not match this machine's labels.
+    #[error("its machineSelector does not match the labels of {0:?}")]
+    NoMatch(String),
+    /// The selector does not parse.
+    #[error("its machineSelector is invalid: {0}")]
+    InvalidSelector(SelectorError),
+    /// Another node's agent claimed it.
+    #[error("node {0:?} claimed it")]
+    ClaimedByOther(String),
+}
+
 /// Whether `op` targets this machine; `Err` says why not.
 pub fn targets(
     op: &MachineOperation,
     machine_name: &str,
     labels: Option<&BTreeMap<String, String>>,
-) -> Result<(), String> {
+) -> Result<(), NotTargeted> {
     if !op.spec.machine_ref.is_empty() {
         return if op.spec.machine_ref == machine_name {
             Ok(())
         } else {
-            Err(format!(
-                "it targets machine {:?}, not {machine_name:?}",
-                op.spec.machine_ref
-            ))
+            Err(NotTargeted::OtherMachine {
+                other: op.spec.machine_ref.clone(),
+                this: machine_name.to_string(),
+            })
         };
     }
     let Some(sel) = &op.spec.machine_selector else {
-        return Err("it names no machine (neither machineRef nor machineSelector)".into());
+        return Err(NotTargeted::NoTarget);
     };
     if selector_is_empty(sel) {
-        return Err(
-            "its machineSelector is empty, and an empty selector matches no machine (name the \
-             machine with machineRef, or the machines with a label requirement)"
-                .into(),
-        );
+        return Err(NotTargeted::EmptySelector);
     }
     let Some(labels) = labels else {
-        return Err(format!(
-            "its machineSelector needs labels, and neither Node nor Machine {machine_name:?} exists"
-        ));
+        return Err(NotTargeted::NoLabels(machine_name.to_string()));
     };
     match selector_matches(sel, labels) {
         Ok(true) => Ok(()),
-        Ok(false) => Err(format!(
-            "its machineSelector does not match the labels of {machine_name:?}"
-        )),
-        Err(e) => Err(format!("its machineSelector is invalid: {e}")),
+        Ok(false) => Err(NotTargeted::NoMatch(machine_name.to_string())),
+        Err(e) => Err(NotTargeted::InvalidSelector(e)),
     }
 }
 
@@ -519,7 +546,7 @@ pub fn decide(op: &MachineOperation, facts: &Facts<'_>, record: Option<&Record>)
     let target =
         targets(op, facts.machine_name, facts.labels).and_then(|()| {
             match claimed_by_other(op, facts.machine_name) {
-                Some(other) => Err(format!("node {other:?} claimed it")),
+                Some(other) => Err(NotTargeted::ClaimedByOther(other.to_string())),
                 None => Ok(()),
             }
         });
@@ -529,12 +556,12 @@ pub fn decide(op: &MachineOperation, facts: &Facts<'_>, record: Option<&Record>)
                 "it no longer targets this machine ({why}), and this agent recorded it as {}",
                 r.stage.as_str()
             )),
-            None => Decision::Ignore(why),
+            None => Decision::Ignore(why.to_string()),
         };
     }
     let phase = match op.phase() {
         Ok(p) => p,
-        Err(raw) => return Decision::Ignore(format!("unknown phase {raw:?}")),
+        Err(unknown) => return Decision::Ignore(unknown.to_string()),
     };
     if phase.is_terminal() {
         return after_finish(op, facts.now);
