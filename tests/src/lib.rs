@@ -32,3 +32,42 @@ pub fn workspace_members() -> Vec<String> {
         .filter(|m| !m.is_empty())
         .collect()
 }
+
+/// The production Rust files under `dirs` (relative to the workspace root): no `tests/`,
+/// `snapshots/` or `generated/` directory, no `tests.rs` or `*_tests.rs` file. For the source
+/// rules in `tests/tests/` (waits, errors).
+pub fn production_rust_files(dirs: &[&str]) -> Vec<PathBuf> {
+    fn walk(dir: &std::path::Path, out: &mut Vec<PathBuf>) {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        for p in entries.flatten().map(|e| e.path()) {
+            let name = p
+                .file_name()
+                .unwrap_or_default()
+                .to_string_lossy()
+                .to_string();
+            if p.is_dir() {
+                if !matches!(name.as_str(), "tests" | "snapshots" | "generated") {
+                    walk(&p, out);
+                }
+            } else if name.ends_with(".rs") && name != "tests.rs" && !name.ends_with("_tests.rs") {
+                out.push(p);
+            }
+        }
+    }
+    let root = workspace_root();
+    let mut out = Vec::new();
+    for d in dirs {
+        walk(&root.join(d), &mut out);
+    }
+    out
+}
+
+/// The production part of a source file: everything before its `#[cfg(test)] mod tests`.
+pub fn production(text: &str) -> &str {
+    match text.find("#[cfg(test)]\nmod tests") {
+        Some(i) => &text[..i],
+        None => text,
+    }
+}

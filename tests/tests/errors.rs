@@ -7,9 +7,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure
 
-use std::path::{Path, PathBuf};
-
-use flex_tests::workspace_root;
+use flex_tests::{production, production_rust_files, workspace_root};
 
 const SCANNED: &[&str] = &[
     "agent/src",
@@ -77,29 +75,9 @@ const LEFT: &[(&str, &str)] = &[
     ("oci/src/unpack.rs", "split_path"),
 ];
 
-fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
-    };
-    for e in entries {
-        let p = e.unwrap().path();
-        let name = p.file_name().unwrap().to_string_lossy().to_string();
-        if p.is_dir() {
-            if !matches!(name.as_str(), "tests" | "snapshots" | "generated") {
-                rust_files(&p, out);
-            }
-        } else if name.ends_with(".rs") && name != "tests.rs" && !name.ends_with("_tests.rs") {
-            out.push(p);
-        }
-    }
-}
-
 /// The functions of `text` (before its test module) whose return type is `Result<_, String>`.
 fn string_errors(text: &str) -> Vec<String> {
-    let text = match text.find("#[cfg(test)]\nmod tests") {
-        Some(i) => &text[..i],
-        None => text,
-    };
+    let text = production(text);
     let sig = regex::Regex::new(
         r"(?m)^[ \t]*(?:pub(?:\([^)]*\))?\s+)?(?:const\s+)?(?:async\s+)?fn\s+(\w+)[^;{]*?->\s*(Result<[^;{]*?>)\s*(?:where[^{]*)?\{",
     )
@@ -114,10 +92,7 @@ fn string_errors(text: &str) -> Vec<String> {
 #[test]
 fn string_errors_only_shrink() {
     let root = workspace_root();
-    let mut files = Vec::new();
-    for d in SCANNED {
-        rust_files(&root.join(d), &mut files);
-    }
+    let files = production_rust_files(SCANNED);
     let mut found = Vec::new();
     for f in &files {
         let rel = f.strip_prefix(&root).unwrap().display().to_string();

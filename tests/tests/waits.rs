@@ -7,9 +7,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure
 
-use std::path::{Path, PathBuf};
-
-use flex_tests::workspace_root;
+use flex_tests::{production, production_rust_files, workspace_root};
 
 /// The crates whose production code this rule covers (the harness and xtask are test tools,
 /// with their own waits on a VM; `flex_host::retry` itself is the one place with the sleep).
@@ -67,31 +65,6 @@ const TIMERS: &[(&str, usize, &str)] = &[
     ),
 ];
 
-fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
-    };
-    for e in entries {
-        let p = e.unwrap().path();
-        let name = p.file_name().unwrap().to_string_lossy().to_string();
-        if p.is_dir() {
-            if name != "tests" && name != "snapshots" {
-                rust_files(&p, out);
-            }
-        } else if name.ends_with(".rs") && name != "tests.rs" && !name.ends_with("_tests.rs") {
-            out.push(p);
-        }
-    }
-}
-
-/// The production part of a file: everything before its `#[cfg(test)]` test module.
-fn production(text: &str) -> &str {
-    match text.find("#[cfg(test)]\nmod tests") {
-        Some(i) => &text[..i],
-        None => text,
-    }
-}
-
 fn sleeps(text: &str) -> usize {
     production(text)
         .lines()
@@ -103,10 +76,7 @@ fn sleeps(text: &str) -> usize {
 #[test]
 fn every_sleep_outside_retry_is_a_listed_timer() {
     let root = workspace_root();
-    let mut files = Vec::new();
-    for d in COVERED {
-        rust_files(&root.join(d), &mut files);
-    }
+    let files = production_rust_files(COVERED);
     assert!(files.len() > 50, "{} files", files.len());
     let mut wrong = Vec::new();
     for f in &files {
