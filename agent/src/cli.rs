@@ -803,7 +803,10 @@ impl crate::flows::start::NodeStarter for MachinesForConfig {
         cfg: &config::Config,
         machine: &str,
     ) -> Result<(), crate::machine::seams::SeamError> {
-        crate::machine::node::NodeMachines::new(self.0.clone(), cfg.clone())?
+        // The machines are built from the configuration (its insecure registries) and the
+        // running binary: the same inputs fail the same way.
+        crate::machine::node::NodeMachines::new(self.0.clone(), cfg.clone())
+            .map_err(crate::machine::seams::SeamError::permanent)?
             .start_node(host, cfg, machine)
             .await
     }

@@ -52,14 +52,6 @@ impl SeamError {
     }
 }
 
-/// Anything not classified is taken as transient (the caller retries with backoff, as for an
-/// error it has never seen).
-impl From<anyhow::Error> for SeamError {
-    fn from(e: anyhow::Error) -> Self {
-        Self::Transient(e)
-    }
-}
-
 /// The machine resource, as far as `start` needs it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RemoteMachine {

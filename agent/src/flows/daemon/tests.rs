@@ -1221,8 +1221,9 @@ async fn an_operation_that_stops_the_daemon_uninstalls_the_service() {
 }
 
 #[tokio::test]
-async fn an_unreadable_state_reports_failed_and_retries() {
-    // A state file without its checksum.
+async fn an_unreadable_state_reports_failed_as_permanent_and_comes_round_again() {
+    // A state file without its checksum: reading it again fails the same way, so the failure is
+    // permanent (no backoff storm); the reconcile still comes round on its period.
     let mut h = start(Setup {
         state: None,
         files: vec![(crate::state::STATE_PATH, b"{}\n".to_vec())],
@@ -1237,6 +1238,7 @@ async fn an_unreadable_state_reports_failed_and_retries() {
         ),
         "{err}"
     );
+    assert!(failed.permanent, "{failed:?}");
     assert!(failed.retry_in.is_some());
     let patches = h.patches();
     assert_eq!(patches[0].0, "Failed");

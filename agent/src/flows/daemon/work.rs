@@ -22,7 +22,7 @@ use crate::goalclient::{MachineClient, MachineError, MachineStatus};
 use crate::kubeclient::{KubeClients, describe};
 use crate::machine::nspawn::Timings;
 use crate::machine::seams::SeamError;
-use crate::state::DaemonState;
+use crate::state::{DaemonState, StateError};
 use flex_api::node_state::Event as NodeEvent;
 use flex_api::repave::{Action, Decision, MachineSnapshot, decide};
 use flex_host::context::Host;
@@ -87,19 +87,23 @@ impl Ctx {
                 if let Err(pe) = self.patch(FAILED, "", &message).await {
                     tracing::debug!(error = %pe, "report machine status Failed");
                 }
-                return Err(anyhow!(message).into());
+                // A record that does not read (checksum, envelope, payload) fails the same way
+                // until someone repairs or removes it; a read error of the disk may pass.
+                return Err(match e {
+                    StateError::Fs(_) => SeamError::transient(anyhow!(message)),
+                    _ => SeamError::permanent(anyhow!(message)),
+                });
             }
         };
         let machine = match self.machines.get().await {
             Ok(m) => Some(m),
             Err(MachineError::NotFound(_)) => None,
-            Err(e) => return Err(anyhow!("get machine: {e}").into()),
+            Err(e) => return Err(SeamError::transient(anyhow!("get machine: {e}"))),
         };
         let nodes: Api<Node> = Api::all(self.kube.current());
-        let node = nodes
-            .get_opt(&self.node_name)
-            .await
-            .map_err(|e| anyhow!("get node {}: {}", self.node_name, describe(&e)))?;
+        let node = nodes.get_opt(&self.node_name).await.map_err(|e| {
+            SeamError::transient(anyhow!("get node {}: {}", self.node_name, describe(&e)))
+        })?;
         if let Some(r) = &self.node_state {
             r.node_seen(node.as_ref().and_then(|n| n.metadata.uid.as_deref()));
         }
@@ -119,7 +123,9 @@ impl Ctx {
             (Action::ReportSucceeded, MachineSnapshot::Exists(goal)) => {
                 self.patch(SUCCEEDED, &goal.settings_version, decision.reason)
                     .await
-                    .map_err(|e| anyhow!("report machine status {SUCCEEDED}: {e}"))?;
+                    .map_err(|e| {
+                        SeamError::transient(anyhow!("report machine status {SUCCEEDED}: {e}"))
+                    })?;
                 Flow::Done
             }
             (Action::ApplyGoalState, MachineSnapshot::Exists(goal)) => {
@@ -145,7 +151,9 @@ impl Ctx {
         .await;
         self.patch(RECONCILING, &old, "applying machine goal state")
             .await
-            .map_err(|e| anyhow!("report machine status {RECONCILING}: {e}"))?;
+            .map_err(|e| {
+                SeamError::transient(anyhow!("report machine status {RECONCILING}: {e}"))
+            })?;
         match crate::flows::repave::apply_goal_state(self.ops.as_ref(), &self.stores, &state, goal)
             .await
         {
@@ -161,7 +169,9 @@ impl Ctx {
                     "machine goal state applied",
                 )
                 .await
-                .map_err(|e| anyhow!("report machine status {SUCCEEDED}: {e}").into())
+                .map_err(|e| {
+                    SeamError::transient(anyhow!("report machine status {SUCCEEDED}: {e}"))
+                })
             }
             Err(e) => {
                 let message = e.to_string();
@@ -184,8 +194,8 @@ impl Ctx {
         tracing::warn!(node = %self.node_name, "node deletion: resetting the node");
         crate::flows::reset::reset_node(&self.host, self.timings)
             .await
-            .map_err(|e| anyhow!("reset node: {e}"))?;
-        Ok(self.stop_daemon().await?)
+            .map_err(|e| SeamError::transient(anyhow!("reset node: {e}")))?;
+        self.stop_daemon().await.map_err(SeamError::transient)
     }
 
     async fn stop_daemon(&self) -> anyhow::Result<()> {
@@ -204,9 +214,11 @@ impl Ctx {
             OperationOutcome::Done => Flow::Done,
             OperationOutcome::RequeueAfter(d) => Flow::RequeueAfter(d),
             OperationOutcome::StopDaemon => {
-                self.stop_daemon()
-                    .await
-                    .map_err(|e| anyhow!("stop daemon after MachineOperation {name}: {e:#}"))?;
+                self.stop_daemon().await.map_err(|e| {
+                    SeamError::transient(anyhow!(
+                        "stop daemon after MachineOperation {name}: {e:#}"
+                    ))
+                })?;
                 Flow::Stop("a MachineOperation stopped the daemon")
             }
         })

@@ -39,7 +39,9 @@ impl NodeStarter for RecordingNode {
             .unwrap()
             .push(format!("start_node {machine} state_saved_before={saved}"));
         if self.fail {
-            return Err(anyhow::anyhow!("kubelet never became active in kube1").into());
+            return Err(crate::machine::seams::SeamError::transient(
+                anyhow::anyhow!("kubelet never became active in kube1"),
+            ));
         }
         Ok(())
     }
