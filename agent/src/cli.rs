@@ -273,7 +273,7 @@ async fn run_operation(cmd: OperationCommand) -> anyhow::Result<()> {
     };
     require_root("operation run")?;
     let kind = flex_api::machina::OperationKind::parse(&kind);
-    let params = crate::flows::operations::parse_params(&params).map_err(|e| anyhow::anyhow!(e))?;
+    let params = crate::flows::operations::parse_params(&params)?;
     let host = Host::real().await?;
     if let Err(f) = crate::flows::operations::decide::admit(&kind, &params, host.containerized()) {
         let r = f.into_result();
@@ -569,7 +569,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Status(a) => {
-            let format = OutputFormat::parse(&a.output).map_err(|e| anyhow::anyhow!(e))?;
+            let format = OutputFormat::parse(&a.output)?;
             let mut host = Host::real().await?;
             if let Some(root) = a.root {
                 host.fs = flex_host::fs::HostFs::new(root);
@@ -591,7 +591,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             }
         }
         Command::Preflight(a) => {
-            let format = OutputFormat::parse(&a.output).map_err(|e| anyhow::anyhow!(e))?;
+            let format = OutputFormat::parse(&a.output)?;
             let loaded = load_config(&a.config)?;
             let cfg = &loaded.config;
             crate::logging::init(&cfg.agent.log_level, None);
@@ -604,7 +604,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
                 OutputFormat::Text => print!("{}", preflight::render_text(&report)),
                 OutputFormat::Json => print!("{}", preflight::render_json(&report)),
             }
-            preflight::verdict(&report, a.fail_on_warnings).map_err(|e| anyhow::anyhow!(e))
+            preflight::verdict(&report, a.fail_on_warnings).map_err(anyhow::Error::from)
         }
         Command::Start(a) => {
             require_root("start")?;

@@ -51,16 +51,21 @@ pub struct Args {
     pub max_expiration_seconds: i32,
 }
 
-fn parse_duration(s: &str) -> Result<Duration, String> {
-    flex_api::duration::parse_go_duration(s).map_err(|e| e.to_string())
+fn parse_duration(s: &str) -> Result<Duration, flex_api::duration::DurationError> {
+    flex_api::duration::parse_go_duration(s)
 }
 
+/// A flag value Go's `strconv.ParseBool` refuses.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("invalid boolean value {0:?}")]
+pub struct InvalidBool(pub String);
+
 /// Go's `strconv.ParseBool`.
-pub fn parse_go_bool(s: &str) -> Result<bool, String> {
+pub fn parse_go_bool(s: &str) -> Result<bool, InvalidBool> {
     match s {
         "1" | "t" | "T" | "true" | "TRUE" | "True" => Ok(true),
         "0" | "f" | "F" | "false" | "FALSE" | "False" => Ok(false),
-        _ => Err(format!("invalid boolean value {s:?}")),
+        _ => Err(InvalidBool(s.to_string())),
     }
 }
 

@@ -119,30 +119,214 @@ pub struct RequestSubject {
     pub has_sans: bool,
 }
 
+/// Why a PEM `CERTIFICATE REQUEST` is not one to look at (the parsers' messages kept).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RequestError {
+    /// Not PEM.
+    #[error("not PEM: {0}")]
+    NotPem(String),
+    /// A PEM block of another kind (its label).
+    #[error("PEM block is {0:?}, want CERTIFICATE REQUEST")]
+    Label(String),
+    /// Not PKCS#10 DER.
+    #[error("not a PKCS#10 request: {0}")]
+    NotPkcs10(String),
+    /// Its signature does not verify with its own key.
+    #[error("request signature does not verify: {0}")]
+    Signature(String),
+    /// A subject attribute that is not a string.
+    #[error("subject attribute: {0}")]
+    Attribute(String),
+}
+
+/// Why a request is not one this approver approves ([`examine`]): not ours, already decided,
+/// or asking for more than a daemon credential. The approver leaves such a request alone.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    /// It has an `Approved` or `Denied` condition (which).
+    #[error("already {0}")]
+    Decided(String),
+    /// It has a certificate.
+    #[error("already issued")]
+    Issued,
+    /// For another signer.
+    #[error("signer {0:?} is not {SIGNER}")]
+    Signer(String),
+    /// The PKCS#10 request does not parse or verify.
+    #[error(transparent)]
+    Request(#[from] RequestError),
+    /// Not exactly one common name (how many).
+    #[error("request has {0} common names, want one")]
+    CommonNames(usize),
+    /// The common name is not `system:node:<node>`.
+    #[error("common name {0:?} is not {NODE_USER_PREFIX}<node>")]
+    CommonName(String),
+    /// The daemon group is not among the organizations.
+    #[error("organizations {organizations:?} do not include the daemon group {group:?}")]
+    NoDaemonGroup {
+        /// The organizations asked for.
+        organizations: Vec<String>,
+        /// The daemon group.
+        group: String,
+    },
+    /// An organization beyond the daemon group and `system:nodes`.
+    #[error("organization {0:?} is not allowed")]
+    Organization(String),
+    /// Subject alternative names asked for.
+    #[error("subject alternative names are not allowed")]
+    Sans,
+    /// `client auth` is not among the usages.
+    #[error("usages {0:?} do not include client auth")]
+    NoClientAuth(Vec<String>),
+    /// A usage beyond a client certificate's.
+    #[error("usage {0:?} is not allowed")]
+    Usage(String),
+    /// A lifetime over the maximum.
+    #[error("expirationSeconds {asked} exceeds the maximum {max}")]
+    LifetimeTooLong {
+        /// Asked for.
+        asked: i32,
+        /// Allowed.
+        max: i32,
+    },
+    /// No lifetime asked for, where a maximum is set.
+    #[error("expirationSeconds is unset; at most {0} is allowed")]
+    LifetimeUnset(i32),
+    /// A bootstrap user outside the bootstrap group.
+    #[error("bootstrap user {user:?} is not in the bootstrap group {group:?}")]
+    NotBootstrapGroup {
+        /// The requester.
+        user: String,
+        /// The bootstrap group.
+        group: String,
+    },
+    /// `system:bootstrap:` with no token id.
+    #[error("bootstrap user has no token id")]
+    NoTokenId,
+    /// Neither a bootstrap token nor the node itself renewing.
+    #[error(
+        "requester {user:?} is neither a bootstrap token in {bootstrap_group:?} nor {NODE_USER_PREFIX}{node} in {daemon_group:?}"
+    )]
+    Requester {
+        /// The requester.
+        user: String,
+        /// The node asked for.
+        node: String,
+        /// The bootstrap group.
+        bootstrap_group: String,
+        /// The daemon group.
+        daemon_group: String,
+    },
+}
+
+/// Why a bootstrap token's Secret (`kube-system/<name>`) does not authorize a request
+/// ([`authorize_bootstrap_token`]). Never holds the token's secret.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum TokenRefusal {
+    /// There is no such Secret.
+    #[error("secret {TOKEN_NAMESPACE}/{0} does not exist")]
+    Missing(String),
+    /// Not a bootstrap token Secret.
+    #[error("secret {name} has type {found:?}, want {BOOTSTRAP_TOKEN_TYPE}")]
+    Type {
+        /// The Secret.
+        name: String,
+        /// Its type.
+        found: String,
+    },
+    /// Its `token-id` is another.
+    #[error("secret {name} token-id {found:?} does not match {want:?}")]
+    TokenId {
+        /// The Secret.
+        name: String,
+        /// Its `token-id`.
+        found: String,
+        /// The requester's.
+        want: String,
+    },
+    /// No `token-secret`.
+    #[error("secret {0} has an empty token-secret")]
+    EmptySecret(String),
+    /// `usage-bootstrap-authentication` is not `true`.
+    #[error(
+        "secret {name} is not usable for authentication (usage-bootstrap-authentication is {found:?})"
+    )]
+    NotForAuthentication {
+        /// The Secret.
+        name: String,
+        /// The value.
+        found: String,
+    },
+    /// The bootstrap group is not in `auth-extra-groups`.
+    #[error("secret {name} auth-extra-groups {found:?} do not include {group:?}")]
+    Groups {
+        /// The Secret.
+        name: String,
+        /// `auth-extra-groups`.
+        found: String,
+        /// The bootstrap group.
+        group: String,
+    },
+    /// Its `expiration` has passed.
+    #[error("secret {name} expired at {at}")]
+    Expired {
+        /// The Secret.
+        name: String,
+        /// `expiration`.
+        at: String,
+    },
+    /// Its `expiration` is not a time (taken as expired).
+    #[error("secret {name} expiration {value:?} is not RFC 3339 (treated as expired)")]
+    BadExpiration {
+        /// The Secret.
+        name: String,
+        /// `expiration`.
+        value: String,
+    },
+}
+
+/// Why a machine's entry does not let a bootstrap token bootstrap its node
+/// ([`authorize_token_for_machine`]).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum BindingRefusal {
+    /// The entry names another token.
+    #[error("machine {node:?} may be bootstrapped only with bootstrap token {bound}, not {token}")]
+    OtherToken {
+        /// The node.
+        node: String,
+        /// The token id its entry names.
+        bound: String,
+        /// The requester's token id.
+        token: String,
+    },
+    /// The entry names no token.
+    #[error(
+        "machine {0:?} names no bootstrap token (tag {BOOTSTRAP_TOKEN_ID_TAG} in its entry), so no bootstrap token may bootstrap it"
+    )]
+    Unbound(String),
+}
+
 /// Parses and verifies a PEM `CERTIFICATE REQUEST`.
-pub fn parse_request(pem: &[u8]) -> Result<RequestSubject, String> {
+pub fn parse_request(pem: &[u8]) -> Result<RequestSubject, RequestError> {
     use x509_parser::prelude::*;
-    let (_, pem) = x509_parser::pem::parse_x509_pem(pem).map_err(|e| format!("not PEM: {e}"))?;
+    let (_, pem) =
+        x509_parser::pem::parse_x509_pem(pem).map_err(|e| RequestError::NotPem(e.to_string()))?;
     if pem.label != "CERTIFICATE REQUEST" {
-        return Err(format!(
-            "PEM block is {:?}, want CERTIFICATE REQUEST",
-            pem.label
-        ));
+        return Err(RequestError::Label(pem.label));
     }
     let (_, csr) = X509CertificationRequest::from_der(&pem.contents)
-        .map_err(|e| format!("not a PKCS#10 request: {e}"))?;
+        .map_err(|e| RequestError::NotPkcs10(e.to_string()))?;
     csr.verify_signature()
-        .map_err(|e| format!("request signature does not verify: {e}"))?;
+        .map_err(|e| RequestError::Signature(e.to_string()))?;
     let subject = &csr.certification_request_info.subject;
-    let strings =
-        |it: &mut dyn Iterator<Item = &AttributeTypeAndValue<'_>>| -> Result<Vec<String>, String> {
-            it.map(|a| {
-                a.as_str()
-                    .map(str::to_string)
-                    .map_err(|e| format!("subject attribute: {e}"))
-            })
-            .collect()
-        };
+    let strings = |it: &mut dyn Iterator<Item = &AttributeTypeAndValue<'_>>| {
+        it.map(|a| {
+            a.as_str()
+                .map(str::to_string)
+                .map_err(|e| RequestError::Attribute(e.to_string()))
+        })
+        .collect::<Result<Vec<String>, RequestError>>()
+    };
     let common_names = strings(&mut subject.iter_common_name())?;
     let organizations = strings(&mut subject.iter_organization())?;
     let has_sans = csr.requested_extensions().is_some_and(|mut exts| {
@@ -168,9 +352,12 @@ fn has_condition(csr: &CertificateSigningRequest, kinds: &[&str]) -> Option<Stri
 
 /// The checks that need no API call: state, signer, request contents, usages, lifetime and
 /// requester. `Err` is why the request is not ours or not approvable.
-pub fn examine(csr: &CertificateSigningRequest, cfg: &ApproverConfig) -> Result<Candidate, String> {
+pub fn examine(
+    csr: &CertificateSigningRequest,
+    cfg: &ApproverConfig,
+) -> Result<Candidate, Refusal> {
     if let Some(c) = has_condition(csr, &["Approved", "Denied"]) {
-        return Err(format!("already {c}"));
+        return Err(Refusal::Decided(c));
     }
     if csr
         .status
@@ -178,43 +365,40 @@ pub fn examine(csr: &CertificateSigningRequest, cfg: &ApproverConfig) -> Result<
         .and_then(|s| s.certificate.as_ref())
         .is_some_and(|c| !c.0.is_empty())
     {
-        return Err("already issued".into());
+        return Err(Refusal::Issued);
     }
     let spec = &csr.spec;
     if spec.signer_name != SIGNER {
-        return Err(format!("signer {:?} is not {SIGNER}", spec.signer_name));
+        return Err(Refusal::Signer(spec.signer_name.clone()));
     }
     let subject = parse_request(&spec.request.0)?;
     let [cn] = subject.common_names.as_slice() else {
-        return Err(format!(
-            "request has {} common names, want one",
-            subject.common_names.len()
-        ));
+        return Err(Refusal::CommonNames(subject.common_names.len()));
     };
     let node = cn
         .strip_prefix(NODE_USER_PREFIX)
         .filter(|n| !n.is_empty())
-        .ok_or_else(|| format!("common name {cn:?} is not {NODE_USER_PREFIX}<node>"))?
+        .ok_or_else(|| Refusal::CommonName(cn.clone()))?
         .to_string();
     if !subject.organizations.contains(&cfg.daemon_group) {
-        return Err(format!(
-            "organizations {:?} do not include the daemon group {:?}",
-            subject.organizations, cfg.daemon_group
-        ));
+        return Err(Refusal::NoDaemonGroup {
+            organizations: subject.organizations,
+            group: cfg.daemon_group.clone(),
+        });
     }
     if let Some(o) = subject
         .organizations
         .iter()
         .find(|o| **o != cfg.daemon_group && *o != NODES_GROUP)
     {
-        return Err(format!("organization {o:?} is not allowed"));
+        return Err(Refusal::Organization(o.clone()));
     }
     if subject.has_sans {
-        return Err("subject alternative names are not allowed".into());
+        return Err(Refusal::Sans);
     }
     let usages = spec.usages.clone().unwrap_or_default();
     if !usages.iter().any(|u| u == "client auth") {
-        return Err(format!("usages {usages:?} do not include client auth"));
+        return Err(Refusal::NoClientAuth(usages));
     }
     if let Some(u) = usages.iter().find(|u| {
         !matches!(
@@ -222,36 +406,31 @@ pub fn examine(csr: &CertificateSigningRequest, cfg: &ApproverConfig) -> Result<
             "digital signature" | "key encipherment" | "client auth"
         )
     }) {
-        return Err(format!("usage {u:?} is not allowed"));
+        return Err(Refusal::Usage(u.clone()));
     }
     if cfg.max_expiration_seconds > 0 {
         match spec.expiration_seconds {
             Some(s) if s <= cfg.max_expiration_seconds => {}
             Some(s) => {
-                return Err(format!(
-                    "expirationSeconds {s} exceeds the maximum {}",
-                    cfg.max_expiration_seconds
-                ));
+                return Err(Refusal::LifetimeTooLong {
+                    asked: s,
+                    max: cfg.max_expiration_seconds,
+                });
             }
-            None => {
-                return Err(format!(
-                    "expirationSeconds is unset; at most {} is allowed",
-                    cfg.max_expiration_seconds
-                ));
-            }
+            None => return Err(Refusal::LifetimeUnset(cfg.max_expiration_seconds)),
         }
     }
     let username = spec.username.clone().unwrap_or_default();
     let groups = spec.groups.clone().unwrap_or_default();
     if let Some(id) = username.strip_prefix(BOOTSTRAP_USER_PREFIX) {
         if !groups.contains(&cfg.bootstrap_group) {
-            return Err(format!(
-                "bootstrap user {username:?} is not in the bootstrap group {:?}",
-                cfg.bootstrap_group
-            ));
+            return Err(Refusal::NotBootstrapGroup {
+                user: username.clone(),
+                group: cfg.bootstrap_group.clone(),
+            });
         }
         if id.is_empty() {
-            return Err("bootstrap user has no token id".into());
+            return Err(Refusal::NoTokenId);
         }
         return Ok(Candidate {
             node,
@@ -266,10 +445,12 @@ pub fn examine(csr: &CertificateSigningRequest, cfg: &ApproverConfig) -> Result<
             requester: Requester::Renewal,
         });
     }
-    Err(format!(
-        "requester {username:?} is neither a bootstrap token in {:?} nor {NODE_USER_PREFIX}{node} in {:?}",
-        cfg.bootstrap_group, cfg.daemon_group
-    ))
+    Err(Refusal::Requester {
+        user: username,
+        node,
+        bootstrap_group: cfg.bootstrap_group.clone(),
+        daemon_group: cfg.daemon_group.clone(),
+    })
 }
 
 /// `AuthorizeBootstrap`'s Secret checks: `secret` is `kube-system/bootstrap-token-<token_id>`
@@ -279,16 +460,16 @@ pub fn authorize_bootstrap_token(
     token_id: &str,
     bootstrap_group: &str,
     now: Timestamp,
-) -> Result<(), String> {
+) -> Result<(), TokenRefusal> {
     let name = format!("bootstrap-token-{token_id}");
     let Some(secret) = secret else {
-        return Err(format!("secret {TOKEN_NAMESPACE}/{name} does not exist"));
+        return Err(TokenRefusal::Missing(name));
     };
     if secret.type_.as_deref() != Some(BOOTSTRAP_TOKEN_TYPE) {
-        return Err(format!(
-            "secret {name} has type {:?}, want {BOOTSTRAP_TOKEN_TYPE}",
-            secret.type_.as_deref().unwrap_or_default()
-        ));
+        return Err(TokenRefusal::Type {
+            name,
+            found: secret.type_.clone().unwrap_or_default(),
+        });
     }
     let data: BTreeMap<&str, String> = secret
         .data
@@ -298,38 +479,46 @@ pub fn authorize_bootstrap_token(
         .collect();
     let get = |k: &str| data.get(k).map(String::as_str).unwrap_or_default();
     if get("token-id") != token_id {
-        return Err(format!(
-            "secret {name} token-id {:?} does not match {token_id:?}",
-            get("token-id")
-        ));
+        return Err(TokenRefusal::TokenId {
+            found: get("token-id").to_string(),
+            want: token_id.to_string(),
+            name,
+        });
     }
     if get("token-secret").is_empty() {
-        return Err(format!("secret {name} has an empty token-secret"));
+        return Err(TokenRefusal::EmptySecret(name));
     }
     if !get("usage-bootstrap-authentication").eq_ignore_ascii_case("true") {
-        return Err(format!(
-            "secret {name} is not usable for authentication (usage-bootstrap-authentication is {:?})",
-            get("usage-bootstrap-authentication")
-        ));
+        return Err(TokenRefusal::NotForAuthentication {
+            found: get("usage-bootstrap-authentication").to_string(),
+            name,
+        });
     }
     if !get("auth-extra-groups")
         .split(',')
         .any(|g| g.trim() == bootstrap_group)
     {
-        return Err(format!(
-            "secret {name} auth-extra-groups {:?} do not include {bootstrap_group:?}",
-            get("auth-extra-groups")
-        ));
+        return Err(TokenRefusal::Groups {
+            found: get("auth-extra-groups").to_string(),
+            group: bootstrap_group.to_string(),
+            name,
+        });
     }
     let expiration = get("expiration").trim();
     if !expiration.is_empty() {
         match expiration.parse::<Timestamp>() {
             Ok(t) if t > now => {}
-            Ok(_) => return Err(format!("secret {name} expired at {expiration}")),
+            Ok(_) => {
+                return Err(TokenRefusal::Expired {
+                    name,
+                    at: expiration.to_string(),
+                });
+            }
             Err(_) => {
-                return Err(format!(
-                    "secret {name} expiration {expiration:?} is not RFC 3339 (treated as expired)"
-                ));
+                return Err(TokenRefusal::BadExpiration {
+                    name,
+                    value: expiration.to_string(),
+                });
             }
         }
     }
@@ -342,16 +531,15 @@ pub fn authorize_token_for_machine(
     machine: &ArmMachine,
     node: &str,
     token_id: &str,
-) -> Result<(), String> {
+) -> Result<(), BindingRefusal> {
     match machine.bootstrap_token_id() {
         Some(id) if id == token_id => Ok(()),
-        Some(id) => Err(format!(
-            "machine {node:?} may be bootstrapped only with bootstrap token {id}, not {token_id}"
-        )),
-        None => Err(format!(
-            "machine {node:?} names no bootstrap token (tag {BOOTSTRAP_TOKEN_ID_TAG} in its entry), \
-             so no bootstrap token may bootstrap it"
-        )),
+        Some(id) => Err(BindingRefusal::OtherToken {
+            node: node.to_string(),
+            bound: id.to_string(),
+            token: token_id.to_string(),
+        }),
+        None => Err(BindingRefusal::Unbound(node.to_string())),
     }
 }
 
@@ -421,7 +609,7 @@ pub async fn decide(
 ) -> Decision {
     let candidate = match examine(csr, cfg) {
         Ok(c) => c,
-        Err(why) => return Decision::Ignore(why),
+        Err(why) => return Decision::Ignore(why.to_string()),
     };
     match &candidate.requester {
         Requester::Bootstrap { token_id } => {
@@ -441,14 +629,14 @@ pub async fn decide(
             if let Err(why) =
                 authorize_bootstrap_token(secret.as_ref(), token_id, &cfg.bootstrap_group, now)
             {
-                return Decision::Ignore(why);
+                return Decision::Ignore(why.to_string());
             }
             let entry = match machine(store, &candidate.node).await {
                 Ok(m) => m,
                 Err(d) => return d,
             };
             if let Err(why) = authorize_token_for_machine(&entry, &candidate.node, token_id) {
-                return Decision::Retry(why);
+                return Decision::Retry(why.to_string());
             }
             let lp = ListParams::default().fields(&format!("spec.signerName={SIGNER}"));
             let others = match apis.csrs.list(&lp).await {

@@ -282,7 +282,8 @@ pub fn unpack_layer<R: Read>(
     Ok(stats)
 }
 
-/// A validated, split entry path: no empty, `.` or `..` components.
+/// A validated, split entry path: no empty, `.` or `..` components. (A private `String`: the
+/// reason of the unsafe-entry error its caller builds, which names the entry.)
 fn split_path(raw: &[u8]) -> Result<Vec<&[u8]>, String> {
     if raw.first() == Some(&b'/') {
         return Err("absolute path".into());

@@ -28,9 +28,9 @@ use flex_host::secret::Secret;
 
 pub use flex_api::duration::{GoDuration, format_go_duration, parse_go_duration};
 pub use validate::{
-    ControllerEndpoint, MIN_RECONCILE_INTERVAL, TAINT_EFFECTS, ValidationError, api_server_url,
-    check_ip, check_label_key, check_label_value, check_registry_mirror, check_taint,
-    is_dns1123_subdomain, shown,
+    ControllerEndpoint, EndpointError, MIN_RECONCILE_INTERVAL, TAINT_EFFECTS, UrlProblem,
+    ValidationError, ValueError, api_server_url, check_ip, check_label_key, check_label_value,
+    check_registry_mirror, check_taint, is_dns1123_subdomain, shown,
 };
 
 /// Default config path used by the systemd unit.

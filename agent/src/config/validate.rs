@@ -21,10 +21,128 @@ pub struct ValidationError {
     pub message: String,
 }
 
-fn err(field: &str, message: impl Into<String>) -> ValidationError {
+fn err(field: &str, message: impl std::fmt::Display) -> ValidationError {
     ValidationError {
         field: field.to_string(),
-        message: message.into(),
+        message: message.to_string(),
+    }
+}
+
+/// What is wrong with one value, whatever field it came from: the callers (this module, the
+/// `bootstrap.env` renderer, the kubelet drop-in renderer) put it under the field's name.
+/// Values are shown cut by [`shown`]; a label value is never echoed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ValueError {
+    /// Not `[prefix/]name` as Kubernetes takes a label or taint key.
+    #[error(
+        "is not a valid label key ([prefix/]name: prefix a lowercase DNS-1123 subdomain, name 1-63 characters [A-Za-z0-9._-] starting and ending alphanumeric)"
+    )]
+    LabelKey,
+    /// Not a label value (the value is not echoed).
+    #[error(
+        "the value is not a valid label value (empty, or at most 63 characters [A-Za-z0-9._-] starting and ending alphanumeric)"
+    )]
+    LabelValue,
+    /// A taint without `:Effect`.
+    #[error("{} is not key[=value]:Effect", shown(.0))]
+    TaintForm(String),
+    /// A taint whose effect is not one of [`TAINT_EFFECTS`].
+    #[error("{} has effect {}, not one of {}", shown(.taint), shown(.effect), TAINT_EFFECTS.join(", "))]
+    TaintEffect {
+        /// The taint.
+        taint: String,
+        /// Its effect.
+        effect: String,
+    },
+    /// A taint whose key or value is not a label's.
+    #[error("{} does not have a valid key and value (as labels)", shown(.0))]
+    TaintKeyValue(String),
+    /// Not an IPv4 or IPv6 address.
+    #[error("{} is not an IP address", shown(.0))]
+    Ip(String),
+    /// A registry mirror's registry is not a host name or address with an optional port.
+    #[error("{0:?} is not a registry host (name or address, optional :port; no scheme or path)")]
+    RegistryHost(String),
+    /// A registry mirror's URL is not one a client may be pointed at.
+    #[error("mirror {mirror:?} of {registry:?} {problem}")]
+    Mirror {
+        /// The registry mirrored.
+        registry: String,
+        /// The mirror's URL as given.
+        mirror: String,
+        /// What is wrong with it.
+        problem: UrlProblem,
+    },
+}
+
+/// What is wrong with a URL a field must hold; shown after the URL.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum UrlProblem {
+    /// It does not parse (the parser's message).
+    #[error("is not a URL ({0})")]
+    NotUrl(String),
+    /// Not `http(s)://host…`.
+    #[error("must be an absolute http or https URL")]
+    NotHttp,
+    /// Not `https://host…`.
+    #[error("must be an absolute https URL")]
+    NotHttps,
+    /// `https://` with nothing after it.
+    #[error("has no host")]
+    NoHost,
+    /// `user@host` or `user:password@host`.
+    #[error("must not contain user info")]
+    UserInfo,
+    /// Credentials, a query or a fragment, where none may be.
+    #[error("must not carry credentials, a query or a fragment")]
+    CredentialsQueryOrFragment,
+    /// Credentials (controller endpoint).
+    #[error("must not carry credentials")]
+    Credentials,
+    /// A query or a fragment (controller endpoint).
+    #[error("must not have a query or fragment")]
+    QueryOrFragment,
+    /// A port, where none may be.
+    #[error("must not contain a port")]
+    Port,
+    /// A port that is not a number from 0 to 65535.
+    #[error("has an invalid port")]
+    InvalidPort,
+    /// A path, query or fragment, where none may be.
+    #[error("must not contain a path, query or fragment")]
+    PathQueryOrFragment,
+    /// It does not parse, where a controller's endpoint is expected.
+    #[error("is not a URL ({0}); controller mode needs http(s)://host:port")]
+    NotControllerUrl(String),
+    /// Not `http(s)://host…`, where a controller's endpoint is expected.
+    #[error("must be an absolute http or https URL in controller mode")]
+    NotHttpController,
+    /// Cannot be a request URI (the parser's message).
+    #[error("is not a request URI ({0})")]
+    NotUri(String),
+}
+
+/// An endpoint field's URL and what is wrong with it (`"https://x:1/p" must not contain a path,
+/// query or fragment`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EndpointError {
+    /// The field is empty where this mode needs it.
+    #[error("is required in controller mode")]
+    Missing,
+    /// The URL and its problem.
+    #[error("{url:?} {problem}")]
+    Invalid {
+        /// The URL as given.
+        url: String,
+        /// What is wrong.
+        problem: UrlProblem,
+    },
+}
+
+fn bad_url(url: &str, problem: UrlProblem) -> EndpointError {
+    EndpointError::Invalid {
+        url: url.to_string(),
+        problem,
     }
 }
 
@@ -85,7 +203,7 @@ fn is_name_part(s: &str) -> bool {
 
 /// Checks a label (or taint) key as Kubernetes does: `[prefix/]name`, the prefix a DNS-1123
 /// subdomain (at most 253 characters), the name a qualified-name part.
-pub fn check_label_key(key: &str) -> Result<(), String> {
+pub fn check_label_key(key: &str) -> Result<(), ValueError> {
     let ok = match key.split_once('/') {
         Some((prefix, name)) => is_dns1123_subdomain(prefix) && is_name_part(name),
         None => is_name_part(key),
@@ -93,17 +211,17 @@ pub fn check_label_key(key: &str) -> Result<(), String> {
     if ok {
         Ok(())
     } else {
-        Err("is not a valid label key ([prefix/]name: prefix a lowercase DNS-1123 subdomain, name 1-63 characters [A-Za-z0-9._-] starting and ending alphanumeric)".into())
+        Err(ValueError::LabelKey)
     }
 }
 
 /// Checks a label (or taint) value as Kubernetes does: empty, or 1–63 of `[A-Za-z0-9._-]`
 /// starting and ending alphanumeric. The value is not echoed.
-pub fn check_label_value(value: &str) -> Result<(), String> {
+pub fn check_label_value(value: &str) -> Result<(), ValueError> {
     if value.is_empty() || is_name_part(value) {
         Ok(())
     } else {
-        Err("the value is not a valid label value (empty, or at most 63 characters [A-Za-z0-9._-] starting and ending alphanumeric)".into())
+        Err(ValueError::LabelValue)
     }
 }
 
@@ -112,33 +230,26 @@ pub const TAINT_EFFECTS: &[&str] = &["NoSchedule", "PreferNoSchedule", "NoExecut
 
 /// Checks a taint: `key[=value]:Effect`, the key and value as a label's, the effect one of
 /// [`TAINT_EFFECTS`].
-pub fn check_taint(taint: &str) -> Result<(), String> {
+pub fn check_taint(taint: &str) -> Result<(), ValueError> {
     let Some((kv, effect)) = taint.rsplit_once(':') else {
-        return Err(format!("{} is not key[=value]:Effect", shown(taint)));
+        return Err(ValueError::TaintForm(taint.to_string()));
     };
     if !TAINT_EFFECTS.contains(&effect) {
-        return Err(format!(
-            "{} has effect {}, not one of {}",
-            shown(taint),
-            shown(effect),
-            TAINT_EFFECTS.join(", ")
-        ));
+        return Err(ValueError::TaintEffect {
+            taint: taint.to_string(),
+            effect: effect.to_string(),
+        });
     }
     let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
     if check_label_key(k).is_err() || check_label_value(v).is_err() {
-        return Err(format!(
-            "{} does not have a valid key and value (as labels)",
-            shown(taint)
-        ));
+        return Err(ValueError::TaintKeyValue(taint.to_string()));
     }
     Ok(())
 }
 
 /// Checks an IP address (v4 or v6).
-pub fn check_ip(value: &str) -> Result<std::net::IpAddr, String> {
-    value
-        .parse()
-        .map_err(|_| format!("{} is not an IP address", shown(value)))
+pub fn check_ip(value: &str) -> Result<std::net::IpAddr, ValueError> {
+    value.parse().map_err(|_| ValueError::Ip(value.to_string()))
 }
 
 /// The values the node's kubelet flags are made of (labels, taints, `dnsServiceIP`,
@@ -410,17 +521,17 @@ fn validate_azure(c: &Config) -> Result<(), ValidationError> {
 
 /// Checks an absolute `https` URL with no user info, path, query or fragment. `allow_port`
 /// decides whether a port may be given.
-fn check_https_endpoint(raw: &str, allow_port: bool) -> Result<(), String> {
+fn check_https_endpoint(raw: &str, allow_port: bool) -> Result<(), EndpointError> {
     let Some(rest) = raw.strip_prefix("https://") else {
-        return Err(format!("{raw:?} must be an absolute https URL"));
+        return Err(bad_url(raw, UrlProblem::NotHttps));
     };
     let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
     let (authority, tail) = rest.split_at(end);
     if authority.is_empty() {
-        return Err(format!("{raw:?} has no host"));
+        return Err(bad_url(raw, UrlProblem::NoHost));
     }
     if authority.contains('@') {
-        return Err(format!("{raw:?} must not contain user info"));
+        return Err(bad_url(raw, UrlProblem::UserInfo));
     }
     let host_port = authority;
     let port_part = match host_port.strip_prefix('[') {
@@ -430,21 +541,19 @@ fn check_https_endpoint(raw: &str, allow_port: bool) -> Result<(), String> {
     let has_port = host_port.starts_with('[') && port_part.starts_with(':')
         || !host_port.starts_with('[') && host_port.contains(':');
     if has_port && !allow_port {
-        return Err(format!("{raw:?} must not contain a port"));
+        return Err(bad_url(raw, UrlProblem::Port));
     }
     if has_port {
         let p = port_part.trim_start_matches(':');
         if p.parse::<u16>().is_err() {
-            return Err(format!("{raw:?} has an invalid port"));
+            return Err(bad_url(raw, UrlProblem::InvalidPort));
         }
     }
     if !tail.is_empty() && tail != "/" {
-        return Err(format!(
-            "{raw:?} must not contain a path, query or fragment"
-        ));
+        return Err(bad_url(raw, UrlProblem::PathQueryOrFragment));
     }
-    if url::Url::parse(raw).is_err() {
-        return Err(format!("{raw:?} is not a valid URL"));
+    if let Err(e) = url::Url::parse(raw) {
+        return Err(bad_url(raw, UrlProblem::NotUrl(e.to_string())));
     }
     Ok(())
 }
@@ -613,32 +722,30 @@ fn validate_bootstrap_token(c: &Config) -> Result<(), ValidationError> {
 /// Checks one registry mirror: `registry` a host name or address with an optional port (no
 /// scheme or path), `mirror` an absolute `http` or `https` URL with a host and no credentials,
 /// query or fragment.
-pub fn check_registry_mirror(registry: &str, mirror: &str) -> Result<(), String> {
+pub fn check_registry_mirror(registry: &str, mirror: &str) -> Result<(), ValueError> {
     let host_ok = !registry.is_empty()
         && registry
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | ':' | '_'))
         && !registry.starts_with(['.', '-', ':']);
     if !host_ok {
-        return Err(format!(
-            "{registry:?} is not a registry host (name or address, optional :port; no scheme or path)"
-        ));
+        return Err(ValueError::RegistryHost(registry.to_string()));
     }
-    let url = url::Url::parse(mirror)
-        .map_err(|e| format!("mirror {mirror:?} of {registry:?} is not a URL ({e})"))?;
+    let bad = |problem| ValueError::Mirror {
+        registry: registry.to_string(),
+        mirror: mirror.to_string(),
+        problem,
+    };
+    let url = url::Url::parse(mirror).map_err(|e| bad(UrlProblem::NotUrl(e.to_string())))?;
     if !matches!(url.scheme(), "http" | "https") || !url.has_host() {
-        return Err(format!(
-            "mirror {mirror:?} of {registry:?} must be an absolute http or https URL"
-        ));
+        return Err(bad(UrlProblem::NotHttp));
     }
     if !url.username().is_empty()
         || url.password().is_some()
         || url.query().is_some()
         || url.fragment().is_some()
     {
-        return Err(format!(
-            "mirror {mirror:?} of {registry:?} must not carry credentials, a query or a fragment"
-        ));
+        return Err(bad(UrlProblem::CredentialsQueryOrFragment));
     }
     Ok(())
 }
@@ -656,28 +763,25 @@ pub struct ControllerEndpoint {
 impl ControllerEndpoint {
     /// Parses `agent.machineClient.endpointUrl` for `controller` mode: an absolute `http` or
     /// `https` URL with a host, no credentials, query or fragment.
-    pub fn parse(raw: &str) -> Result<Self, String> {
+    pub fn parse(raw: &str) -> Result<Self, EndpointError> {
         let raw = raw.trim();
         if raw.is_empty() {
-            return Err("is required in controller mode".into());
+            return Err(EndpointError::Missing);
         }
-        let url = url::Url::parse(raw).map_err(|e| {
-            format!("{raw:?} is not a URL ({e}); controller mode needs http(s)://host:port")
-        })?;
+        let url = url::Url::parse(raw)
+            .map_err(|e| bad_url(raw, UrlProblem::NotControllerUrl(e.to_string())))?;
         if !matches!(url.scheme(), "http" | "https") || !url.has_host() {
-            return Err(format!(
-                "{raw:?} must be an absolute http or https URL in controller mode"
-            ));
+            return Err(bad_url(raw, UrlProblem::NotHttpController));
         }
         if !url.username().is_empty() || url.password().is_some() {
-            return Err(format!("{raw:?} must not carry credentials"));
+            return Err(bad_url(raw, UrlProblem::Credentials));
         }
         if url.query().is_some() || url.fragment().is_some() {
-            return Err(format!("{raw:?} must not have a query or fragment"));
+            return Err(bad_url(raw, UrlProblem::QueryOrFragment));
         }
         let base: http::Uri = url[..url::Position::BeforePath]
             .parse()
-            .map_err(|e| format!("{raw:?}: {e}"))?;
+            .map_err(|e: http::uri::InvalidUri| bad_url(raw, UrlProblem::NotUri(e.to_string())))?;
         Ok(Self {
             base,
             path: url.path().to_string(),

@@ -85,13 +85,18 @@ pub enum OutputFormat {
     Json,
 }
 
+/// An `--output` that is neither `text` nor `json`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unsupported output format {0:?}")]
+pub struct UnsupportedFormat(pub String);
+
 impl OutputFormat {
     /// Parses `--output` (trimmed, lowercased; empty = text).
-    pub fn parse(s: &str) -> Result<Self, String> {
+    pub fn parse(s: &str) -> Result<Self, UnsupportedFormat> {
         match s.trim().to_lowercase().as_str() {
             "" | "text" => Ok(Self::Text),
             "json" => Ok(Self::Json),
-            other => Err(format!("unsupported output format {other:?}")),
+            other => Err(UnsupportedFormat(other.to_string())),
         }
     }
 }
@@ -654,11 +659,22 @@ pub fn render_json(report: &Report) -> String {
 }
 
 /// Why the `preflight` command fails after printing its report.
-pub fn verdict(report: &Report, fail_on_warnings: bool) -> Result<(), String> {
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum Verdict {
+    /// At least one check failed.
+    #[error("preflight checks failed")]
+    Failed,
+    /// No check failed, some warned, and warnings count as failures.
+    #[error("preflight checks returned warnings")]
+    Warnings,
+}
+
+/// Whether the `preflight` command fails after printing its report.
+pub fn verdict(report: &Report, fail_on_warnings: bool) -> Result<(), Verdict> {
     if report.summary.errors > 0 {
-        Err("preflight checks failed".into())
+        Err(Verdict::Failed)
     } else if fail_on_warnings && report.summary.warnings > 0 {
-        Err("preflight checks returned warnings".into())
+        Err(Verdict::Warnings)
     } else {
         Ok(())
     }
@@ -785,10 +801,8 @@ mod tests {
         let results = run_checks(&f.host, &config(), &DOWN).await;
         let report = build_report(results.clone(), &[]);
         insta::assert_snapshot!("problems_text", render_text(&report));
-        assert_eq!(
-            verdict(&report, false),
-            Err("preflight checks failed".into())
-        );
+        assert_eq!(verdict(&report, false), Err(Verdict::Failed));
+        assert_eq!(Verdict::Failed.to_string(), "preflight checks failed");
 
         let ignore: Vec<String> = vec![
             "IS-PRIVILEGED-USER, disk-space".into(),
@@ -799,9 +813,10 @@ mod tests {
         assert_eq!(report.summary.errors, 0, "{}", render_text(&report));
         assert_eq!(report.checks.iter().filter(|c| c.ignored).count(), 8);
         assert_eq!(verdict(&report, false), Ok(()));
+        assert_eq!(verdict(&report, true), Err(Verdict::Warnings));
         assert_eq!(
-            verdict(&report, true),
-            Err("preflight checks returned warnings".into())
+            Verdict::Warnings.to_string(),
+            "preflight checks returned warnings"
         );
         let report = build_report(results, &["all".into()]);
         assert_eq!(report.status, "ok");
@@ -828,9 +843,8 @@ mod tests {
     fn output_format_parsing() {
         assert_eq!(OutputFormat::parse(" JSON "), Ok(OutputFormat::Json));
         assert_eq!(OutputFormat::parse(""), Ok(OutputFormat::Text));
-        assert_eq!(
-            OutputFormat::parse("yaml"),
-            Err("unsupported output format \"yaml\"".into())
-        );
+        let e = OutputFormat::parse("yaml").unwrap_err();
+        assert_eq!(e, UnsupportedFormat("yaml".into()));
+        assert_eq!(e.to_string(), "unsupported output format \"yaml\"");
     }
 }

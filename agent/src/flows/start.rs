@@ -23,7 +23,7 @@ use std::path::Path;
 
 use async_trait::async_trait;
 
-use crate::config::Config;
+use crate::config::{Config, ValidationError};
 use crate::state::{BootstrapMark, BootstrapMarkStore, DaemonState, KUBE1, StateStore};
 use crate::systemd::{
     RECOVERY_UNIT_PATH, install_service, render_agent_unit_for, render_recovery_unit_for,
@@ -34,8 +34,12 @@ use flex_host::context::Host;
 pub use crate::machine::seams::{MachineRegistry, NodeStarter, RemoteMachine};
 pub use flex_api::goal::GoalState;
 
-/// `GoalStateFromConfig`, with its checks.
-pub fn goal_from_config(c: &Config) -> Result<GoalState, String> {
+/// `GoalStateFromConfig`, with its checks; a failure names the config field.
+pub fn goal_from_config(c: &Config) -> Result<GoalState, ValidationError> {
+    let invalid = |field: &str, message: String| ValidationError {
+        field: field.to_string(),
+        message,
+    };
     let g = GoalState {
         kubernetes_version: c.components.kubernetes.trim().to_string(),
         settings_version: c.components.kubernetes.trim().to_string(),
@@ -46,13 +50,27 @@ pub fn goal_from_config(c: &Config) -> Result<GoalState, String> {
         image_gc_low_threshold: c.node.kubelet.image_gc_low_threshold,
     };
     if g.kubernetes_version.is_empty() {
-        return Err("components.kubernetes: kubernetes version is required".into());
+        return Err(invalid(
+            "components.kubernetes",
+            "kubernetes version is required".into(),
+        ));
     }
     if !(0..=i64::from(i32::MAX)).contains(&g.max_pods) {
-        return Err(format!("node.maxPods: {} is out of range", g.max_pods));
+        return Err(invalid(
+            "node.maxPods",
+            format!("{} is out of range", g.max_pods),
+        ));
     }
-    if g.image_gc_high_threshold < 0 || g.image_gc_low_threshold < 0 {
-        return Err("node.kubelet image GC thresholds must not be negative".into());
+    for (field, v) in [
+        (
+            "node.kubelet.imageGCHighThreshold",
+            g.image_gc_high_threshold,
+        ),
+        ("node.kubelet.imageGCLowThreshold", g.image_gc_low_threshold),
+    ] {
+        if v < 0 {
+            return Err(invalid(field, format!("{v} must not be negative")));
+        }
     }
     Ok(g)
 }

@@ -170,12 +170,11 @@ pub fn image_probe(reference: &str) -> Cmd {
 }
 
 /// The digest column of `ctr images ls` for `reference`; `Err` when containerd cannot be asked.
-async fn image_digest(host: &Host, reference: &str) -> Result<Option<String>, String> {
-    let out = host
-        .runner
-        .run(&image_probe(reference))
-        .await
-        .map_err(|e| e.to_string())?;
+async fn image_digest(
+    host: &Host,
+    reference: &str,
+) -> Result<Option<String>, flex_host::runner::CmdError> {
+    let out = host.runner.run(&image_probe(reference)).await?;
     Ok(out
         .stdout
         .lines()
@@ -214,7 +213,7 @@ pub async fn gather(host: &Host) -> Facts {
     if containerized && let Some(image) = agent.current.clone() {
         match image_digest(host, &image).await {
             Ok(d) => agent.image_digest = d,
-            Err(e) => containerd_error = Some(e),
+            Err(e) => containerd_error = Some(e.to_string()),
         }
     }
     let mut units = Vec::new();

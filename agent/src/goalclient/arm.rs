@@ -42,6 +42,49 @@ fn other(e: impl Into<anyhow::Error>) -> MachineError {
     MachineError::Other(e.into())
 }
 
+/// Why a machine resource id cannot be built or parsed.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ResourceIdError {
+    /// Config fields the id is built from are empty (named).
+    #[error("incomplete AKS machine config: {} required", .0.join(", "))]
+    Incomplete(Vec<&'static str>),
+    /// The id is not a machine's.
+    #[error("invalid AKS machine resource ID {id:?}: {problem}")]
+    Invalid {
+        /// The id as given.
+        id: String,
+        /// What is wrong with it.
+        problem: IdProblem,
+    },
+}
+
+/// What is wrong with a machine resource id.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum IdProblem {
+    /// Not 12 `/`-separated segments.
+    #[error("want 12 path segments (/subscriptions/…/machines/<name>), got {0}")]
+    SegmentCount(usize),
+    /// `//` somewhere.
+    #[error("empty path segment")]
+    EmptySegment,
+    /// A keyword segment (`subscriptions`, `resourceGroups`, `providers`) is something else.
+    #[error("segment {position} is {found:?}, want {want:?}")]
+    Keyword {
+        /// 1-based position.
+        position: usize,
+        /// What is there.
+        found: String,
+        /// The keyword.
+        want: &'static str,
+    },
+    /// Not the container service provider.
+    #[error("provider is {0:?}, want {PROVIDER}")]
+    Provider(String),
+    /// Not `managedClusters/agentPools/machines`.
+    #[error("resource type is {0:?}, want managedClusters/agentPools/machines")]
+    ResourceType(String),
+}
+
 /// A parsed machine resource id.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MachineResourceId {
@@ -60,7 +103,7 @@ pub struct MachineResourceId {
 impl MachineResourceId {
     /// Builds the id from the config: `<targetCluster.resourceId>/agentPools/<pool>/machines/<node>`.
     /// The cluster id, the pool, the node name and `components.kubernetes` are all required.
-    pub fn from_config(c: &Config) -> Result<Self, String> {
+    pub fn from_config(c: &Config) -> Result<Self, ResourceIdError> {
         let cluster = c
             .azure
             .target_cluster
@@ -83,50 +126,44 @@ impl MachineResourceId {
         .map(|(n, _)| *n)
         .collect();
         if !missing.is_empty() {
-            return Err(format!(
-                "incomplete AKS machine config: {} required",
-                missing.join(", ")
-            ));
+            return Err(ResourceIdError::Incomplete(missing));
         }
         Self::parse(&format!("{cluster}/agentPools/{pool}/machines/{node}"))
     }
 
     /// Parses `/subscriptions/<s>/resourceGroups/<g>/providers/Microsoft.ContainerService/managedClusters/<c>/agentPools/<p>/machines/<m>`
     /// (keywords and the provider case-insensitively, as ARM does).
-    pub fn parse(id: &str) -> Result<Self, String> {
-        let bad = |why: &str| format!("invalid AKS machine resource ID {id:?}: {why}");
+    pub fn parse(id: &str) -> Result<Self, ResourceIdError> {
+        let bad = |problem| ResourceIdError::Invalid {
+            id: id.to_string(),
+            problem,
+        };
         let segs: Vec<&str> = id.trim().trim_matches('/').split('/').collect();
         if segs.len() != 12 {
-            return Err(bad(&format!(
-                "want 12 path segments (/subscriptions/…/machines/<name>), got {}",
-                segs.len()
-            )));
+            return Err(bad(IdProblem::SegmentCount(segs.len())));
         }
         if segs.iter().any(|s| s.is_empty()) {
-            return Err(bad("empty path segment"));
+            return Err(bad(IdProblem::EmptySegment));
         }
-        let want = |i: usize, kw: &str| -> Result<(), String> {
-            if segs[i].eq_ignore_ascii_case(kw) {
-                Ok(())
-            } else {
-                Err(bad(&format!(
-                    "segment {} is {:?}, want {kw:?}",
-                    i + 1,
-                    segs[i]
-                )))
+        for (i, want) in [
+            (0, "subscriptions"),
+            (2, "resourceGroups"),
+            (4, "providers"),
+        ] {
+            if !segs[i].eq_ignore_ascii_case(want) {
+                return Err(bad(IdProblem::Keyword {
+                    position: i + 1,
+                    found: segs[i].to_string(),
+                    want,
+                }));
             }
-        };
-        want(0, "subscriptions")?;
-        want(2, "resourceGroups")?;
-        want(4, "providers")?;
+        }
         if !segs[5].eq_ignore_ascii_case(PROVIDER) {
-            return Err(bad(&format!("provider is {:?}, want {PROVIDER}", segs[5])));
+            return Err(bad(IdProblem::Provider(segs[5].to_string())));
         }
         let ty = format!("{}/{}/{}", segs[6], segs[8], segs[10]);
         if !ty.eq_ignore_ascii_case("managedClusters/agentPools/machines") {
-            return Err(bad(&format!(
-                "resource type is {ty:?}, want managedClusters/agentPools/machines"
-            )));
+            return Err(bad(IdProblem::ResourceType(ty)));
         }
         Ok(Self {
             subscription: segs[1].into(),
@@ -255,7 +292,7 @@ impl ArmMachineClient {
         proxy: bool,
         credential: Arc<dyn AzureCredential>,
     ) -> Result<Self, MachineError> {
-        let id = MachineResourceId::from_config(config).map_err(|e| other(anyhow::anyhow!(e)))?;
+        let id = MachineResourceId::from_config(config).map_err(other)?;
         let endpoint = url::Url::parse(endpoint.trim()).map_err(|e| {
             other(anyhow::anyhow!(
                 "ARM endpoint {endpoint:?} is not a URL: {e}"
@@ -518,16 +555,20 @@ mod tests {
         let mut c = config();
         c.azure.target_cluster = None;
         c.agent.node_name.clear();
+        let e = MachineResourceId::from_config(&c).unwrap_err();
         assert_eq!(
-            MachineResourceId::from_config(&c).unwrap_err(),
+            e,
+            ResourceIdError::Incomplete(vec!["azure.targetCluster.resourceId", "agent.nodeName"])
+        );
+        assert_eq!(
+            e.to_string(),
             "incomplete AKS machine config: azure.targetCluster.resourceId, agent.nodeName required"
         );
         let mut c = config();
         c.components.kubernetes = " ".into();
-        assert!(
-            MachineResourceId::from_config(&c)
-                .unwrap_err()
-                .contains("components.kubernetes")
+        assert_eq!(
+            MachineResourceId::from_config(&c).unwrap_err(),
+            ResourceIdError::Incomplete(vec!["components.kubernetes"])
         );
     }
 
@@ -565,6 +606,8 @@ mod tests {
         ];
         for (id, want) in cases {
             let e = MachineResourceId::parse(&id).unwrap_err();
+            assert!(matches!(e, ResourceIdError::Invalid { .. }), "{e:?}");
+            let e = e.to_string();
             assert!(e.contains(want), "{id}: {e}");
             assert!(e.starts_with("invalid AKS machine resource ID"), "{e}");
         }

@@ -143,8 +143,36 @@ pub enum AuthError {
         /// The endpoint, without its query.
         endpoint: String,
         /// What is wrong with it (never its content).
-        reason: String,
+        reason: TokenAnswerError,
     },
+}
+
+/// What is wrong with a token endpoint's answer; never its content (it may hold a token).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TokenAnswerError {
+    /// Not JSON; where the parser stopped.
+    #[error("the answer is not JSON (line {line}, column {column})")]
+    NotJson {
+        /// Line of the error.
+        line: usize,
+        /// Column of the error.
+        column: usize,
+    },
+    /// JSON, not an object.
+    #[error("the answer is not a JSON object")]
+    NotObject,
+    /// `access_token` is there but empty or not a string.
+    #[error("access_token is not a non-empty string")]
+    BadToken,
+    /// No `access_token`.
+    #[error("the answer has no access_token")]
+    NoToken,
+    /// Neither expiry field holds seconds.
+    #[error("the answer has no expires_on or expires_in in seconds")]
+    NoExpiry,
+    /// The expiry does not fit a time.
+    #[error("the answer's expiry is out of range")]
+    ExpiryOutOfRange,
 }
 
 fn detail(error: &str, description: &str) -> String {
@@ -252,35 +280,33 @@ fn seconds(v: Option<&serde_json::Value>) -> Option<u64> {
 
 /// Reads a token response: `access_token`, and `expires_on` (epoch seconds) or `expires_in`
 /// (seconds from `now`). The error says what is wrong, never what the body holds.
-pub fn parse_token_response(body: &[u8], now: SystemTime) -> Result<AccessToken, String> {
-    let v: serde_json::Value = serde_json::from_slice(body).map_err(|e| {
-        format!(
-            "the answer is not JSON (line {}, column {})",
-            e.line(),
-            e.column()
-        )
-    })?;
+pub fn parse_token_response(body: &[u8], now: SystemTime) -> Result<AccessToken, TokenAnswerError> {
+    let v: serde_json::Value =
+        serde_json::from_slice(body).map_err(|e| TokenAnswerError::NotJson {
+            line: e.line(),
+            column: e.column(),
+        })?;
     let Some(obj) = v.as_object() else {
-        return Err("the answer is not a JSON object".into());
+        return Err(TokenAnswerError::NotObject);
     };
     let token = match obj.get("access_token") {
         Some(serde_json::Value::String(t)) if !t.trim().is_empty() => Secret::new(t.trim()),
-        Some(_) => return Err("access_token is not a non-empty string".into()),
-        None => return Err("the answer has no access_token".into()),
+        Some(_) => return Err(TokenAnswerError::BadToken),
+        None => return Err(TokenAnswerError::NoToken),
     };
     let expires_at = if let Some(on) = seconds(obj.get("expires_on")) {
         UNIX_EPOCH.checked_add(Duration::from_secs(on))
     } else if let Some(secs) = seconds(obj.get("expires_in")) {
         now.checked_add(Duration::from_secs(secs))
     } else {
-        return Err("the answer has no expires_on or expires_in in seconds".into());
+        return Err(TokenAnswerError::NoExpiry);
     };
     match expires_at {
         Some(at) => Ok(AccessToken {
             token,
             expires_at: Some(at),
         }),
-        None => Err("the answer's expiry is out of range".into()),
+        None => Err(TokenAnswerError::ExpiryOutOfRange),
     }
 }
 

@@ -52,6 +52,19 @@ fn other(e: impl Into<anyhow::Error>) -> MachineError {
     MachineError::Other(e.into())
 }
 
+/// Why `agent.machineClient.endpointUrl` is not an in-cluster endpoint.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum EndpointPathError {
+    /// A URL, a relative path or a network path instead of an absolute API path.
+    #[error(
+        "in-cluster machine endpoint {0:?} must be an absolute Kubernetes API path (starting with /, no scheme or host)"
+    )]
+    NotApiPath(String),
+    /// A `#fragment`.
+    #[error("in-cluster machine endpoint {0:?} must not contain a fragment")]
+    Fragment(String),
+}
+
 /// `agent.machineClient.endpointUrl` parsed: a clean absolute API path and its query.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Endpoint {
@@ -64,7 +77,7 @@ pub struct Endpoint {
 impl Endpoint {
     /// Parses an endpoint; empty means [`DEFAULT_ENDPOINT_PATH`]. It must be an absolute
     /// Kubernetes API path: starting with one `/`, no scheme or host, no fragment.
-    pub fn parse(endpoint: &str) -> Result<Self, String> {
+    pub fn parse(endpoint: &str) -> Result<Self, EndpointPathError> {
         let e = endpoint.trim();
         let e = if e.is_empty() {
             DEFAULT_ENDPOINT_PATH
@@ -72,14 +85,10 @@ impl Endpoint {
             e
         };
         if !e.starts_with('/') || e.starts_with("//") || e.contains("://") {
-            return Err(format!(
-                "in-cluster machine endpoint {e:?} must be an absolute Kubernetes API path (starting with /, no scheme or host)"
-            ));
+            return Err(EndpointPathError::NotApiPath(e.to_string()));
         }
         if e.contains('#') {
-            return Err(format!(
-                "in-cluster machine endpoint {e:?} must not contain a fragment"
-            ));
+            return Err(EndpointPathError::Fragment(e.to_string()));
         }
         let (path, query) = match e.split_once('?') {
             Some((p, q)) => (p, (!q.is_empty()).then(|| q.to_string())),
@@ -231,7 +240,7 @@ impl InClusterClient {
         endpoint_url: &str,
         node_name: &str,
     ) -> Result<Self, MachineError> {
-        let endpoint = Endpoint::parse(endpoint_url).map_err(|e| other(anyhow::anyhow!(e)))?;
+        let endpoint = Endpoint::parse(endpoint_url).map_err(other)?;
         let node_name = node_name.trim();
         if node_name.is_empty() {
             return Err(other(anyhow::anyhow!(

@@ -332,7 +332,7 @@ mod tests {
             ("http://h:1/?a=b", "query or fragment"),
             ("http://h:1/#x", "query or fragment"),
         ] {
-            let e = ControllerEndpoint::parse(bad).unwrap_err();
+            let e = ControllerEndpoint::parse(bad).unwrap_err().to_string();
             assert!(e.contains(why), "{bad:?}: {e}");
         }
     }

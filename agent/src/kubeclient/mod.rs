@@ -39,6 +39,7 @@ mod discovery;
 pub(crate) mod mock;
 pub mod scratch;
 mod store;
+pub use store::PairError;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -178,7 +179,7 @@ pub enum KubeClientError {
         /// The CSR.
         name: String,
         /// What is wrong.
-        reason: String,
+        reason: store::PairError,
     },
 }
 

@@ -85,7 +85,7 @@ pub fn save(root: &Path, node: &str) -> Result<String, ScratchError> {
         .map_err(|e| KubeClientError::Crypto(format!("self-sign: {e}")))?
         .pem();
     let validity = cert_facts(&cert_pem)
-        .map_err(KubeClientError::Crypto)?
+        .map_err(|e| KubeClientError::Crypto(e.to_string()))?
         .validity;
     store.save(&Issued {
         key_pem,

@@ -68,13 +68,47 @@ pub(crate) struct CertFacts {
     pub public_key: Vec<u8>,
 }
 
+/// Why a stored or issued key and certificate cannot be used. Never holds the key.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum PairError {
+    /// The certificate text is not PEM (the parser's message).
+    #[error("not a PEM certificate: {0}")]
+    NotPem(String),
+    /// The PEM block is not an X.509 certificate (the parser's message).
+    #[error("not an X.509 certificate: {0}")]
+    NotX509(String),
+    /// The certificate's public key is not the stored key's.
+    #[error("the certificate is not for the stored key")]
+    WrongKey,
+    /// The certificate names another node.
+    #[error("the certificate is for {found:?}, not {want:?}")]
+    WrongNode {
+        /// The common name it has.
+        found: String,
+        /// The one this node needs.
+        want: String,
+    },
+    /// Past its `notAfter`.
+    #[error("the certificate has expired")]
+    Expired,
+    /// The key does not parse (rcgen's message, which does not echo the key).
+    #[error("not a usable private key: {0}")]
+    BadKey(String),
+    /// The pair file has no private key block.
+    #[error("no private key in it")]
+    NoKey,
+    /// The pair file has no certificate block.
+    #[error("no certificate in it")]
+    NoCertificate,
+}
+
 /// Parses a PEM certificate (the first one).
-pub(crate) fn cert_facts(cert_pem: &str) -> Result<CertFacts, String> {
+pub(crate) fn cert_facts(cert_pem: &str) -> Result<CertFacts, PairError> {
     let (_, pem) = x509_parser::pem::parse_x509_pem(cert_pem.as_bytes())
-        .map_err(|e| format!("not a PEM certificate: {e}"))?;
+        .map_err(|e| PairError::NotPem(e.to_string()))?;
     let cert = pem
         .parse_x509()
-        .map_err(|e| format!("not an X.509 certificate: {e}"))?;
+        .map_err(|e| PairError::NotX509(e.to_string()))?;
     let v = cert.validity();
     let common_name = cert
         .subject()
@@ -99,28 +133,28 @@ pub(crate) fn check(
     cert_pem: &str,
     node: &str,
     now: SystemTime,
-) -> Result<Validity, String> {
+) -> Result<Validity, PairError> {
     let facts = cert_facts(cert_pem)?;
     if facts.public_key != key.public_key_raw() {
-        return Err("the certificate is not for the stored key".into());
+        return Err(PairError::WrongKey);
     }
     let want = super::csr::common_name(node);
     if facts.common_name != want {
-        return Err(format!(
-            "the certificate is for {:?}, not {want:?}",
-            facts.common_name
-        ));
+        return Err(PairError::WrongNode {
+            found: facts.common_name,
+            want,
+        });
     }
     if now >= facts.validity.not_after {
-        return Err("the certificate has expired".into());
+        return Err(PairError::Expired);
     }
     Ok(facts.validity)
 }
 
 /// Parses a PEM private key.
-pub(crate) fn parse_key(pem: &Secret) -> Result<KeyPair, String> {
+pub(crate) fn parse_key(pem: &Secret) -> Result<KeyPair, PairError> {
     // rcgen's parse error does not echo the input.
-    KeyPair::from_pem(pem.expose()).map_err(|e| format!("not a usable private key: {e}"))
+    KeyPair::from_pem(pem.expose()).map_err(|e| PairError::BadKey(e.to_string()))
 }
 
 /// The pair file's text: the key's PEM, then the certificate's.
@@ -131,7 +165,7 @@ pub(crate) fn join_pair(key_pem: &Secret, cert_pem: &str) -> Secret {
 }
 
 /// Splits a pair file into the key's PEM block and the certificate's (the first of each).
-pub(crate) fn split_pair(text: &str) -> Result<(Secret, String), String> {
+pub(crate) fn split_pair(text: &str) -> Result<(Secret, String), PairError> {
     let mut key = None;
     let mut cert = None;
     let mut block: Option<(String, String)> = None;
@@ -160,8 +194,8 @@ pub(crate) fn split_pair(text: &str) -> Result<(Secret, String), String> {
     }
     match (key, cert) {
         (Some(k), Some(c)) => Ok((Secret::new(k), c)),
-        (None, _) => Err("no private key in it".into()),
-        (_, None) => Err("no certificate in it".into()),
+        (None, _) => Err(PairError::NoKey),
+        (_, None) => Err(PairError::NoCertificate),
     }
 }
 

@@ -83,8 +83,8 @@ pub enum RenderError {
     BadCa {
         /// Machine.
         machine: String,
-        /// Decoder message.
-        reason: String,
+        /// Why it does not decode.
+        reason: Base64Error,
     },
     /// A value of the goal is not valid for kubelet's flags (the config's validation, run
     /// again here because the drop-in's arguments are word-split by systemd).
@@ -412,28 +412,28 @@ fn render_kubeconfig_dropin(goal: &MachineGoal) -> String {
 /// are joined into one variable that `ExecStart=` word-splits, so quoting alone could not stop
 /// a blank in a value from adding a flag.
 fn check_node_values(goal: &MachineGoal) -> Result<(), RenderError> {
-    let invalid = |field: String, message: String| RenderError::Invalid {
+    let invalid = |field: String, message: &dyn std::fmt::Display| RenderError::Invalid {
         machine: goal.machine.clone(),
         field,
-        message,
+        message: message.to_string(),
     };
     for (k, v) in &goal.labels {
         let field = || format!("node.labels[{}]", config::shown(k));
-        config::check_label_key(k).map_err(|m| invalid(field(), m))?;
-        config::check_label_value(v).map_err(|m| invalid(field(), m))?;
+        config::check_label_key(k).map_err(|m| invalid(field(), &m))?;
+        config::check_label_value(v).map_err(|m| invalid(field(), &m))?;
     }
     for (i, t) in goal.taints.iter().enumerate() {
-        config::check_taint(t).map_err(|m| invalid(format!("node.taints[{i}]"), m))?;
+        config::check_taint(t).map_err(|m| invalid(format!("node.taints[{i}]"), &m))?;
     }
     config::check_ip(&goal.cluster_dns)
-        .map_err(|m| invalid("networking.dnsServiceIP".into(), m))?;
+        .map_err(|m| invalid("networking.dnsServiceIP".into(), &m))?;
     if !goal.node_ip.is_empty() {
-        config::check_ip(&goal.node_ip).map_err(|m| invalid("node.kubelet.nodeIP".into(), m))?;
+        config::check_ip(&goal.node_ip).map_err(|m| invalid("node.kubelet.nodeIP".into(), &m))?;
     }
     if !config::is_dns1123_subdomain(&goal.node_name) {
         return Err(invalid(
             "agent.nodeName".into(),
-            format!(
+            &format!(
                 "{} is not a valid Kubernetes node name",
                 config::shown(&goal.node_name)
             ),
@@ -617,8 +617,22 @@ fn apply_one(w: &dyn Writer, path: &Path, e: &Entry) -> Result<bool, FsError> {
     })
 }
 
+/// Why a value is not standard base64.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Base64Error {
+    /// Nothing but whitespace.
+    #[error("empty")]
+    Empty,
+    /// Not padded to a multiple of 4.
+    #[error("length is not a multiple of 4")]
+    Length,
+    /// A character outside the alphabet.
+    #[error("invalid character {0:?}")]
+    Character(char),
+}
+
 /// Decodes standard base64 (whitespace ignored).
-pub fn decode_base64(s: &str) -> Result<Vec<u8>, String> {
+pub fn decode_base64(s: &str) -> Result<Vec<u8>, Base64Error> {
     const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     let mut lookup = [255u8; 256];
     for (i, c) in ALPHABET.iter().enumerate() {
@@ -626,14 +640,14 @@ pub fn decode_base64(s: &str) -> Result<Vec<u8>, String> {
     }
     let clean: Vec<u8> = s.bytes().filter(|b| !b.is_ascii_whitespace()).collect();
     if clean.is_empty() {
-        return Err("empty".into());
+        return Err(Base64Error::Empty);
     }
     let body = clean
         .strip_suffix(b"==")
         .or_else(|| clean.strip_suffix(b"="))
         .unwrap_or(&clean);
     if !clean.len().is_multiple_of(4) {
-        return Err("length is not a multiple of 4".into());
+        return Err(Base64Error::Length);
     }
     let mut out = Vec::with_capacity(body.len() * 3 / 4);
     let mut acc = 0u32;
@@ -641,7 +655,7 @@ pub fn decode_base64(s: &str) -> Result<Vec<u8>, String> {
     for &b in body {
         let v = lookup[b as usize];
         if v == 255 {
-            return Err(format!("invalid character {:?}", b as char));
+            return Err(Base64Error::Character(b as char));
         }
         acc = (acc << 6) | u32::from(v);
         bits += 6;
@@ -834,8 +848,9 @@ mod tests {
         assert_eq!(decode_base64("aGVsbG8=").unwrap(), b"hello");
         assert_eq!(decode_base64("aGVsbG8h").unwrap(), b"hello!");
         assert_eq!(decode_base64("aGk=\n").unwrap(), b"hi");
-        assert!(decode_base64("aGk").is_err());
-        assert!(decode_base64("a$k=").is_err());
+        assert_eq!(decode_base64("aGk"), Err(Base64Error::Length));
+        assert_eq!(decode_base64("a$k="), Err(Base64Error::Character('$')));
+        assert_eq!(decode_base64(" \n"), Err(Base64Error::Empty));
     }
 
     /// Real files under a temporary host root, nothing faked: a machine image whose

@@ -269,6 +269,8 @@ impl FromStr for ImageSource {
     }
 }
 
+// The private validators below return the message of the `ReferenceError::Invalid` their
+// caller builds (which names the reference); a `String` is that message, nothing to decide on.
 fn validate_registry(registry: &str) -> Result<(), String> {
     let (host, port) = if let Some(rest) = registry.strip_prefix('[') {
         let (h, after) = rest

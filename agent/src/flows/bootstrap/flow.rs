@@ -177,7 +177,7 @@ pub async fn run(
         let report =
             preflight::build_report(results, std::slice::from_ref(&inputs.preflight_ignore));
         write!(out, "{}", preflight::render_text(&report))?;
-        preflight::verdict(&report, false).map_err(|e| anyhow::anyhow!(e))?;
+        preflight::verdict(&report, false)?;
     }
 
     writeln!(out, "[bootstrap] running start")?;

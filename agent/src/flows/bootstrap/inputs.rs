@@ -308,13 +308,18 @@ impl Inputs {
     }
 }
 
+/// A boolean input that is not one (the caller names the input).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0:?} is not true, false, 1 or 0")]
+pub struct NotBool(pub String);
+
 /// Parses a boolean input: `true`/`false` (any case), `1`/`0`; empty is `None`.
-pub fn parse_bool(name: &str, value: &str) -> Result<Option<bool>, String> {
+pub fn parse_bool(value: &str) -> Result<Option<bool>, NotBool> {
     match value.trim().to_ascii_lowercase().as_str() {
         "" => Ok(None),
         "true" | "1" => Ok(Some(true)),
         "false" | "0" => Ok(Some(false)),
-        _ => Err(format!("{name}: {value:?} is not true, false, 1 or 0")),
+        _ => Err(NotBool(value.to_string())),
     }
 }
 
@@ -457,12 +462,13 @@ mod tests {
 
     #[test]
     fn bools() {
-        assert_eq!(parse_bool("N", "TRUE"), Ok(Some(true)));
-        assert_eq!(parse_bool("N", "0"), Ok(Some(false)));
-        assert_eq!(parse_bool("N", ""), Ok(None));
+        assert_eq!(parse_bool("TRUE"), Ok(Some(true)));
+        assert_eq!(parse_bool("0"), Ok(Some(false)));
+        assert_eq!(parse_bool(""), Ok(None));
+        assert_eq!(parse_bool("yes"), Err(NotBool("yes".into())));
         assert_eq!(
-            parse_bool("N", "yes"),
-            Err("N: \"yes\" is not true, false, 1 or 0".into())
+            NotBool("yes".into()).to_string(),
+            "\"yes\" is not true, false, 1 or 0"
         );
     }
 }

@@ -66,10 +66,10 @@ pub enum RenderError {
     Config(String),
 }
 
-fn invalid(input: &'static str, message: impl Into<String>) -> RenderError {
+fn invalid(input: &'static str, message: impl std::fmt::Display) -> RenderError {
     RenderError::Invalid {
         input,
-        message: message.into(),
+        message: message.to_string(),
     }
 }
 
@@ -124,11 +124,8 @@ pub fn render(
             format!("{:?} {}", e.entry, e.problem),
         )
     })?;
-    let require_registration = parse_bool(
-        names::REQUIRE_MACHINE_REGISTRATION,
-        &inputs.require_machine_registration,
-    )
-    .map_err(|m| invalid(names::REQUIRE_MACHINE_REGISTRATION, strip_name(&m)))?;
+    let require_registration = parse_bool(&inputs.require_machine_registration)
+        .map_err(|m| invalid(names::REQUIRE_MACHINE_REGISTRATION, m))?;
 
     let mut target = Map::new();
     target.insert("resourceId".into(), t(&inputs.cluster_resource_id).into());
@@ -235,10 +232,6 @@ fn put(m: &mut Map<String, Value>, key: &str, value: &str) {
     if !v.is_empty() {
         m.insert(key.into(), v.into());
     }
-}
-
-fn strip_name(m: &str) -> String {
-    m.split_once(": ").map_or(m, |(_, r)| r).to_string()
 }
 
 /// The config field each rendering input sets, for reporting validation failures.

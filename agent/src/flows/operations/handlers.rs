@@ -181,16 +181,27 @@ pub fn render_result(result: &OperationResult) -> String {
     )
 }
 
+/// A `--param` argument that does not parse.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ParamError {
+    /// Not `key=value`, or an empty key.
+    #[error("parameter {0:?} is not key=value")]
+    NotKeyValue(String),
+    /// The same key twice.
+    #[error("parameter {0:?} is given twice")]
+    Repeated(String),
+}
+
 /// Parses `--param k=v` arguments into parameters; `Err` names a malformed or repeated one.
-pub fn parse_params<S: AsRef<str>>(args: &[S]) -> Result<BTreeMap<String, String>, String> {
+pub fn parse_params<S: AsRef<str>>(args: &[S]) -> Result<BTreeMap<String, String>, ParamError> {
     let mut out = BTreeMap::new();
     for a in args {
         let a = a.as_ref();
         let Some((k, v)) = a.split_once('=').filter(|(k, _)| !k.trim().is_empty()) else {
-            return Err(format!("parameter {a:?} is not key=value"));
+            return Err(ParamError::NotKeyValue(a.to_string()));
         };
         if out.insert(k.trim().to_string(), v.to_string()).is_some() {
-            return Err(format!("parameter {:?} is given twice", k.trim()));
+            return Err(ParamError::Repeated(k.trim().to_string()));
         }
     }
     Ok(out)

@@ -44,8 +44,8 @@ pub use decide::{Action, Decision, Facts, Failure, Resume, UpgradeRequest};
 #[cfg(test)]
 pub(crate) use fakes::RecordingHandlers;
 pub use handlers::{
-    Executed, Handlers, HostHandlers, Ran, execute, parse_params, render_executed, render_result,
-    run_local,
+    Executed, Handlers, HostHandlers, ParamError, Ran, execute, parse_params, render_executed,
+    render_result, run_local,
 };
 pub use reconcile::{Outcome, ReconcileError, Reconciler, ReconcilerConfig, Taken, watch_stream};
 pub use record::{RECORDS_DIR, Record, RecordStore, Stage};

@@ -222,14 +222,21 @@ fn goal_from_config_checks() {
     let mut c = config();
     assert_eq!(goal_from_config(&c).unwrap().max_pods, 110);
     c.components.kubernetes = " ".into();
-    assert!(
-        goal_from_config(&c)
-            .unwrap_err()
-            .contains("components.kubernetes")
+    assert_eq!(
+        goal_from_config(&c).unwrap_err().field,
+        "components.kubernetes"
     );
     let mut c = config();
     c.node.max_pods = i64::from(i32::MAX) + 1;
-    assert!(goal_from_config(&c).unwrap_err().contains("node.maxPods"));
+    assert_eq!(goal_from_config(&c).unwrap_err().field, "node.maxPods");
+    let mut c = config();
+    c.node.kubelet.image_gc_low_threshold = -1;
+    let e = goal_from_config(&c).unwrap_err();
+    assert_eq!(e.field, "node.kubelet.imageGCLowThreshold");
+    assert_eq!(
+        e.to_string(),
+        "node.kubelet.imageGCLowThreshold: -1 must not be negative"
+    );
 }
 
 #[test]

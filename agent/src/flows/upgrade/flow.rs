@@ -415,7 +415,7 @@ impl Upgrader {
             )));
         }
         {
-            let mut reader = open_agent_binary(&file).map_err(step("unpack"))?;
+            let mut reader = open_agent_binary(&file).map_err(|e| step("unpack")(e.to_string()))?;
             self.layout()
                 .install(slot, &mut reader)
                 .map_err(|e| step("install")(e.to_string()))?;
@@ -939,26 +939,48 @@ pub fn parse_version(out: &str) -> Option<String> {
         .filter(|v| !v.is_empty())
 }
 
+/// Why a downloaded artifact does not give the agent binary.
+#[derive(Debug, thiserror::Error)]
+pub enum ArtifactError {
+    /// The downloaded file cannot be read.
+    #[error("{0}")]
+    Open(#[source] std::io::Error),
+    /// The `.tar.gz` does not read (corrupt or truncated).
+    #[error("read the archive: {0}")]
+    Archive(#[source] std::io::Error),
+    /// The binary's member does not read.
+    #[error("read {}: {source}", .path.display())]
+    Member {
+        /// The member.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A `.tar.gz` without the binary.
+    #[error("the archive has no {} file", super::layout::BINARY)]
+    NoBinary,
+    /// Neither an ELF binary nor a gzip stream.
+    #[error("the download is neither an ELF binary nor a .tar.gz release archive")]
+    UnknownFormat,
+}
+
 /// Opens the agent binary in a downloaded artifact: the file itself when it is an ELF binary,
 /// else the `aks-flex-node` member of a `.tar.gz` (a release archive). Anything else is an
 /// error naming what was expected.
-pub fn open_agent_binary(file: &Path) -> Result<Box<dyn Read + Send>, String> {
+pub fn open_agent_binary(file: &Path) -> Result<Box<dyn Read + Send>, ArtifactError> {
     let mut magic = [0u8; 4];
-    let mut f = std::fs::File::open(file).map_err(|e| e.to_string())?;
-    let n = f.read(&mut magic).map_err(|e| e.to_string())?;
-    let f = std::fs::File::open(file).map_err(|e| e.to_string())?;
+    let mut f = std::fs::File::open(file).map_err(ArtifactError::Open)?;
+    let n = f.read(&mut magic).map_err(ArtifactError::Open)?;
+    let f = std::fs::File::open(file).map_err(ArtifactError::Open)?;
     if n == 4 && magic == *b"\x7fELF" {
         return Ok(Box::new(f));
     }
     if n >= 2 && magic[..2] == [0x1f, 0x8b] {
         let mut ar = tar::Archive::new(flate2::read::GzDecoder::new(f));
-        let entries = ar.entries().map_err(|e| format!("read the archive: {e}"))?;
+        let entries = ar.entries().map_err(ArtifactError::Archive)?;
         for entry in entries {
-            let mut entry = entry.map_err(|e| format!("read the archive: {e}"))?;
-            let path: PathBuf = entry
-                .path()
-                .map_err(|e| format!("read the archive: {e}"))?
-                .into_owned();
+            let mut entry = entry.map_err(ArtifactError::Archive)?;
+            let path: PathBuf = entry.path().map_err(ArtifactError::Archive)?.into_owned();
             if entry.header().entry_type().is_file()
                 && path.file_name().is_some_and(|n| n == super::layout::BINARY)
             {
@@ -966,13 +988,13 @@ pub fn open_agent_binary(file: &Path) -> Result<Box<dyn Read + Send>, String> {
                 (&mut entry)
                     .take(flex_host::fs::MAX_INSTALL_BYTES + 1)
                     .read_to_end(&mut bytes)
-                    .map_err(|e| format!("read {}: {e}", path.display()))?;
+                    .map_err(|source| ArtifactError::Member { path, source })?;
                 return Ok(Box::new(std::io::Cursor::new(bytes)));
             }
         }
-        return Err(format!("the archive has no {} file", super::layout::BINARY));
+        return Err(ArtifactError::NoBinary);
     }
-    Err("the download is neither an ELF binary nor a .tar.gz release archive".into())
+    Err(ArtifactError::UnknownFormat)
 }
 
 #[cfg(test)]

@@ -20,26 +20,45 @@ use flex_host::fs::{ConfinedFs, HostFs};
 /// Mode of installed binaries.
 pub(crate) const BINARY_MODE: u32 = 0o755;
 
+/// Why an archive member's name is refused (the name shown lossily decoded).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum MemberNameError {
+    /// A NUL byte.
+    #[error("member name {0:?} contains a NUL byte")]
+    Nul(String),
+    /// Not UTF-8.
+    #[error("member name {0:?} is not UTF-8")]
+    NotUtf8(String),
+    /// A `\\` (a Windows separator: refused rather than guessed).
+    #[error("member name {0:?} contains a backslash")]
+    Backslash(String),
+    /// Starts with `/`.
+    #[error("member name {0:?} is absolute")]
+    Absolute(String),
+    /// A `..` component.
+    #[error("member name {0:?} contains '..'")]
+    DotDot(String),
+}
+
 /// A member name with `.` components dropped, or why it is refused; `Ok(None)` for names that
 /// are only `.`/`/`-free dots (the archive's root directory entry).
-pub(crate) fn clean_member_name(raw: &[u8]) -> Result<Option<String>, String> {
-    let shown = String::from_utf8_lossy(raw);
+pub(crate) fn clean_member_name(raw: &[u8]) -> Result<Option<String>, MemberNameError> {
+    let shown = || String::from_utf8_lossy(raw).into_owned();
     if raw.contains(&0) {
-        return Err(format!("member name {shown:?} contains a NUL byte"));
+        return Err(MemberNameError::Nul(shown()));
     }
-    let name =
-        std::str::from_utf8(raw).map_err(|_| format!("member name {shown:?} is not UTF-8"))?;
+    let name = std::str::from_utf8(raw).map_err(|_| MemberNameError::NotUtf8(shown()))?;
     if name.contains('\\') {
-        return Err(format!("member name {name:?} contains a backslash"));
+        return Err(MemberNameError::Backslash(shown()));
     }
     if name.starts_with('/') {
-        return Err(format!("member name {name:?} is absolute"));
+        return Err(MemberNameError::Absolute(shown()));
     }
     let mut parts = Vec::new();
     for part in name.split('/') {
         match part {
             "" | "." => {}
-            ".." => return Err(format!("member name {name:?} contains '..'")),
+            ".." => return Err(MemberNameError::DotDot(shown())),
             p => parts.push(p),
         }
     }
@@ -67,7 +86,8 @@ fn for_each_member(
     let mut archive = open(path).map_err(Failure::Io)?;
     for entry in archive.entries().map_err(read_err)? {
         let mut entry = entry.map_err(read_err)?;
-        let name = clean_member_name(&entry.path_bytes()).map_err(Failure::Archive)?;
+        let name =
+            clean_member_name(&entry.path_bytes()).map_err(|e| Failure::Archive(e.to_string()))?;
         let regular = entry.header().entry_type().is_file();
         f(name, regular, &mut entry)?;
     }
@@ -128,7 +148,7 @@ pub(crate) fn install_members(
             continue;
         }
         let name = clean_member_name(&entry.path_bytes())
-            .map_err(|m| InstallMemberError::Read(Failure::Archive(m)))?;
+            .map_err(|e| InstallMemberError::Read(Failure::Archive(e.to_string())))?;
         let Some(rel) = name.and_then(|n| chosen.get(&n)) else {
             continue;
         };

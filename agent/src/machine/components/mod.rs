@@ -52,7 +52,7 @@ pub use reachability::{
     CHECK_CNI, CHECK_CRI, CHECK_KUBERNETES, check_reachable, check_reachable_with,
 };
 pub use sources::{
-    CNI_BASE_URL, CONTAINERD_BASE_URL, CRICTL_BASE_URL, DownloadSource, Downloads,
+    CNI_BASE_URL, CONTAINERD_BASE_URL, CRICTL_BASE_URL, DownloadSource, Downloads, FormatError,
     KUBERNETES_BASE_URL, RUNC_BASE_URL, go_format,
 };
 pub use spec::{

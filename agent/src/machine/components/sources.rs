@@ -87,8 +87,9 @@ fn build(
     args: &[&str],
 ) -> Result<String, ComponentsError> {
     let (url, which) = if !over.url.trim().is_empty() {
-        let url = go_format(over.url.trim(), args)
-            .map_err(|m| ComponentsError::config(format!("downloads.{field}.url"), m))?;
+        let url = go_format(over.url.trim(), args).map_err(|m| {
+            ComponentsError::config(format!("downloads.{field}.url"), m.to_string())
+        })?;
         (url, "url")
     } else if !over.base_url.trim().is_empty() {
         let base = over.base_url.trim().trim_end_matches('/');
@@ -184,12 +185,39 @@ pub(crate) fn cni_url(
     )
 }
 
+/// Why a download URL template does not format.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum FormatError {
+    /// A `%s`/`%v` after the arguments ran out.
+    #[error("format verb at offset {offset} has no argument (only {given} are given)")]
+    MissingArgument {
+        /// Character offset of the verb.
+        offset: usize,
+        /// How many arguments there are.
+        given: usize,
+    },
+    /// `%[` not followed by digits, `]` and a verb.
+    #[error("malformed argument index at offset {offset} (expected %[n]s)")]
+    MalformedIndex {
+        /// Character offset of the `%`.
+        offset: usize,
+    },
+    /// `%[n]` with `n` not in `1..=given`.
+    #[error("argument index %[{index}] out of range (1..={given})")]
+    IndexOutOfRange {
+        /// The index written.
+        index: usize,
+        /// How many arguments there are.
+        given: usize,
+    },
+}
+
 /// Formats `template` as Go's `fmt.Sprintf` does for string arguments: `%s` and `%v` take the
 /// next argument, `%[n]s`/`%[n]v` the n-th (1-based; later verbs continue after it), `%%` is a
 /// `%`. Unlike Go, any other `%` sequence is kept as written, so a percent-encoded URL
 /// (`%2F`) survives. A verb without an argument is an error (Go would print `%!s(MISSING)`);
 /// arguments left over are ignored.
-pub fn go_format(template: &str, args: &[&str]) -> Result<String, String> {
+pub fn go_format(template: &str, args: &[&str]) -> Result<String, FormatError> {
     let chars: Vec<char> = template.chars().collect();
     let mut out = String::with_capacity(template.len() + 32);
     let mut next = 0usize;
@@ -207,11 +235,9 @@ pub fn go_format(template: &str, args: &[&str]) -> Result<String, String> {
                 i += 2;
             }
             Some('s' | 'v') => {
-                let arg = args.get(next).ok_or_else(|| {
-                    format!(
-                        "format verb at offset {i} has no argument (only {} are given)",
-                        args.len()
-                    )
+                let arg = args.get(next).ok_or(FormatError::MissingArgument {
+                    offset: i,
+                    given: args.len(),
                 })?;
                 out.push_str(arg);
                 next += 1;
@@ -228,13 +254,14 @@ pub fn go_format(template: &str, args: &[&str]) -> Result<String, String> {
                     matches!(chars.get(close + 1), Some('s' | 'v')).then_some((n, close))
                 });
                 let Some((n, close)) = parsed else {
-                    return Err(format!(
-                        "malformed argument index at offset {i} (expected %[n]s)"
-                    ));
+                    return Err(FormatError::MalformedIndex { offset: i });
                 };
-                let arg = n.checked_sub(1).and_then(|k| args.get(k)).ok_or_else(|| {
-                    format!("argument index %[{n}] out of range (1..={})", args.len())
-                })?;
+                let arg = n.checked_sub(1).and_then(|k| args.get(k)).ok_or(
+                    FormatError::IndexOutOfRange {
+                        index: n,
+                        given: args.len(),
+                    },
+                )?;
                 out.push_str(arg);
                 next = n;
                 i = close + 2;

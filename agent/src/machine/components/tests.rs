@@ -5,7 +5,7 @@
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-use super::archive::clean_member_name;
+use super::archive::{MemberNameError, clean_member_name};
 use super::download::parse_checksum;
 use super::offline::{BundleIndex, bundle_specs};
 use super::*;
@@ -238,6 +238,14 @@ fn go_format_table() {
     for bad in ["%s%s%s%s", "%[4]s", "%[0]s", "%[x]s", "%[1"] {
         assert!(go_format(bad, &args).is_err(), "{bad}");
     }
+    assert_eq!(
+        go_format("%[4]s", &args),
+        Err(FormatError::IndexOutOfRange { index: 4, given: 3 })
+    );
+    assert_eq!(
+        go_format("%[x]s", &args),
+        Err(FormatError::MalformedIndex { offset: 0 })
+    );
 }
 
 #[test]
@@ -422,6 +430,16 @@ fn tar_member_names() {
         b"\xff",
     ] {
         assert!(clean_member_name(bad).is_err(), "{bad:?}");
+    }
+    for (bad, want) in [
+        (&b"../x"[..], MemberNameError::DotDot("../x".into())),
+        (
+            b"/etc/passwd",
+            MemberNameError::Absolute("/etc/passwd".into()),
+        ),
+        (b"a\xffb", MemberNameError::NotUtf8("a\u{fffd}b".into())),
+    ] {
+        assert_eq!(clean_member_name(bad), Err(want));
     }
 }
 

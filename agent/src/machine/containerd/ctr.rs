@@ -168,7 +168,7 @@ impl Images for CtrImages {
                 .map_err(|reason| ContainerdError::Failed {
                     image: reference.to_string(),
                     step: "pull".into(),
-                    reason,
+                    reason: reason.to_string(),
                 })?,
             Err(_) if !opts.plain_http => false,
             Err(e) => {

@@ -986,7 +986,7 @@ impl Images for GrpcImages {
             .map_err(|reason| ContainerdError::Failed {
                 image: reference.to_string(),
                 step: "pull".into(),
-                reason,
+                reason: reason.to_string(),
             })?;
         let registry = self
             .registry

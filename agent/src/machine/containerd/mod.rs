@@ -124,7 +124,7 @@ impl PullOptions {
     /// [`PullOptions::insecure_registries`], with a warning naming it. `--plain-http` for a
     /// registry that is not listed is refused (the reason is returned; the stores report it as
     /// a [`ContainerdError::Failed`] at step `pull`) rather than silently ignored or obeyed.
-    pub fn plain_http_for(&self, image: &ImageRef) -> Result<bool, String> {
+    pub fn plain_http_for(&self, image: &ImageRef) -> Result<bool, PlainHttpRefused> {
         let registry = image.api_host();
         if self.insecure_registries.allows(registry) {
             tracing::warn!(
@@ -136,14 +136,16 @@ impl PullOptions {
             return Ok(true);
         }
         if self.plain_http {
-            return Err(format!(
-                "{PULL_ARGS_KEY} asks for plain HTTP, but {registry} is not listed in \
-                 {INSECURE_REGISTRIES_ENV}"
-            ));
+            return Err(PlainHttpRefused(registry.to_string()));
         }
         Ok(false)
     }
 }
+
+/// `--plain-http` asked for a registry (named) that the insecure registries do not list.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{PULL_ARGS_KEY} asks for plain HTTP, but {0} is not listed in {INSECURE_REGISTRIES_ENV}")]
+pub struct PlainHttpRefused(pub String);
 
 fn unquote(v: &str) -> &str {
     for q in ['"', '\''] {

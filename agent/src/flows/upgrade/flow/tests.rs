@@ -596,7 +596,12 @@ fn artifacts_that_are_neither_elf_nor_tgz_are_refused() {
     let p = d.path().join("a");
     std::fs::write(&p, b"<html>not found</html>").unwrap();
     let e = open_agent_binary(&p).err().unwrap();
-    assert!(e.contains("neither an ELF binary nor a .tar.gz"), "{e}");
+    assert!(matches!(e, ArtifactError::UnknownFormat), "{e}");
+    assert!(
+        e.to_string()
+            .contains("neither an ELF binary nor a .tar.gz"),
+        "{e}"
+    );
 }
 
 #[test]
