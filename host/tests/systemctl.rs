@@ -21,7 +21,7 @@ async fn systemctl_manager_argv() {
     m.daemon_reload().await.unwrap();
     m.enable("a.service").await.unwrap();
     m.start("a.service").await.unwrap();
-    m.mask("docker.socket").await.unwrap();
+    m.mask(&["docker.socket", "docker.service"]).await.unwrap();
     assert!(m.is_active("a.service").await.unwrap());
     assert!(!m.is_active("b.service").await.unwrap());
     m.start_transient_timer(&TransientTimer {
@@ -41,7 +41,7 @@ async fn systemctl_manager_argv() {
     systemctl daemon-reload
     systemctl enable a.service
     systemctl start a.service
-    systemctl mask docker.socket
+    systemctl mask docker.socket docker.service
     systemctl is-active --quiet a.service
     systemctl is-active --quiet b.service
     systemd-run --unit=aks-flex-node-restart "--description=Restart the agent" --on-active=1s --timer-property=AccuracySec=100ms -- /usr/bin/systemctl restart aks-flex-node-agent.service

@@ -226,8 +226,8 @@ impl SystemdManager for FakeSystemd {
     async fn disable(&self, unit: &str) -> Result<(), SystemdError> {
         self.record(format!("disable {unit}"))
     }
-    async fn mask(&self, unit: &str) -> Result<(), SystemdError> {
-        self.record(format!("mask {unit}"))
+    async fn mask(&self, units: &[&str]) -> Result<(), SystemdError> {
+        self.record(format!("mask {}", units.join(" ")))
     }
     async fn start(&self, unit: &str) -> Result<(), SystemdError> {
         self.record(format!("start {unit}"))?;

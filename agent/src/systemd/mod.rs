@@ -15,14 +15,15 @@ pub use units::{
     render_recovery_unit, render_recovery_unit_for,
 };
 
-/// `InstallService`: writes the agent's unit (0644), reloads, enables and starts it.
+/// `InstallService`: writes the agent's unit (0644), enables it (which reloads the manager, so
+/// the new unit file is loaded: one reload, not two, each about 3.5 s on a slow host) and
+/// starts it.
 pub async fn install_service(
     fs: &HostFs,
     systemd: &dyn SystemdManager,
     unit_contents: &str,
 ) -> Result<(), SystemdError> {
     fs.write_atomic(Path::new(AGENT_UNIT_PATH), unit_contents.as_bytes(), 0o644)?;
-    systemd.daemon_reload().await?;
     systemd.enable(AGENT_UNIT).await?;
     systemd.start(AGENT_UNIT).await?;
     tracing::info!(unit = AGENT_UNIT, "systemd service installed and started");
@@ -84,7 +85,6 @@ mod tests {
         // The stop comes last: when the daemon uninstalls itself, the stop may end it, and by
         // then the unit is disabled, removed and reloaded.
         insta::assert_snapshot!(sd.calls().join("\n"), @r"
-        daemon-reload
         enable aks-flex-node-agent.service
         start aks-flex-node-agent.service
         disable aks-flex-node-agent.service

@@ -324,11 +324,11 @@ impl SystemdManager for DbusManager {
         self.reload_after(&manager, &call, &changes).await
     }
 
-    async fn mask(&self, unit: &str) -> Result<(), SystemdError> {
-        let call = format!("mask {unit}");
+    async fn mask(&self, units: &[&str]) -> Result<(), SystemdError> {
+        let call = format!("mask {}", units.join(" "));
         let manager = self.manager().await.map_err(|e| call_error(&call, e))?;
         let changes = manager
-            .mask_unit_files(&[unit], false, false)
+            .mask_unit_files(units, false, false)
             .await
             .map_err(|e| call_error(&call, e))?;
         self.reload_after(&manager, &call, &changes).await
@@ -781,7 +781,7 @@ mod tests {
         m.daemon_reload().await.unwrap();
         m.enable("a.service").await.unwrap();
         m.disable("a.service").await.unwrap();
-        m.mask("docker.socket").await.unwrap();
+        m.mask(&["docker.socket", "docker.service"]).await.unwrap();
         m.reset_failed("a.service").await.unwrap();
         assert_eq!(
             fake.calls(),
@@ -791,7 +791,7 @@ mod tests {
                 "Reload",
                 r#"DisableUnitFiles ["a.service"] runtime=false"#,
                 "Reload",
-                r#"MaskUnitFiles ["docker.socket"] runtime=false force=false"#,
+                r#"MaskUnitFiles ["docker.socket", "docker.service"] runtime=false force=false"#,
                 "Reload",
                 "ResetFailedUnit a.service",
             ]

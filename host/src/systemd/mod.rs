@@ -57,12 +57,14 @@ pub struct TransientTimer {
 pub trait SystemdManager: Send + Sync {
     /// `systemctl daemon-reload`.
     async fn daemon_reload(&self) -> Result<(), SystemdError>;
-    /// `systemctl enable <unit>`.
+    /// `systemctl enable <unit>`: links the unit file as its `[Install]` section says, then
+    /// reloads the manager (as `systemctl` does without `--no-reload`), so a unit file written
+    /// just before is loaded by that reload: the caller needs no `daemon_reload` of its own.
     async fn enable(&self, unit: &str) -> Result<(), SystemdError>;
-    /// `systemctl disable <unit>`.
+    /// `systemctl disable <unit>`, then a reload (as [`Self::enable`]).
     async fn disable(&self, unit: &str) -> Result<(), SystemdError>;
-    /// `systemctl mask <unit>`.
-    async fn mask(&self, unit: &str) -> Result<(), SystemdError>;
+    /// `systemctl mask <unit>…`: every unit in one call, then one reload (as [`Self::enable`]).
+    async fn mask(&self, units: &[&str]) -> Result<(), SystemdError>;
     /// `systemctl start <unit>` (waits for the job).
     async fn start(&self, unit: &str) -> Result<(), SystemdError>;
     /// `systemctl stop <unit>` (waits for the job).
@@ -166,8 +168,10 @@ impl SystemdManager for SystemctlManager {
     async fn disable(&self, unit: &str) -> Result<(), SystemdError> {
         self.systemctl(&["disable", unit]).await
     }
-    async fn mask(&self, unit: &str) -> Result<(), SystemdError> {
-        self.systemctl(&["mask", unit]).await
+    async fn mask(&self, units: &[&str]) -> Result<(), SystemdError> {
+        let mut args = vec!["mask"];
+        args.extend_from_slice(units);
+        self.systemctl(&args).await
     }
     async fn start(&self, unit: &str) -> Result<(), SystemdError> {
         self.systemctl(&["start", unit]).await

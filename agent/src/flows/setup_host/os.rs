@@ -77,8 +77,8 @@ RemainAfterExit=no
 RequiredBy=systemd-nspawn@.service
 ";
 
-/// `configure-nftables`: the flush script (0600) and its unit, then reload, enable and start it
-/// (each fatal).
+/// `configure-nftables`: the flush script (0600) and its unit, then enable (which reloads the
+/// manager and so loads the new unit) and start it (each fatal).
 pub async fn configure_nftables(host: &Host) -> anyhow::Result<()> {
     host.fs
         .write_atomic(Path::new(NFT_CLEAR_PATH), NFT_CLEAR.as_bytes(), 0o600)?;
@@ -87,21 +87,22 @@ pub async fn configure_nftables(host: &Host) -> anyhow::Result<()> {
         NFT_FLUSH_UNIT_CONTENT.as_bytes(),
         0o644,
     )?;
-    host.systemd.daemon_reload().await?;
     host.systemd.enable(NFT_FLUSH_UNIT).await?;
     host.systemd.start(NFT_FLUSH_UNIT).await?;
     Ok(())
 }
 
-/// `disable-docker`: stop (failure ignored) and mask (failure fatal) `docker.socket` and
-/// `docker.service`, then make sure Docker's daemon config has `"iptables": false`.
+/// `disable-docker`: stop (failure ignored) `docker.socket` and `docker.service`, then mask
+/// both in one call (one reload; failure fatal), then make sure Docker's daemon config has
+/// `"iptables": false`.
 pub async fn disable_docker(host: &Host) -> anyhow::Result<()> {
-    for unit in ["docker.socket", "docker.service"] {
+    const UNITS: [&str; 2] = ["docker.socket", "docker.service"];
+    for unit in UNITS {
         if let Err(e) = host.systemd.stop(unit).await {
             tracing::debug!(unit, error = %e, "stop failed (ignored)");
         }
-        host.systemd.mask(unit).await?;
     }
+    host.systemd.mask(&UNITS).await?;
     let path = Path::new(DOCKER_DAEMON_JSON);
     let mut obj = match host.fs.read(path)? {
         None => serde_json::Map::new(),

@@ -152,13 +152,13 @@ async fn failures_name_the_task() {
         "configure-os: sysctl --system failed: exit status 255: sysctl: permission denied on key"
     );
     let f = FakeHost::new().unwrap();
-    f.systemd.fail_on("mask docker.service");
+    f.systemd.fail_on("mask docker.socket docker.service");
     let e = setup_host(&f.host, &config())
         .await
         .unwrap_err()
         .to_string();
     assert!(
-        e.starts_with("disable-docker: systemd mask docker.service"),
+        e.starts_with("disable-docker: systemd mask docker.socket docker.service"),
         "{e}"
     );
 }
