@@ -268,7 +268,15 @@ impl Images for CtrImages {
             .timeout(timeout);
         let argv = display_args(args);
         tracing::info!(image = reference, container = %id, argv = %argv, "running check");
-        match self.runner.output(&cmd).await {
+        let mut ran = self.runner.output(&cmd).await;
+        if matches!(&ran, Ok(out) if out.success() && out.stdout.is_empty()) {
+            // containerd can drop the output of a process that exits right after printing
+            // (see `Images::run_check`): one more run tells a lost output from a silent check.
+            tracing::info!(image = reference, container = %id, "the check printed nothing; running it once more");
+            self.delete_container(&id).await;
+            ran = self.runner.output(&cmd).await;
+        }
+        match ran {
             Ok(out) if out.success() => Ok(out.stdout),
             Ok(out) => Err(ContainerdError::CheckFailed {
                 image: reference.to_string(),

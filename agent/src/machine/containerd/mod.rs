@@ -296,7 +296,10 @@ pub trait Images: Send + Sync {
     /// `--rm --runc-systemd-cgroup --cgroup system-aksflex.slice:aks-flex:upgrade-check-<n>`),
     /// with a timeout; returns its stdout; a non-zero exit is an error naming the image, argv,
     /// exit and stderr ([`ContainerdError::CheckFailed`]), a timeout kills and removes the
-    /// container ([`ContainerdError::CheckTimeout`]).
+    /// container ([`ContainerdError::CheckTimeout`]). A check that succeeds with no output at
+    /// all is run once more: containerd can lose the output of a process that exits right
+    /// after printing (containerd/containerd#770, concourse/concourse#6775; seen here under
+    /// load), so a check must be idempotent.
     async fn run_check(
         &self,
         reference: &str,

@@ -197,7 +197,41 @@ async fn ctr_options_reach_the_argv() {
             "ctr --address /tmp/c.sock -n flex tasks delete -f aks-flex-upgrade-check-1",
             "ctr --address /tmp/c.sock -n flex containers delete aks-flex-upgrade-check-1",
             "ctr --address /tmp/c.sock -n flex run --rm --snapshotter native r aks-flex-upgrade-check-1 true",
+            // `true` prints nothing: run once more, in case containerd lost its output.
+            "ctr --address /tmp/c.sock -n flex tasks delete -f aks-flex-upgrade-check-1",
+            "ctr --address /tmp/c.sock -n flex containers delete aks-flex-upgrade-check-1",
+            "ctr --address /tmp/c.sock -n flex run --rm --snapshotter native r aks-flex-upgrade-check-1 true",
         ]
+    );
+}
+
+/// Fake runner: a first run whose output containerd lost (exit 0, nothing printed) is run once
+/// more, and the second run's output is the check's.
+#[tokio::test]
+async fn a_check_whose_output_was_lost_is_run_once_more() {
+    let fake = FakeRunner::new();
+    let run = "ctr -n aks-flex run --rm";
+    fake.on_seq(
+        run,
+        vec![
+            Output::ok(String::new()),
+            Output::ok("aks-flex-node 1.2.3\n".to_string()),
+        ],
+    );
+    let ctr = ctr_over(&fake);
+    let out = ctr
+        .run_check(
+            REF,
+            9,
+            &args(&["aks-flex-node", "version"]),
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap();
+    assert_eq!(out, "aks-flex-node 1.2.3\n");
+    assert_eq!(
+        fake.calls().iter().filter(|c| c.starts_with(run)).count(),
+        2
     );
 }
 
