@@ -939,22 +939,23 @@ pub fn parse_version(out: &str) -> Option<String> {
         .filter(|v| !v.is_empty())
 }
 
-/// Why a downloaded artifact does not give the agent binary.
+/// Why a downloaded artifact does not give the agent binary. The I/O error is in the message,
+/// not a `source()`, so a `{:#}` chain names it once (see `flex_host::error`).
 #[derive(Debug, thiserror::Error)]
 pub enum ArtifactError {
     /// The downloaded file cannot be read.
     #[error("{0}")]
-    Open(#[source] std::io::Error),
+    Open(std::io::Error),
     /// The `.tar.gz` does not read (corrupt or truncated).
     #[error("read the archive: {0}")]
-    Archive(#[source] std::io::Error),
+    Archive(std::io::Error),
     /// The binary's member does not read.
-    #[error("read {}: {source}", .path.display())]
+    #[error("read {}: {error}", .path.display())]
     Member {
         /// The member.
         path: PathBuf,
         /// Why.
-        source: std::io::Error,
+        error: std::io::Error,
     },
     /// A `.tar.gz` without the binary.
     #[error("the archive has no {} file", super::layout::BINARY)]
@@ -988,7 +989,7 @@ pub fn open_agent_binary(file: &Path) -> Result<Box<dyn Read + Send>, ArtifactEr
                 (&mut entry)
                     .take(flex_host::fs::MAX_INSTALL_BYTES + 1)
                     .read_to_end(&mut bytes)
-                    .map_err(|source| ArtifactError::Member { path, source })?;
+                    .map_err(|error| ArtifactError::Member { path, error })?;
                 return Ok(Box::new(std::io::Cursor::new(bytes)));
             }
         }

@@ -597,6 +597,9 @@ fn artifacts_that_are_neither_elf_nor_tgz_are_refused() {
     std::fs::write(&p, b"<html>not found</html>").unwrap();
     let e = open_agent_binary(&p).err().unwrap();
     assert!(matches!(e, ArtifactError::UnknownFormat), "{e}");
+    // An I/O cause is named once in a `{:#}` chain: in the message, not as a source.
+    let gone = open_agent_binary(&d.path().join("absent")).err().unwrap();
+    assert!(std::error::Error::source(&gone).is_none(), "{gone:?}");
     assert!(
         e.to_string()
             .contains("neither an ELF binary nor a .tar.gz"),
