@@ -175,7 +175,7 @@ impl<'a> Guest<'a> {
     }
 
     /// Waits until the guest answers with a boot id other than `old`: it went down and came
-    /// back. Looks every 5 s; on timeout the error names the last answer.
+    /// back. Looks every 2 s; on timeout the error names the last answer.
     pub async fn wait_new_boot(
         &self,
         old: &str,
@@ -184,7 +184,7 @@ impl<'a> Guest<'a> {
         flex_host::retry::wait_until(
             "the guest to come back from the reboot with a new boot id",
             timeout,
-            Duration::from_secs(5),
+            Duration::from_secs(2),
             || async move {
                 match self.output(BOOT_ID, Duration::from_secs(20)).await {
                     Ok(o)

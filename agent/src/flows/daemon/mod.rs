@@ -562,7 +562,15 @@ pub fn watch_proof_deadline(
 }
 
 /// How long a daemon that cannot reach its cluster must stay up to prove the running agent.
-pub const PROVE_UNREACHABLE_AFTER: Duration = Duration::from_secs(30);
+///
+/// Twice [`START_RETRY_BASE`]: by then a disconnected daemon has done everything it can do
+/// without its cluster (loaded its config and state, finished an interrupted repave, converged
+/// its units, built its client, tried the API server and retried: its retries start at
+/// [`START_RETRY_BASE`] or sooner), and staying up longer only repeats the same attempt. A
+/// candidate that fails does so on that path (the harness's broken one exits at once). Online
+/// the proof is the first successful reconcile, which comes as soon. It was 30 s until the
+/// offline check's timing showed three quarters of each offline upgrade spent waiting on it.
+pub const PROVE_UNREACHABLE_AFTER: Duration = Duration::from_secs(2 * START_RETRY_BASE.as_secs());
 
 /// How long the reachability probe of the early proof waits for a TCP connection.
 pub const REACHABILITY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -590,6 +598,34 @@ pub async fn api_server_accepts(url: &str, timeout: Duration) -> bool {
         .await,
         Ok(Ok(_))
     )
+}
+
+/// Arms the early proof of a daemon that cannot reach its cluster: after `after` (the daemon
+/// passes [`PROVE_UNREACHABLE_AFTER`]), unless `shutdown` came first, the API server at `url`
+/// is probed ([`api_server_accepts`]); when it does not accept a connection, `proven` makes the
+/// running agent last-good. When it does, the proof is left to the first successful reconcile.
+/// The daemon aborts the task once it has reached its cluster.
+pub fn early_proof(
+    proven: Arc<dyn Proven>,
+    url: String,
+    after: Duration,
+    shutdown: CancellationToken,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        tokio::select! {
+            () = tokio::time::sleep(after) => {
+                if api_server_accepts(&url, REACHABILITY_TIMEOUT).await {
+                    tracing::info!(after_s = after.as_secs(), "the API server accepts connections but the daemon has not reached it yet: the running agent is proven by its first successful reconcile");
+                } else {
+                    match proven.reconciled() {
+                        Ok(_) => tracing::info!(after_s = after.as_secs(), "the running agent stayed up while its cluster cannot be reached: proven"),
+                        Err(e) => tracing::error!(error = %format!("{e:#}"), "could not make the running agent last-good"),
+                    }
+                }
+            }
+            () = shutdown.cancelled() => {}
+        }
+    })
 }
 
 /// The first delay between start attempts that could not reach the cluster.
@@ -691,24 +727,13 @@ pub async fn run_with_ops(
     // Only a cluster that cannot be reached at all counts: an API server that accepts
     // connections (a certificate still waiting for approval, a TLS or credential failure) leaves
     // the proof to the first successful reconcile, or to the candidate's deadline.
-    let early_proof = proven.clone().map(|p| {
-        let token = shutdown.clone();
-        let url = config.api_server_url();
-        tokio::spawn(async move {
-            tokio::select! {
-                () = tokio::time::sleep(PROVE_UNREACHABLE_AFTER) => {
-                    if api_server_accepts(&url, REACHABILITY_TIMEOUT).await {
-                        tracing::info!(after_s = PROVE_UNREACHABLE_AFTER.as_secs(), "the API server accepts connections but the daemon has not reached it yet: the running agent is proven by its first successful reconcile");
-                    } else {
-                        match p.reconciled() {
-                            Ok(_) => tracing::info!(after_s = PROVE_UNREACHABLE_AFTER.as_secs(), "the running agent stayed up while its cluster cannot be reached: proven"),
-                            Err(e) => tracing::error!(error = %format!("{e:#}"), "could not make the running agent last-good"),
-                        }
-                    }
-                }
-                () = token.cancelled() => {}
-            }
-        })
+    let proof_timer = proven.clone().map(|p| {
+        early_proof(
+            p,
+            config.api_server_url(),
+            PROVE_UNREACHABLE_AFTER,
+            shutdown.clone(),
+        )
     });
     let fs = &host.fs;
     let clients = until_reachable(&shutdown, || {
@@ -728,7 +753,7 @@ pub async fn run_with_ops(
         }
     })
     .await?;
-    if let Some(h) = early_proof {
+    if let Some(h) = proof_timer {
         h.abort();
     }
     let Some(kube) = clients else {

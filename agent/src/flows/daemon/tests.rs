@@ -1792,3 +1792,62 @@ async fn the_early_proof_probe_tells_a_listening_api_server_from_an_unreachable_
     assert!(!api_server_accepts("not a url", t).await);
     assert!(!api_server_accepts("", t).await);
 }
+
+/// Real: TCP on loopback (a closed port, a listening one), the early-proof task. Faked: the
+/// clock (paused; the sleep is `PROVE_UNREACHABLE_AFTER` itself) and the proof (it counts).
+/// A daemon whose cluster cannot be reached proves the running agent at
+/// `PROVE_UNREACHABLE_AFTER` and not before; an API server that accepts connections leaves the
+/// proof to a reconcile; a shutdown first proves nothing.
+#[tokio::test(start_paused = true)]
+async fn the_early_proof_comes_at_its_wait_only_while_the_cluster_cannot_be_reached() {
+    let closed = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        format!("https://127.0.0.1:{}", l.local_addr().unwrap().port())
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let open = format!(
+        "https://127.0.0.1:{}",
+        listener.local_addr().unwrap().port()
+    );
+    let counting = || {
+        let p = Arc::new(CountingProof {
+            calls: AtomicUsize::new(0),
+            fail: 0,
+        });
+        (p.clone(), p as Arc<dyn Proven>)
+    };
+    let almost = PROVE_UNREACHABLE_AFTER - Duration::from_millis(100);
+
+    // Unreachable: nothing before the wait, proven at it.
+    let (count, p) = counting();
+    let h = early_proof(
+        p,
+        closed.clone(),
+        PROVE_UNREACHABLE_AFTER,
+        CancellationToken::new(),
+    );
+    tokio::time::sleep(almost).await;
+    assert_eq!(
+        count.calls.load(Ordering::SeqCst),
+        0,
+        "proven before its wait"
+    );
+    h.await.unwrap();
+    assert_eq!(count.calls.load(Ordering::SeqCst), 1);
+
+    // Listening: the wait passes, no proof.
+    let (count, p) = counting();
+    early_proof(p, open, PROVE_UNREACHABLE_AFTER, CancellationToken::new())
+        .await
+        .unwrap();
+    assert_eq!(count.calls.load(Ordering::SeqCst), 0);
+
+    // Shut down before the wait: no proof.
+    let (count, p) = counting();
+    let token = CancellationToken::new();
+    let h = early_proof(p, closed, PROVE_UNREACHABLE_AFTER, token.clone());
+    tokio::time::sleep(almost).await;
+    token.cancel();
+    h.await.unwrap();
+    assert_eq!(count.calls.load(Ordering::SeqCst), 0);
+}
