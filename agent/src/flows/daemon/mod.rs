@@ -568,8 +568,7 @@ pub fn watch_proof_deadline(
 /// its units, built its client, tried the API server and retried: its retries start at
 /// [`START_RETRY_BASE`] or sooner), and staying up longer only repeats the same attempt. A
 /// candidate that fails does so on that path (the harness's broken one exits at once). Online
-/// the proof is the first successful reconcile, which comes as soon. It was 30 s until the
-/// offline check's timing showed three quarters of each offline upgrade spent waiting on it.
+/// the proof is the first successful reconcile, which comes as soon (docs/upgrade.md).
 pub const PROVE_UNREACHABLE_AFTER: Duration = Duration::from_secs(2 * START_RETRY_BASE.as_secs());
 
 /// How long the reachability probe of the early proof waits for a TCP connection.
