@@ -92,7 +92,9 @@ async fn controller() -> Controller {
     let shutdown = CancellationToken::new();
     let args = Args::try_parse_from(["aks-flex-controller", "--shutdown-timeout=1s"]).unwrap();
     let (s, t) = (store.clone(), shutdown.clone());
-    tokio::spawn(async move { aks_flex_controller::run_with(&args, server, s, None, t).await });
+    tokio::spawn(async move {
+        aks_flex_controller::run_with(&args, server, s, None, Default::default(), t).await
+    });
     Controller {
         base,
         store,

@@ -9,6 +9,7 @@ use clap::{ArgAction, Parser};
 use tokio_util::sync::CancellationToken;
 
 use crate::csr::{self, ApproverConfig};
+use crate::metrics::{ControllerMetrics, TimedStore};
 use crate::server::Server;
 use crate::store::{ConfigMapStore, MachineStore};
 
@@ -49,6 +50,17 @@ pub struct Args {
     /// lets the signer's default of one year apply).
     #[arg(long, default_value_t = crate::csr::DEFAULT_MAX_EXPIRATION_SECONDS)]
     pub max_expiration_seconds: i32,
+    /// Where `/metrics` is served: IP:PORT, :PORT (every interface), or 0 for none.
+    #[arg(long, default_value = DEFAULT_METRICS_BIND_ADDRESS, value_parser = parse_metrics_address)]
+    pub metrics_bind_address: String,
+}
+
+/// Where `/metrics` is served by default: every interface (Prometheus scrapes the pod), on a
+/// port of its own so the machine endpoint and the metrics can be exposed apart.
+pub const DEFAULT_METRICS_BIND_ADDRESS: &str = ":9470";
+
+fn parse_metrics_address(s: &str) -> Result<String, flex_metrics::AddressError> {
+    flex_metrics::parse_address(s).map(|_| s.to_string())
 }
 
 fn parse_duration(s: &str) -> Result<Duration, flex_api::duration::DurationError> {
@@ -126,8 +138,20 @@ pub async fn run(args: Args, shutdown: CancellationToken) -> anyhow::Result<()> 
         &args.machine_configmap_namespace,
         &args.machine_configmap_name,
     ));
+    let metrics = Arc::new(ControllerMetrics::default());
+    // Checked when the flags were parsed.
+    if let Ok(listen) = flex_metrics::parse_address(&args.metrics_bind_address) {
+        flex_metrics::spawn(
+            "controller",
+            &listen,
+            metrics.renderer(),
+            flex_metrics::Limits::default(),
+            shutdown.clone(),
+        )
+        .await;
+    }
     let server = Server::bind(&args.listen_address).await?;
-    run_with(&args, server, store, Some(client), shutdown).await
+    run_with(&args, server, store, Some(client), metrics, shutdown).await
 }
 
 /// Runs a bound server over `store` (and the approver over `client` when enabled) until
@@ -137,16 +161,19 @@ pub async fn run_with(
     server: Server,
     store: Arc<dyn MachineStore>,
     client: Option<kube::Client>,
+    metrics: Arc<ControllerMetrics>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     tracing::info!(address = %server.local_addr()?, "machine endpoint listening");
+    let store: Arc<dyn MachineStore> = Arc::new(TimedStore::new(store, metrics.clone()));
     let stop = shutdown.child_token();
     let server_task = {
         let stop = stop.clone();
         let store = store.clone();
+        let metrics = metrics.clone();
         let timeout = args.shutdown_timeout;
         async move {
-            let r = server.run(store, stop.clone(), timeout).await;
+            let r = server.run(store, metrics, stop.clone(), timeout).await;
             stop.cancel();
             r
         }
@@ -160,7 +187,7 @@ pub async fn run_with(
                 return Ok(());
             }
             let r = match client {
-                Some(c) => csr::run(c, store, cfg, stop.clone()).await,
+                Some(c) => csr::run(c, store, cfg, metrics, stop.clone()).await,
                 None => Err(anyhow::anyhow!(
                     "the CSR approver needs a Kubernetes client"
                 )),
@@ -202,6 +229,7 @@ mod tests {
                 bootstrap_group: "system:bootstrappers:aks-flex-node".into(),
                 daemon_group: "aks-flex-node-daemons".into(),
                 max_expiration_seconds: 30 * 24 * 3600,
+                metrics_bind_address: ":9470".into(),
             }
         );
     }
@@ -229,5 +257,18 @@ mod tests {
         }
         assert!(Args::try_parse_from(["x", "--enable-csr-approver=yes"]).is_err());
         assert!(Args::try_parse_from(["x", "--shutdown-timeout=15"]).is_err());
+    }
+
+    #[test]
+    fn a_metrics_address_that_does_not_parse_is_refused_naming_the_flag() {
+        for ok in ["0", ":9470", "127.0.0.1:9470", "[::1]:9470"] {
+            let a = Args::try_parse_from(["x", &format!("--metrics-bind-address={ok}")]).unwrap();
+            assert_eq!(a.metrics_bind_address, ok);
+        }
+        let e = Args::try_parse_from(["x", "--metrics-bind-address=metrics.local:9470"])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--metrics-bind-address"), "{e}");
+        assert!(e.contains("names are not resolved"), "{e}");
     }
 }

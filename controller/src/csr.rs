@@ -45,6 +45,7 @@ use kube::runtime::controller::{Action, Controller};
 use kube::runtime::watcher;
 use tokio_util::sync::CancellationToken;
 
+use crate::metrics::{ControllerMetrics, DecisionLabel, Why};
 use crate::store::{MachineStore, StoreError};
 
 /// The signer the daemon's certificates use.
@@ -578,15 +579,17 @@ fn certificate_subject(pem: &[u8]) -> Option<(String, Timestamp)> {
     Some((cn, not_after))
 }
 
-async fn machine(store: &dyn MachineStore, node: &str) -> Result<ArmMachine, Decision> {
+async fn machine(store: &dyn MachineStore, node: &str) -> Result<ArmMachine, (Decision, Why)> {
     match store.get(node).await {
         Ok(m) => Ok(m),
-        Err(StoreError::NotFound(_)) => Err(Decision::Retry(format!(
-            "machine {node:?} is not registered"
-        ))),
-        Err(StoreError::Unavailable(e)) => {
-            Err(Decision::Retry(format!("machine store unavailable: {e}")))
-        }
+        Err(StoreError::NotFound(_)) => Err((
+            Decision::Retry(format!("machine {node:?} is not registered")),
+            Why::machine_not_registered,
+        )),
+        Err(StoreError::Unavailable(e)) => Err((
+            Decision::Retry(format!("machine store unavailable: {e}")),
+            Why::store_unavailable,
+        )),
     }
 }
 
@@ -607,9 +610,22 @@ pub async fn decide(
     store: &dyn MachineStore,
     now: Timestamp,
 ) -> Decision {
+    decide_why(csr, cfg, apis, store, now).await.0
+}
+
+/// [`decide`], with why as a closed set (the metrics' reason).
+pub async fn decide_why(
+    csr: &CertificateSigningRequest,
+    cfg: &ApproverConfig,
+    apis: &Apis,
+    store: &dyn MachineStore,
+    now: Timestamp,
+) -> (Decision, Why) {
     let candidate = match examine(csr, cfg) {
         Ok(c) => c,
-        Err(why) => return Decision::Ignore(why.to_string()),
+        Err(why) => {
+            return (Decision::Ignore(why.to_string()), Why::not_a_daemon_request);
+        }
     };
     match &candidate.requester {
         Requester::Bootstrap { token_id } => {
@@ -620,56 +636,71 @@ pub async fn decide(
             {
                 Ok(s) => s,
                 Err(e) => {
-                    return Decision::Retry(format!(
-                        "read bootstrap token secret: {}",
-                        flex_api::kube_errors::describe(&e)
-                    ));
+                    return (
+                        Decision::Retry(format!(
+                            "read bootstrap token secret: {}",
+                            flex_api::kube_errors::describe(&e)
+                        )),
+                        Why::token_unreadable,
+                    );
                 }
             };
             if let Err(why) =
                 authorize_bootstrap_token(secret.as_ref(), token_id, &cfg.bootstrap_group, now)
             {
-                return Decision::Ignore(why.to_string());
+                return (Decision::Ignore(why.to_string()), Why::token_refused);
             }
             let entry = match machine(store, &candidate.node).await {
                 Ok(m) => m,
                 Err(d) => return d,
             };
             if let Err(why) = authorize_token_for_machine(&entry, &candidate.node, token_id) {
-                return Decision::Retry(why.to_string());
+                return (Decision::Retry(why.to_string()), Why::token_not_bound);
             }
             let lp = ListParams::default().fields(&format!("spec.signerName={SIGNER}"));
             let others = match apis.csrs.list(&lp).await {
                 Ok(l) => l.items,
                 Err(e) => {
-                    return Decision::Retry(format!(
-                        "list CertificateSigningRequests: {}",
-                        flex_api::kube_errors::describe(&e)
-                    ));
+                    return (
+                        Decision::Retry(format!(
+                            "list CertificateSigningRequests: {}",
+                            flex_api::kube_errors::describe(&e)
+                        )),
+                        Why::list_failed,
+                    );
                 }
             };
             if let Some((name, until)) = held_certificate(&candidate.node, &others, now) {
-                return Decision::Retry(format!(
-                    "node {} already holds a daemon certificate, valid until {until} \
-                     (CertificateSigningRequest {name}): it renews with that certificate, and a \
-                     bootstrap token does not get it another; to bootstrap it again (after a \
-                     reset), delete CertificateSigningRequest {name}",
-                    candidate.node
-                ));
+                return (
+                    Decision::Retry(format!(
+                        "node {} already holds a daemon certificate, valid until {until} \
+                         (CertificateSigningRequest {name}): it renews with that certificate, and a \
+                         bootstrap token does not get it another; to bootstrap it again (after a \
+                         reset), delete CertificateSigningRequest {name}",
+                        candidate.node
+                    )),
+                    Why::already_holds_certificate,
+                );
             }
-            Decision::Approve(format!(
-                "aks-flex-controller approved the daemon credential of node {} (bootstrap token {token_id})",
-                candidate.node
-            ))
+            (
+                Decision::Approve(format!(
+                    "aks-flex-controller approved the daemon credential of node {} (bootstrap token {token_id})",
+                    candidate.node
+                )),
+                Why::bootstrap,
+            )
         }
         Requester::Renewal => {
             if let Err(d) = machine(store, &candidate.node).await {
                 return d;
             }
-            Decision::Approve(format!(
-                "aks-flex-controller approved the daemon credential renewal of node {}",
-                candidate.node
-            ))
+            (
+                Decision::Approve(format!(
+                    "aks-flex-controller approved the daemon credential renewal of node {}",
+                    candidate.node
+                )),
+                Why::renewal,
+            )
         }
     }
 }
@@ -700,6 +731,7 @@ struct Context {
     apis: Apis,
     store: Arc<dyn MachineStore>,
     cfg: ApproverConfig,
+    metrics: Arc<ControllerMetrics>,
 }
 
 /// A failure to record an approval.
@@ -715,33 +747,39 @@ async fn reconcile(
     ctx: Arc<Context>,
 ) -> Result<Action, ApproveError> {
     let name = csr.metadata.name.clone().unwrap_or_default();
-    match decide(
+    let (decision, reason) = decide_why(
         &csr,
         &ctx.cfg,
         &ctx.apis,
         ctx.store.as_ref(),
         Timestamp::now(),
     )
-    .await
-    {
+    .await;
+    match decision {
         Decision::Approve(message) => {
             let body = approved(&csr, &message, Timestamp::now());
             ctx.apis
                 .csrs
                 .replace_subresource("approval", &name, &PostParams::default(), &body)
                 .await
-                .map_err(|e| ApproveError {
-                    name: name.clone(),
-                    reason: flex_api::kube_errors::describe(&e),
+                .map_err(|e| {
+                    ctx.metrics.decision(DecisionLabel::approve_failed, reason);
+                    ApproveError {
+                        name: name.clone(),
+                        reason: flex_api::kube_errors::describe(&e),
+                    }
                 })?;
+            ctx.metrics.decision(DecisionLabel::approved, reason);
             tracing::info!(csr = %name, message = %message, "approved CertificateSigningRequest");
             Ok(Action::await_change())
         }
         Decision::Ignore(why) => {
+            ctx.metrics.decision(DecisionLabel::ignored, reason);
             tracing::debug!(csr = %name, reason = %why, "not approving CertificateSigningRequest");
             Ok(Action::await_change())
         }
         Decision::Retry(why) => {
+            ctx.metrics.decision(DecisionLabel::retry, reason);
             tracing::info!(csr = %name, reason = %why, retry_in_s = RETRY_AFTER.as_secs(), "CertificateSigningRequest not approvable yet");
             Ok(Action::requeue(RETRY_AFTER))
         }
@@ -762,6 +800,7 @@ pub async fn run(
     client: kube::Client,
     store: Arc<dyn MachineStore>,
     cfg: ApproverConfig,
+    metrics: Arc<ControllerMetrics>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     tracing::info!(bootstrap_group = %cfg.bootstrap_group, daemon_group = %cfg.daemon_group, "starting daemon CSR approver");
@@ -773,6 +812,7 @@ pub async fn run(
         },
         store,
         cfg,
+        metrics,
     });
     Controller::new(csrs, watcher::Config::default())
         .graceful_shutdown_on(async move { shutdown.cancelled_owned().await })

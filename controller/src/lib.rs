@@ -8,6 +8,8 @@
 //! - [`store`]: the [`store::MachineStore`] trait, the ConfigMap store and an in-memory store;
 //! - [`server`]: the HTTP API and the server with graceful shutdown;
 //! - [`csr`]: the CSR approver (pure authorization decisions and the watch that applies them);
+//! - [`metrics`]: the controller's Prometheus metrics (`--metrics-bind-address`) and the timed
+//!   store;
 //! - [`cli`]: flags and the run that ties them together;
 //! - [`logging`]: JSON logs on stdout.
 //!
@@ -19,6 +21,7 @@
 pub mod cli;
 pub mod csr;
 pub mod logging;
+pub mod metrics;
 pub mod server;
 pub mod store;
 

@@ -35,6 +35,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+use crate::metrics::{ControllerMetrics, RouteLabel};
 use crate::store::{MachineStore, StoreError};
 
 /// `ReadHeaderTimeout`.
@@ -116,6 +117,20 @@ pub enum Route {
     InvalidName,
     /// Anything else.
     Unknown,
+}
+
+/// The route as a metric label (never the machine name).
+impl From<&Route> for RouteLabel {
+    fn from(r: &Route) -> Self {
+        match r {
+            Route::Health => RouteLabel::health,
+            Route::MachinesRoot => RouteLabel::machines_root,
+            Route::Machine(_) => RouteLabel::machine,
+            Route::Status(_) => RouteLabel::status,
+            Route::InvalidName => RouteLabel::invalid_name,
+            Route::Unknown => RouteLabel::unknown,
+        }
+    }
 }
 
 /// Routes a request path: strip `/machines/`, trim `/` on both sides, split on `/`.
@@ -261,6 +276,7 @@ impl Server {
     pub async fn run(
         self,
         store: Arc<dyn MachineStore>,
+        metrics: Arc<ControllerMetrics>,
         shutdown: CancellationToken,
         shutdown_timeout: Duration,
     ) -> anyhow::Result<()> {
@@ -280,10 +296,15 @@ impl Server {
                             continue;
                         }
                     };
-                    let store = store.clone();
+                    let (store, metrics) = (store.clone(), metrics.clone());
                     let svc = service_fn(move |req: Request<Incoming>| {
-                        let store = store.clone();
-                        async move { Ok::<_, Infallible>(handle(store.as_ref(), req).await) }
+                        let (store, metrics) = (store.clone(), metrics.clone());
+                        async move {
+                            let route = route(req.uri().path());
+                            let reply = handle(store.as_ref(), req).await;
+                            metrics.request(RouteLabel::from(&route), reply.status().as_u16());
+                            Ok::<_, Infallible>(reply)
+                        }
                     });
                     let conn = graceful.watch(builder.serve_connection(TokioIo::new(stream), svc));
                     tokio::spawn(async move {

@@ -6,6 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use aks_flex_controller::metrics::ControllerMetrics;
 use aks_flex_controller::{Args, MemoryStore, Server};
 use clap::Parser;
 use reqwest::{Method, StatusCode};
@@ -36,6 +37,8 @@ const MACHINE: &str = r#"
 struct Running {
     base: String,
     store: Arc<MemoryStore>,
+    /// The controller's metrics (real, rendered as its endpoint would).
+    metrics: Arc<ControllerMetrics>,
     shutdown: CancellationToken,
     task: tokio::task::JoinHandle<anyhow::Result<()>>,
     http: reqwest::Client,
@@ -48,17 +51,20 @@ async fn start() -> Running {
     let addr = server.local_addr().unwrap();
     let shutdown = CancellationToken::new();
     let args = Args::try_parse_from(["aks-flex-controller", "--shutdown-timeout=2s"]).unwrap();
+    let metrics = Arc::new(ControllerMetrics::new("test"));
     let task = {
         let store = store.clone();
         let shutdown = shutdown.clone();
+        let metrics = metrics.clone();
         tokio::spawn(async move {
-            aks_flex_controller::run_with(&args, server, store, None, shutdown).await
+            aks_flex_controller::run_with(&args, server, store, None, metrics, shutdown).await
         })
     };
     flex_host::http::install_crypto();
     Running {
         base: format!("http://{addr}"),
         store,
+        metrics,
         shutdown,
         task,
         http: reqwest::Client::builder()
@@ -215,6 +221,21 @@ async fn not_found_and_store_failures() {
         (status, body),
         (StatusCode::SERVICE_UNAVAILABLE, unavailable)
     );
+    // The metrics saw each answer by route and code, and each store read by result; never a
+    // machine's name.
+    let text = s.metrics.render();
+    for want in [
+        "aks_flex_controller_http_requests_total{route=\"machine\",code=\"404\"} 4",
+        "aks_flex_controller_http_requests_total{route=\"machine\",code=\"503\"} 3",
+        "aks_flex_controller_machine_store_duration_seconds_count{result=\"not_found\"} 4",
+        "aks_flex_controller_machine_store_duration_seconds_count{result=\"unavailable\"} 3",
+    ] {
+        assert!(text.contains(want), "{want} not in\n{text}");
+    }
+    assert!(
+        !text.contains("ghost") && !text.contains("broken"),
+        "{text}"
+    );
     s.stop().await;
 }
 
@@ -308,7 +329,14 @@ async fn the_approver_without_a_client_is_an_error_that_stops_the_server() {
         Args::try_parse_from(["x", "--enable-csr-approver", "--shutdown-timeout=1s"]).unwrap();
     let e = tokio::time::timeout(
         Duration::from_secs(5),
-        aks_flex_controller::run_with(&args, server, store, None, CancellationToken::new()),
+        aks_flex_controller::run_with(
+            &args,
+            server,
+            store,
+            None,
+            Arc::new(ControllerMetrics::default()),
+            CancellationToken::new(),
+        ),
     )
     .await
     .expect("the server stops when the approver ends")

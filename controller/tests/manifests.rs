@@ -82,6 +82,9 @@ fn the_deployment_runs_valid_flags_on_its_port() {
     let port = c["ports"][0]["containerPort"].as_u64().unwrap();
     assert_eq!(args.listen_address, format!(":{port}"));
     assert_eq!(c["ports"][0]["name"], "http");
+    assert_eq!(c["ports"][1]["name"], "metrics");
+    let metrics_port = c["ports"][1]["containerPort"].as_u64().unwrap();
+    assert_eq!(args.metrics_bind_address, format!(":{metrics_port}"));
     assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/readyz");
     assert_eq!(c["livenessProbe"]["httpGet"]["path"], "/healthz");
     assert_eq!(pod["securityContext"]["runAsUser"], 65532);
@@ -126,6 +129,48 @@ fn the_service_is_the_agents_default_endpoint() {
         p["port"]
     );
     assert_eq!(proxy, DEFAULT_ENDPOINT_PATH);
+    let m = &s["spec"]["ports"][1];
+    assert_eq!(
+        (&m["name"], &m["targetPort"]),
+        (&"metrics".into(), &"metrics".into())
+    );
+}
+
+/// The optional ServiceMonitor is a kustomize component outside the base (which must not need
+/// the Prometheus operator's CRDs), and it scrapes the Service's metrics port.
+#[test]
+fn the_service_monitor_is_an_optional_component_scraping_the_metrics_port() {
+    let objs = objects();
+    assert!(
+        objs.iter().all(|o| o["kind"] != "ServiceMonitor"),
+        "the base has no ServiceMonitor"
+    );
+    let comp_dir = dir().join("components/servicemonitor");
+    let k: Value = serde_saphyr::from_str(
+        &std::fs::read_to_string(comp_dir.join("kustomization.yaml")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(k["kind"], "Component");
+    assert_eq!(k["apiVersion"], "kustomize.config.k8s.io/v1alpha1");
+    let mut monitors = Vec::new();
+    for r in k["resources"].as_array().unwrap() {
+        let text = std::fs::read_to_string(comp_dir.join(r.as_str().unwrap())).unwrap();
+        monitors.extend(serde_saphyr::from_multiple::<Value>(&text).unwrap());
+    }
+    assert_eq!(monitors.len(), 1);
+    let sm = &monitors[0];
+    assert_eq!(sm["kind"], "ServiceMonitor");
+    let svc = find(&objs, "Service", "aks-flex-controller");
+    assert_eq!(
+        sm["spec"]["selector"]["matchLabels"]["app.kubernetes.io/name"],
+        svc["metadata"]["labels"]["app.kubernetes.io/name"]
+    );
+    assert_eq!(
+        sm["spec"]["namespaceSelector"]["matchNames"][0],
+        svc["metadata"]["namespace"]
+    );
+    assert_eq!(sm["spec"]["endpoints"][0]["port"], "metrics");
+    assert_eq!(sm["spec"]["endpoints"][0]["path"], "/metrics");
 }
 
 #[test]

@@ -91,11 +91,26 @@ const RULES: &[Rule] = &[
         ],
         why: "the host crate knows nothing of Kubernetes, containerd or the agent",
     },
+    Rule {
+        package: "flex-metrics",
+        forbidden: &[
+            "aks-flex-node",
+            "flex-host",
+            "flex-api",
+            "kube",
+            "k8s-openapi",
+            "zbus",
+            "containerd-api",
+            "tonic",
+            "reqwest",
+        ],
+        why: "the metrics crate serves a registry over HTTP; what is counted is its callers' business",
+    },
 ];
 
 /// Packages whose tree (with every feature of the package itself) must not enable tokio's
 /// `process` feature: they never start a process.
-const NO_PROCESSES: &[&str] = &["flex-api"];
+const NO_PROCESSES: &[&str] = &["flex-api", "flex-metrics"];
 
 /// Crates whose trees may build protobuf code.
 const CODEGEN_ONLY: &[&str] = &["prost-build", "tonic-prost-build", "protox"];

@@ -69,6 +69,7 @@ pub(crate) const SCHEMA: Shape = Struct(&[
             ("machineReconcileInterval", Leaf),
             ("requireMachineRegistration", Leaf),
             ("machineOperationMode", Leaf),
+            ("metricsAddress", Leaf),
         ]),
     ),
     (

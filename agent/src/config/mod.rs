@@ -37,6 +37,8 @@ pub use validate::{
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/aks-flex-node/config.json";
 /// Default `agent.logDir`.
 pub const DEFAULT_LOG_DIR: &str = "/var/log/aks-flex-node";
+/// The daemon's default metrics address (`agent.metricsAddress`): loopback only.
+pub const DEFAULT_METRICS_ADDRESS: &str = "127.0.0.1:9469";
 /// Label always forced on the node.
 pub const MANAGED_LABEL: &str = "kubernetes.azure.com/managed";
 /// Default `azure.targetAgentPoolName`.
@@ -181,6 +183,9 @@ pub struct AgentConfig {
     pub require_machine_registration: bool,
     /// `auto|disable`; default `auto`.
     pub machine_operation_mode: String,
+    /// Where the daemon serves `/metrics`: `IP:PORT`, `:PORT` (every interface) or `0` (none);
+    /// default `127.0.0.1:9469` (loopback only). See `docs/metrics.md`.
+    pub metrics_address: String,
 }
 
 /// `agent.machineClient`.

@@ -92,6 +92,7 @@ fn defaults_table() {
     assert_eq!(c.agent.node_name, "myhost", "hostname lowercased");
     assert_eq!(c.agent.machine_client.mode, "arm");
     assert_eq!(c.agent.machine_operation_mode, "auto");
+    assert_eq!(c.agent.metrics_address, "127.0.0.1:9469", "loopback only");
     assert_eq!(c.networking.dns_service_ip, "10.0.0.10");
     assert_eq!(c.components.runc, "1.1.12");
     assert_eq!(
@@ -354,6 +355,16 @@ fn invalid_configs_name_their_field() {
             "bad op mode",
             |v| v["agent"]["machineOperationMode"] = json!("manual"),
             "agent.machineOperationMode",
+        ),
+        (
+            "metrics address naming a host",
+            |v| v["agent"]["metricsAddress"] = json!("metrics.example:9469"),
+            "agent.metricsAddress: \"metrics.example:9469\" is not IP:PORT",
+        ),
+        (
+            "metrics address without a port",
+            |v| v["agent"]["metricsAddress"] = json!("127.0.0.1"),
+            "agent.metricsAddress",
         ),
         (
             "bad device",

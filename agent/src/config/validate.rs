@@ -7,8 +7,8 @@ use std::sync::LazyLock;
 use regex::Regex;
 
 use super::{
-    Config, DEFAULT_AGENT_POOL, DEFAULT_LOG_DIR, DEFAULT_NPD_VERSION, DEFAULT_RUNC_VERSION,
-    GoDuration, MANAGED_LABEL,
+    Config, DEFAULT_AGENT_POOL, DEFAULT_LOG_DIR, DEFAULT_METRICS_ADDRESS, DEFAULT_NPD_VERSION,
+    DEFAULT_RUNC_VERSION, GoDuration, MANAGED_LABEL,
 };
 
 /// A failed rule: the field (dotted JSON path) and what is wrong with it.
@@ -348,6 +348,9 @@ pub(crate) fn apply_defaults(c: &mut Config) {
     if g.machine_operation_mode.is_empty() {
         g.machine_operation_mode = "auto".into();
     }
+    if g.metrics_address.trim().is_empty() {
+        g.metrics_address = DEFAULT_METRICS_ADDRESS.into();
+    }
     let n = &mut c.node;
     if n.max_pods == 0 {
         n.max_pods = 110;
@@ -632,12 +635,17 @@ fn validate_agent(c: &Config) -> Result<(), ValidationError> {
         }
     }
     match g.machine_operation_mode.trim() {
-        "auto" | "disable" => Ok(()),
-        other => Err(err(
-            "agent.machineOperationMode",
-            format!("{other:?} is not one of auto, disable"),
-        )),
+        "auto" | "disable" => {}
+        other => {
+            return Err(err(
+                "agent.machineOperationMode",
+                format!("{other:?} is not one of auto, disable"),
+            ));
+        }
     }
+    flex_metrics::parse_address(&g.metrics_address)
+        .map(drop)
+        .map_err(|e| err("agent.metricsAddress", e.to_string()))
 }
 
 fn validate_bootstrap(c: &Config) -> Result<(), ValidationError> {

@@ -6,6 +6,7 @@
 //! - [`daemon`]: the daemon's work queue (goal applies, the Node watch, MachineOperations);
 //! - [`repave`]: blue/green repave (`ApplyGoalState`) in journaled phases, and its node-local
 //!   request ([`repave::local`], `aks-flex-node repave`);
+//! - [`metrics`]: the daemon's Prometheus metrics and their endpoint (`agent.metricsAddress`);
 //! - [`worklock`]: the host-wide lock the daemon and node-local requests serialise on;
 //! - [`reboot`]: NodeReboot (stop and start the active machine);
 //! - [`reset`]: node reset;
@@ -19,6 +20,7 @@
 pub mod bootstrap;
 pub mod daemon;
 pub mod ignition;
+pub mod metrics;
 pub mod operations;
 pub mod preflight;
 pub mod reboot;

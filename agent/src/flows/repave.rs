@@ -224,6 +224,8 @@ pub enum RepaveError {
     RolledBack {
         /// The failed step.
         step: String,
+        /// The phase it failed in.
+        phase: Phase,
         /// The side running again.
         source_machine: String,
         /// The failure.
@@ -236,6 +238,8 @@ pub enum RepaveError {
     RollbackFailed {
         /// The failed step.
         step: String,
+        /// The phase it failed in.
+        phase: Phase,
         /// The side that should run.
         source_machine: String,
         /// The failure.
@@ -269,6 +273,8 @@ pub enum RepaveError {
     AfterSwitch {
         /// The failed step.
         step: String,
+        /// The phase it failed in.
+        phase: Phase,
         /// The active side.
         target: String,
         /// The failure.
@@ -350,20 +356,24 @@ pub async fn run(
             Step::Finish => stores.journal.delete().map_err(SeamError::transient),
         };
         let Err(error) = result else { continue };
-        return Err(match on_failure(journal.phase) {
+        let phase = journal.phase;
+        return Err(match on_failure(phase) {
             Recovery::Resume => RepaveError::AfterSwitch {
                 step: name,
+                phase,
                 target: journal.target.clone(),
                 error,
             },
             Recovery::Rollback => match rollback(ops, stores, &journal).await {
                 Ok(()) => RepaveError::RolledBack {
                     step: name,
+                    phase,
                     source_machine: journal.source.clone(),
                     error,
                 },
                 Err(rb) => RepaveError::RollbackFailed {
                     step: name,
+                    phase,
                     source_machine: journal.source.clone(),
                     error,
                     rollback: rb,

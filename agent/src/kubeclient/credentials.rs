@@ -210,14 +210,17 @@ impl DaemonCredentials {
         let issued = self.obtain(&bootstrap).await?;
         let client = (self.make_client)(self.client_config(&issued))?;
         let (tx, rx) = watch::channel(client);
-        tokio::spawn(Arc::new(self).rotate(issued, tx, shutdown));
-        Ok(KubeClients::from_receiver(rx))
+        let clients = KubeClients::from_receiver(rx);
+        clients.set_not_after(issued.validity.not_after);
+        tokio::spawn(Arc::new(self).rotate(issued, tx, clients.clone(), shutdown));
+        Ok(clients)
     }
 
     async fn rotate(
         self: Arc<Self>,
         mut current: Issued,
         tx: watch::Sender<kube::Client>,
+        clients: KubeClients,
         shutdown: CancellationToken,
     ) {
         let t = self.timings;
@@ -260,6 +263,8 @@ impl DaemonCredentials {
             });
             match built {
                 Ok((client, issued)) => {
+                    // The expiry first: whoever wakes on the new client reads its own.
+                    clients.set_not_after(issued.validity.not_after);
                     tx.send_replace(client);
                     current = issued;
                     failures = 0;

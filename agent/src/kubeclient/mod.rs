@@ -42,6 +42,8 @@ mod store;
 pub use store::PairError;
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
 use base64::Engine as _;
@@ -330,18 +332,42 @@ pub fn client_from(config: kube::Config) -> Result<kube::Client, KubeClientError
 #[derive(Clone)]
 pub struct KubeClients {
     rx: watch::Receiver<kube::Client>,
+    /// The `notAfter` of the client certificate in use, Unix seconds; 0 when the client has
+    /// none of the daemon's own (the exec credential).
+    not_after: Arc<AtomicI64>,
 }
 
 impl KubeClients {
     /// A client that never changes (exec credential, tests).
     pub fn fixed(client: kube::Client) -> Self {
         let (_tx, rx) = watch::channel(client);
-        Self { rx }
+        Self::from_receiver(rx)
     }
 
     /// Clients published through `rx`.
     pub fn from_receiver(rx: watch::Receiver<kube::Client>) -> Self {
-        Self { rx }
+        Self {
+            rx,
+            not_after: Arc::new(AtomicI64::new(0)),
+        }
+    }
+
+    /// Records the `notAfter` of the certificate the current client uses (the daemon's
+    /// credentials call it at each issue and rotation).
+    pub fn set_not_after(&self, not_after: std::time::SystemTime) {
+        let secs = not_after
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
+        self.not_after.store(secs, Ordering::Relaxed);
+    }
+
+    /// The `notAfter` of the client certificate in use (Unix seconds), when the client has one
+    /// of the daemon's own.
+    pub fn not_after(&self) -> Option<i64> {
+        match self.not_after.load(Ordering::Relaxed) {
+            0 => None,
+            s => Some(s),
+        }
     }
 
     /// The current client.

@@ -736,6 +736,14 @@ async fn certificate_near_expiry_is_rotated_in_the_background() {
     let mut clients = creds.start(bootstrap, shutdown.clone()).await.unwrap();
     // The stored certificate was reused at start: nothing asked of the bootstrap client.
     assert!(seen(&boot_log).is_empty());
+    let unix = |t: SystemTime| {
+        i64::try_from(t.duration_since(std::time::UNIX_EPOCH).unwrap().as_secs()).unwrap()
+    };
+    let old_not_after = super::store::cert_facts(&old_cert)
+        .unwrap()
+        .validity
+        .not_after;
+    assert_eq!(clients.not_after(), Some(unix(old_not_after)));
 
     tokio::time::timeout(Duration::from_secs(10), clients.changed())
         .await
@@ -744,6 +752,8 @@ async fn certificate_near_expiry_is_rotated_in_the_background() {
     assert_ne!(new_cert, old_cert);
     let v = super::store::cert_facts(&new_cert).unwrap().validity;
     assert!(!needs_rotation(&v, SystemTime::now()));
+    // The metrics' expiry follows the rotated certificate.
+    assert_eq!(clients.not_after(), Some(unix(v.not_after)));
     assert_eq!(seen(&own_log)[0].method, "POST");
     assert!(seen(&boot_log).is_empty());
     let configs = configs.lock().unwrap();

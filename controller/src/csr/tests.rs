@@ -575,6 +575,54 @@ async fn decide_checks_secret_then_machine() {
     ));
 }
 
+/// Each decision's reason for the metrics, from the closed set: the same fakes as above.
+#[tokio::test]
+async fn every_decision_names_its_reason_from_a_closed_set() {
+    use crate::metrics::Why;
+    let now: Timestamp = "2026-06-01T00:00:00Z".parse().unwrap();
+    let store = MemoryStore::new();
+    let ok = apis(Some(with(&[])), vec![]);
+    let none = apis(None, vec![]);
+    let c = bootstrap_csr("node1");
+    let why = |d: (Decision, Why)| d.1;
+    assert_eq!(
+        why(decide_why(&c, &cfg(), &ok, &store, now).await),
+        Why::machine_not_registered
+    );
+    store.insert("node1.json", BOUND);
+    assert_eq!(
+        why(decide_why(&c, &cfg(), &ok, &store, now).await),
+        Why::bootstrap
+    );
+    assert_eq!(
+        why(decide_why(&renewal_csr("node1"), &cfg(), &ok, &store, now).await),
+        Why::renewal
+    );
+    assert_eq!(
+        why(decide_why(&c, &cfg(), &none, &store, now).await),
+        Why::token_refused
+    );
+    let mut other = c.clone();
+    other.spec.signer_name = "example.com/x".into();
+    assert_eq!(
+        why(decide_why(&other, &cfg(), &ok, &store, now).await),
+        Why::not_a_daemon_request
+    );
+    store.insert(
+        "node1.json",
+        r#"{"name":"node1","properties":{"tags":{"aks-flex-bootstrap-token-id":"zzzzzz"}}}"#,
+    );
+    assert_eq!(
+        why(decide_why(&c, &cfg(), &ok, &store, now).await),
+        Why::token_not_bound
+    );
+    store.fail_with(Some("config map gone"));
+    assert_eq!(
+        why(decide_why(&c, &cfg(), &ok, &store, now).await),
+        Why::store_unavailable
+    );
+}
+
 /// A bootstrap token bootstraps only the node whose machine entry names it: the token that
 /// got node1's certificate gets none for node2 (reproduced against a real API server before
 /// the fix: both were approved), and an entry that names no token admits no bootstrap.

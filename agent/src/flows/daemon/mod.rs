@@ -60,6 +60,7 @@ pub use queue::{DAEMON_BACKOFF, Item, QueueSender, RepaveSource, WorkQueue, jitt
 pub use work::{FAILED, RECONCILING, SUCCEEDED};
 
 use crate::config::Config;
+use crate::flows::metrics::DaemonMetrics;
 use crate::flows::repave::Stores;
 use crate::flows::worklock::WorkLock;
 use crate::goalclient::MachineClient;
@@ -179,6 +180,7 @@ impl Daemon {
                 timings: Timings::default(),
                 operations: None,
                 node_state: None,
+                metrics: Arc::new(DaemonMetrics::default()),
             },
             interval,
             backoff: DAEMON_BACKOFF,
@@ -197,6 +199,12 @@ impl Daemon {
     /// Publishes the agent's state on its Node ([`node_state`]).
     pub fn with_node_state(mut self, reporter: Arc<Reporter>) -> Self {
         self.ctx.node_state = Some(reporter);
+        self
+    }
+
+    /// Counts the daemon's work in `metrics` (by default in metrics of its own, served nowhere).
+    pub fn with_metrics(mut self, metrics: Arc<DaemonMetrics>) -> Self {
+        self.ctx.metrics = metrics;
         self
     }
 
@@ -245,7 +253,14 @@ impl Daemon {
             interval = %crate::config::format_go_duration(interval),
             "daemon reconcilers starting"
         );
-        if !resume_interrupted_repave(ctx.ops.as_ref(), &ctx.stores, &ctx.host.fs, &shutdown).await
+        if !resume_interrupted_repave(
+            ctx.ops.as_ref(),
+            &ctx.stores,
+            &ctx.host.fs,
+            &shutdown,
+            &ctx.metrics,
+        )
+        .await
         {
             tracing::info!("daemon shutting down before it was ready");
             return Ok(());
@@ -267,7 +282,11 @@ impl Daemon {
             ctx.node_name.clone(),
             sender.clone(),
             sources.clone(),
+            ctx.metrics.clone(),
         ))];
+        let clients = ctx.kube.clone();
+        ctx.metrics.certificate_from(move || clients.not_after());
+        ctx.observe_active_machine();
         if let Some(ops) = ctx.operations.clone() {
             let (tx, token) = (sender.clone(), sources.clone());
             tasks.push(tokio::spawn(async move {
@@ -353,6 +372,7 @@ impl Daemon {
                     }
                 }
                 Err(e) if e.is_permanent() => {
+                    ctx.metrics.reconcile_error(item.metric_kind(), true);
                     let message = format!("{e:#}");
                     ctx.report(NodeEvent::Failed {
                         permanent: true,
@@ -372,6 +392,7 @@ impl Daemon {
                     report.permanent = true;
                 }
                 Err(e) => {
+                    ctx.metrics.reconcile_error(item.metric_kind(), false);
                     let message = format!("{e:#}");
                     ctx.report(NodeEvent::Failed {
                         permanent: false,
@@ -389,6 +410,7 @@ impl Daemon {
                     report.retry_in = Some(delay);
                 }
             }
+            ctx.observe_active_machine();
             if let Some(tx) = &reports {
                 let _ = tx.send(report);
             }
@@ -449,11 +471,18 @@ pub(crate) async fn resume_interrupted_repave(
     stores: &Stores,
     fs: &flex_host::fs::HostFs,
     shutdown: &CancellationToken,
+    metrics: &DaemonMetrics,
 ) -> bool {
     let Some(_lock) = work_lock(fs, shutdown).await else {
         return false;
     };
-    match crate::flows::repave::resume_pending(ops, stores).await {
+    let started = Instant::now();
+    let resumed = crate::flows::repave::resume_pending(ops, stores).await;
+    // Counted when there was a repave to resume (or a journal to recover from that failed).
+    if !matches!(resumed, Ok(None)) {
+        metrics.repave_finished(&resumed, started.elapsed());
+    }
+    match resumed {
         Ok(Some(s)) => tracing::info!(
             active_machine = %s.active_machine,
             settings_version = %s.applied_settings_version,
@@ -472,6 +501,8 @@ pub(crate) async fn resume_interrupted_repave(
 /// cluster's MachineOperations ([`ClusterOperations`] with the host's handlers over the same
 /// machine layer), when the API discovery guard enables them.
 pub async fn run(config: &Config, shutdown: CancellationToken) -> anyhow::Result<()> {
+    let metrics = Arc::new(DaemonMetrics::default());
+    crate::flows::metrics::serve(config, &metrics, shutdown.clone()).await;
     let host = Host::real().await?;
     let upgrader = crate::flows::upgrade::Upgrader::for_host(host.clone()).await;
     upgrade_at_start(&upgrader).await;
@@ -492,10 +523,18 @@ pub async fn run(config: &Config, shutdown: CancellationToken) -> anyhow::Result
         host,
         config,
         |kube, host, node| {
-            let ops = ClusterOperations::for_host(kube.clone(), config, host, node, upgrader)?;
+            let ops = ClusterOperations::for_host(
+                kube.clone(),
+                config,
+                host,
+                node,
+                upgrader,
+                metrics.clone(),
+            )?;
             Ok(Some(Arc::new(ops) as Arc<dyn Operations>))
         },
         Some(proven),
+        metrics.clone(),
         shutdown,
     )
     .await
@@ -685,6 +724,7 @@ pub async fn run_with(
         Arc<dyn NodeOps>,
     ) -> anyhow::Result<Option<Arc<dyn Operations>>>,
     proven: Option<Arc<dyn Proven>>,
+    metrics: Arc<DaemonMetrics>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     tracing::info!(node = %config.agent.node_name, "daemon starting");
@@ -692,7 +732,7 @@ pub async fn run_with(
         host.clone(),
         config.clone(),
     )?);
-    run_with_ops(host, config, ops, operations, proven, shutdown).await
+    run_with_ops(host, config, ops, operations, proven, metrics, shutdown).await
 }
 
 /// [`run_with`] over the machine layer `ops` (tests give a fake).
@@ -706,13 +746,14 @@ pub async fn run_with_ops(
         Arc<dyn NodeOps>,
     ) -> anyhow::Result<Option<Arc<dyn Operations>>>,
     proven: Option<Arc<dyn Proven>>,
+    metrics: Arc<DaemonMetrics>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     // An interrupted repave is finished (or rolled back) before the cluster is reached: it
     // needs only the node, and a node that cannot reach its cluster (a disconnected site, the
     // offline harness) must not stay half-repaved meanwhile.
     let stores = Stores::new(host.fs.clone());
-    if !resume_interrupted_repave(ops.as_ref(), &stores, &host.fs, &shutdown).await {
+    if !resume_interrupted_repave(ops.as_ref(), &stores, &host.fs, &shutdown, &metrics).await {
         tracing::info!("daemon shutting down before it was ready");
         return Ok(());
     }
@@ -777,8 +818,9 @@ pub async fn run_with_ops(
         Arc::new(KubeNodeState::new(kube.clone(), &config.agent.node_name)),
         crate::version::VERSION,
     );
-    let mut daemon =
-        Daemon::new(host, config, kube, machines, ops).with_node_state(Arc::new(reporter));
+    let mut daemon = Daemon::new(host, config, kube, machines, ops)
+        .with_node_state(Arc::new(reporter))
+        .with_metrics(metrics);
     if let Some(o) = operations {
         daemon = daemon.with_operations(o);
     }

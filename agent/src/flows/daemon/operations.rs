@@ -174,6 +174,7 @@ impl ClusterOperations {
         host: &Host,
         node: Arc<dyn NodeOps>,
         upgrader: crate::flows::upgrade::Upgrader,
+        metrics: Arc<crate::flows::metrics::DaemonMetrics>,
     ) -> anyhow::Result<Self> {
         let name = config.agent.node_name.trim();
         if name.is_empty() {
@@ -186,7 +187,11 @@ impl ClusterOperations {
             containerized: host.containerized(),
         };
         let handlers = Arc::new(HostHandlers::new(host.clone(), node).with_upgrader(upgrader));
-        Ok(Self::new(kube, cfg, handlers))
+        Ok(Self::with_reconciler(
+            kube,
+            name,
+            Reconciler::new(cfg, handlers).with_metrics(metrics),
+        ))
     }
 }
 

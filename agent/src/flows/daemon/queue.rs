@@ -72,6 +72,14 @@ pub(crate) enum Key {
 }
 
 impl Item {
+    /// What the item is, as a metric label.
+    pub(crate) fn metric_kind(&self) -> crate::flows::metrics::ItemKind {
+        match self {
+            Item::Repave { .. } => crate::flows::metrics::ItemKind::repave,
+            Item::Operation { .. } => crate::flows::metrics::ItemKind::operation,
+        }
+    }
+
     pub(crate) fn key(&self) -> Key {
         match self {
             Item::Repave {

@@ -15,7 +15,7 @@ use tokio::task::JoinHandle;
 
 use super::*;
 use crate::config::GoDuration;
-use crate::flows::operations::{ReconcilerConfig, RecordStore, RecordingHandlers};
+use crate::flows::operations::{Reconciler, ReconcilerConfig, RecordStore, RecordingHandlers};
 use crate::flows::repave::{JOURNAL_PATH, Journal, Phase};
 use crate::flows::start::GoalState;
 use crate::goalclient::{Machine, MachineError, MachineStatus};
@@ -371,6 +371,8 @@ impl Default for Setup {
 }
 
 struct Harness {
+    /// The daemon's metrics (real, rendered as the endpoint would).
+    metrics: Arc<DaemonMetrics>,
     fake: FakeHost,
     sim: Arc<Mutex<Sim>>,
     machines: Arc<Mutex<MachinesState>>,
@@ -454,6 +456,7 @@ fn start(setup: Setup) -> Harness {
     cfg.agent.node_name = NODE.into();
     cfg.agent.machine_reconcile_interval = GoDuration(setup.interval);
     let (tx, reports) = mpsc::unbounded_channel();
+    let metrics = Arc::new(DaemonMetrics::new("0.3.0"));
     let mut daemon = Daemon::new(
         fake.host.clone(),
         &cfg,
@@ -471,7 +474,8 @@ fn start(setup: Setup) -> Harness {
     ))
     .with_timings(Timings::instant())
     .with_rng(|| 1.0)
-    .with_reports(tx);
+    .with_reports(tx)
+    .with_metrics(metrics.clone());
     if let Some(o) = setup.operations {
         daemon = daemon.with_operations(o);
     }
@@ -490,6 +494,7 @@ fn start(setup: Setup) -> Harness {
             client.clone(),
             &fake,
             handlers,
+            metrics.clone(),
         )));
     }
     let work_lock = setup
@@ -498,6 +503,7 @@ fn start(setup: Setup) -> Harness {
     let shutdown = CancellationToken::new();
     let run = tokio::spawn(daemon.run(shutdown.clone()));
     Harness {
+        metrics,
         work_lock,
         fake,
         sim,
@@ -520,17 +526,24 @@ fn cluster_operations(
     client: kube::Client,
     fake: &FakeHost,
     handlers: RecordingHandlers,
+    metrics: Arc<DaemonMetrics>,
 ) -> ClusterOperations {
-    ClusterOperations::new(
+    let cfg = ReconcilerConfig {
+        machine_name: NODE.into(),
+        node_name: NODE.into(),
+        records: RecordStore::new(fake.host.fs.clone()),
+        containerized: false,
+    };
+    ClusterOperations::with_reconciler(
         KubeClients::fixed(client),
-        ReconcilerConfig {
-            machine_name: NODE.into(),
-            node_name: NODE.into(),
-            records: RecordStore::new(fake.host.fs.clone()),
-            containerized: false,
-        },
-        Arc::new(handlers),
+        NODE,
+        Reconciler::new(cfg, Arc::new(handlers)).with_metrics(metrics),
     )
+}
+
+/// The samples of `metrics` whose line starts with `prefix`, sorted.
+fn samples(metrics: &DaemonMetrics, prefix: &str) -> Vec<String> {
+    flex_metrics::samples(&metrics.render(), prefix)
 }
 
 impl Harness {
@@ -731,6 +744,17 @@ async fn node_deletion_with_goal_drift_applies_the_goal_state() {
     assert_eq!(st.previous_settings_version, "etag-1");
     assert!(!h.fake.host.fs.exists(Path::new(JOURNAL_PATH)));
     assert_eq!(h.conc.max.load(Ordering::SeqCst), 1);
+    assert_eq!(
+        samples(&h.metrics, "aks_flex_node_repaves_total"),
+        ["aks_flex_node_repaves_total{result=\"Succeeded\",phase=\"done\"} 1"]
+    );
+    assert_eq!(
+        samples(&h.metrics, "aks_flex_node_active_machine"),
+        [
+            "aks_flex_node_active_machine{machine=\"kube1\"} 0",
+            "aks_flex_node_active_machine{machine=\"kube2\"} 1"
+        ]
+    );
     h.stop().await;
 }
 
@@ -870,6 +894,23 @@ async fn a_goal_that_cannot_be_provisioned_waits_for_the_next_interval_not_the_b
             assert_eq!(second.retry_in, Some(Duration::from_millis(40)));
         }
         assert_eq!(h.state().unwrap().active_machine, "kube1");
+        let class = if permanent { "permanent" } else { "transient" };
+        let errors = samples(&h.metrics, "aks_flex_node_reconcile_errors_total");
+        assert!(
+            errors.iter().any(|l| l.starts_with(&format!(
+                "aks_flex_node_reconcile_errors_total{{item=\"repave\",class=\"{class}\"}} "
+            ))),
+            "{errors:?}"
+        );
+        assert!(
+            samples(&h.metrics, "aks_flex_node_repaves_total")
+                .iter()
+                .any(|l| l.starts_with(
+                    "aks_flex_node_repaves_total{result=\"RolledBack\",phase=\"preparing\"} "
+                )),
+            "{}",
+            h.metrics.render()
+        );
         h.stop().await;
     }
 }
@@ -941,6 +982,7 @@ async fn an_interrupted_repave_is_resumed_before_the_cluster_is_reached() {
                 Arc::new(ops),
                 |_, _, _| Ok(None),
                 None,
+                Arc::new(DaemonMetrics::default()),
                 shutdown,
             )
             .await
@@ -1352,6 +1394,19 @@ async fn a_watched_machine_operation_is_reconciled_through_the_queue() {
         .map(|r| r.path().to_string())
         .collect();
     assert_eq!(patches, vec![format!("{OPS_PATH}/reboot-1/status"); 2]);
+    assert_eq!(
+        samples(&h.metrics, "aks_flex_node_operations_total"),
+        [
+            "aks_flex_node_operations_total{kind=\"NodeReboot\",phase=\"Complete\",reason=\"Succeeded\"} 1"
+        ]
+    );
+    assert!(
+        samples(&h.metrics, "aks_flex_node_operation_duration_seconds_count").contains(
+            &"aks_flex_node_operation_duration_seconds_count{kind=\"NodeReboot\"} 1".to_string()
+        ),
+        "{}",
+        h.metrics.render()
+    );
     // Nothing else ran on the host; the machine goal is untouched.
     h.assert_host_untouched();
     h.stop().await;
@@ -1407,7 +1462,12 @@ async fn reconcile_maps_a_ttl_to_a_requeue_and_names_api_errors() {
     }));
     let (client, _log, _server) = api(sim.clone());
     let handlers = RecordingHandlers::new();
-    let ops = cluster_operations(client, &fake, handlers.clone());
+    let ops = cluster_operations(
+        client,
+        &fake,
+        handlers.clone(),
+        Arc::new(DaemonMetrics::default()),
+    );
     assert_eq!(
         ops.reconcile("ttl-1").await.unwrap(),
         OperationOutcome::RequeueAfter(Duration::from_secs(60))

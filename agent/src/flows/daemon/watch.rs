@@ -11,6 +11,7 @@ use kube::runtime::watcher::{self, Event};
 use tokio_util::sync::CancellationToken;
 
 use super::queue::{Item, QueueSender, RepaveSource};
+use crate::flows::metrics::{DaemonMetrics, WatchRestart};
 use crate::kubeclient::{KubeClients, describe};
 
 /// The field selector for `node`.
@@ -38,6 +39,7 @@ pub async fn watch_node(
     node: String,
     queue: QueueSender,
     shutdown: CancellationToken,
+    metrics: std::sync::Arc<DaemonMetrics>,
 ) {
     let config = watcher::Config::default().fields(&node_selector(&node));
     loop {
@@ -49,6 +51,7 @@ pub async fn watch_node(
                 _ = shutdown.cancelled() => return,
                 _ = clients.changed() => {
                     tracing::info!(node = %node, "daemon client credentials changed; restarting the node watch");
+                    metrics.node_watch_restarted(WatchRestart::credentials);
                     break;
                 }
                 event = stream.next() => match event {
@@ -58,13 +61,17 @@ pub async fn watch_node(
                         }
                     }
                     Some(Ok(_)) => {}
-                    Some(Err(e)) => tracing::warn!(
-                        node = %node,
-                        error = %watch_error(&e),
-                        "node watch failed; retrying with backoff"
-                    ),
+                    Some(Err(e)) => {
+                        metrics.node_watch_restarted(WatchRestart::error);
+                        tracing::warn!(
+                            node = %node,
+                            error = %watch_error(&e),
+                            "node watch failed; retrying with backoff"
+                        );
+                    }
                     None => {
                         tracing::warn!(node = %node, "node watch ended; restarting it");
+                        metrics.node_watch_restarted(WatchRestart::ended);
                         break;
                     }
                 }

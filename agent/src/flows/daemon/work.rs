@@ -45,6 +45,7 @@ pub(crate) struct Ctx {
     pub timings: Timings,
     pub operations: Option<Arc<dyn Operations>>,
     pub node_state: Option<Arc<super::Reporter>>,
+    pub metrics: Arc<crate::flows::metrics::DaemonMetrics>,
 }
 
 /// What happens after an item succeeded.
@@ -65,6 +66,15 @@ impl Ctx {
         if let Some(r) = &self.node_state {
             let state = self.stores.state.load().ok().flatten();
             r.observe(event, state.as_ref()).await;
+        }
+    }
+
+    /// Sets the active-machine gauge from the daemon state (left as it is when the state does
+    /// not read: the next item tries again).
+    pub fn observe_active_machine(&self) {
+        if let Ok(state) = self.stores.state.load() {
+            self.metrics
+                .active_machine(state.as_ref().map_or("", |s| s.active_machine.as_str()));
         }
     }
 
@@ -154,9 +164,12 @@ impl Ctx {
             .map_err(|e| {
                 SeamError::transient(anyhow!("report machine status {RECONCILING}: {e}"))
             })?;
-        match crate::flows::repave::apply_goal_state(self.ops.as_ref(), &self.stores, &state, goal)
-            .await
-        {
+        let started = tokio::time::Instant::now();
+        let applied =
+            crate::flows::repave::apply_goal_state(self.ops.as_ref(), &self.stores, &state, goal)
+                .await;
+        self.metrics.repave_finished(&applied, started.elapsed());
+        match applied {
             Ok(next) => {
                 tracing::info!(
                     active_machine = %next.active_machine,

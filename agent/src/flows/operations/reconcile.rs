@@ -32,6 +32,7 @@ use super::decide::{
 use super::handlers::{Executed, Handlers, execute, stops_daemon};
 use super::record::{Record, RecordStore, Stage};
 use super::{IN_PROGRESS, OperationResult};
+use crate::flows::metrics::DaemonMetrics;
 use crate::flows::upgrade::{OperationRef, Resumed};
 use crate::kubeclient::describe;
 use crate::state::StateError;
@@ -194,6 +195,7 @@ pub struct Reconciler {
     /// Records by UID, mirroring the files, so a result survives its file's removal (AgentReset
     /// removes `/etc/aks-flex-node`) until the status says it.
     memory: Mutex<HashMap<String, Record>>,
+    metrics: Arc<DaemonMetrics>,
 }
 
 impl Reconciler {
@@ -204,7 +206,14 @@ impl Reconciler {
             handlers,
             clock: Arc::new(Timestamp::now),
             memory: Mutex::new(HashMap::new()),
+            metrics: Arc::new(DaemonMetrics::default()),
         }
+    }
+
+    /// Counts finished operations in `metrics` (by default in metrics of its own).
+    pub fn with_metrics(mut self, metrics: Arc<DaemonMetrics>) -> Self {
+        self.metrics = metrics;
+        self
     }
 
     /// The same with another clock.
@@ -459,9 +468,18 @@ impl Reconciler {
         result: &OperationResult,
     ) -> Result<Option<Outcome>, ReconcileError> {
         let name = op.name_any();
-        let body = finish_patch(op, &self.cfg.node_name, result, self.now());
+        let now = self.now();
+        let body = finish_patch(op, &self.cfg.node_name, result, now);
         match patch_status(apis, op, &body).await {
             Ok(_) => {
+                let took = op
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.started_at.as_ref())
+                    .and_then(|t| u64::try_from(now.as_millisecond() - t.0.as_millisecond()).ok())
+                    .map(Duration::from_millis);
+                self.metrics
+                    .operation_finished(&op.spec.operation_kind, result, took);
                 if result.succeeded() {
                     tracing::info!(operation = %name, kind = %op.spec.operation_kind, reason = %result.reason, message = %result.message, "MachineOperation complete");
                 } else {
