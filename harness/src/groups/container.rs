@@ -29,6 +29,11 @@ pub const GROUP: Group = Group {
 };
 
 async fn container_scope(c: &Ctx<'_>) -> anyhow::Result<Outcome> {
+    // The snapshot the group starts from can be saved while the bootstrap unit's last steps
+    // still run (up waits for the agent's state, not for that unit to end); the check is about
+    // where the running container is, so it first waits for the agent's unit and process, as
+    // the machines group's checks do. Seen on 8399593's SELinux pass: the scope not yet there.
+    c.wait_agent_active().await?;
     let slice = c
         .sh("systemctl show aks-flex-agent.scope -p Slice --value")
         .await?;
