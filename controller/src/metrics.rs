@@ -121,7 +121,7 @@ pub struct ControllerMetrics {
     registry: Registry,
     requests: Family<RequestLabels, Counter>,
     decisions: Family<DecisionLabels, Counter>,
-    store_seconds: Family<StoreLabels, Histogram, fn() -> Histogram>,
+    store_seconds: flex_metrics::HistogramFamily<StoreLabels>,
 }
 
 impl Default for ControllerMetrics {
@@ -146,10 +146,7 @@ impl ControllerMetrics {
             "The CSR approver's decisions (one per look at a request), by decision and reason",
             decisions.clone(),
         );
-        let store_seconds =
-            Family::<StoreLabels, Histogram, fn() -> Histogram>::new_with_constructor(
-                store_histogram as fn() -> Histogram,
-            );
+        let store_seconds = flex_metrics::histogram_family::<StoreLabels>(store_histogram);
         registry.register(
             "machine_store_duration_seconds",
             "Time to read a machine from the store, by result",

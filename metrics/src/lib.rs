@@ -138,6 +138,23 @@ pub fn samples(exposition: &str, prefix: &str) -> Vec<String> {
 /// then [`encode`]).
 pub type Render = Arc<dyn Fn() -> String + Send + Sync>;
 
+/// A family of histograms, one per label set, each made by the same bucket constructor.
+pub type HistogramFamily<L> = prometheus_client::metrics::family::Family<
+    L,
+    prometheus_client::metrics::histogram::Histogram,
+    fn() -> prometheus_client::metrics::histogram::Histogram,
+>;
+
+/// A histogram family whose histograms have the buckets `buckets` makes.
+pub fn histogram_family<L>(
+    buckets: fn() -> prometheus_client::metrics::histogram::Histogram,
+) -> HistogramFamily<L>
+where
+    L: Clone + std::hash::Hash + Eq,
+{
+    HistogramFamily::new_with_constructor(buckets)
+}
+
 /// The endpoint, bound.
 pub struct Endpoint {
     listener: TcpListener,

@@ -260,9 +260,9 @@ type NotAfter = Box<dyn Fn() -> Option<i64> + Send + Sync>;
 pub struct DaemonMetrics {
     registry: Registry,
     operations: Family<OperationLabels, Counter>,
-    operation_seconds: Family<KindLabels, Histogram, fn() -> Histogram>,
+    operation_seconds: flex_metrics::HistogramFamily<KindLabels>,
     repaves: Family<RepaveLabels, Counter>,
-    repave_seconds: Family<RepaveResultLabels, Histogram, fn() -> Histogram>,
+    repave_seconds: flex_metrics::HistogramFamily<RepaveResultLabels>,
     upgrades: Family<UpgradeLabels, Counter>,
     reconcile_errors: Family<ErrorLabels, Counter>,
     watch_restarts: Family<WatchLabels, Counter>,
@@ -287,10 +287,7 @@ impl DaemonMetrics {
             "MachineOperations this agent finished, by kind, phase (Complete, Failed) and reason",
             operations.clone(),
         );
-        let operation_seconds =
-            Family::<KindLabels, Histogram, fn() -> Histogram>::new_with_constructor(
-                duration_histogram as fn() -> Histogram,
-            );
+        let operation_seconds = flex_metrics::histogram_family::<KindLabels>(duration_histogram);
         registry.register(
             "operation_duration_seconds",
             "Time from a MachineOperation's claim to its result, by kind",
@@ -303,9 +300,7 @@ impl DaemonMetrics {
             repaves.clone(),
         );
         let repave_seconds =
-            Family::<RepaveResultLabels, Histogram, fn() -> Histogram>::new_with_constructor(
-                duration_histogram as fn() -> Histogram,
-            );
+            flex_metrics::histogram_family::<RepaveResultLabels>(duration_histogram);
         registry.register(
             "repave_duration_seconds",
             "Time a repave took, by result",
