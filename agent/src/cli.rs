@@ -290,6 +290,10 @@ async fn run_operation(cmd: OperationCommand) -> anyhow::Result<()> {
         .with_upgrader(crate::flows::upgrade::Upgrader::for_host(host.clone()).await);
     let executed =
         crate::flows::operations::run_local(&kind, &params, &handlers, host.containerized()).await;
+    // The daemon serves the count (an AgentUpgrade's is added by the agent that finishes it).
+    if let Some(r) = executed.result() {
+        crate::flows::operations::tally::TallyStore::new(host.fs.clone()).count_logged(&kind, r);
+    }
     print!("{}", crate::flows::operations::render_executed(&executed));
     match executed.result() {
         Some(r) if !r.succeeded() => anyhow::bail!("{}: {}", r.reason, r.message),

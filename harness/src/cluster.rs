@@ -38,7 +38,7 @@ use std::time::Duration;
 use flex_host::runner::{Cmd, Runner};
 use serde::{Deserialize, Serialize};
 
-use crate::ssh::{Ssh, USER};
+use crate::ssh::Ssh;
 use kube::{Kubectl, cluster_dir};
 pub use render::{CLUSTER_NAME, CONTROL_PLANE};
 use token::BootstrapToken;
@@ -883,22 +883,11 @@ async fn delete_cluster(r: &dyn Runner, engine: Engine, kubeconfig: &Path) -> an
 /// forward `t.bind:t.port` → the guest's `127.0.0.1:10250` listens (kubelet listens on every
 /// address of the host's network, which the machines share).
 pub fn tunnel_cmd(ssh: &Ssh, t: &Tunnel) -> Cmd {
-    ssh.base()
-        .args(["-o", "ExitOnForwardFailure=yes", "-M", "-S"])
-        .arg(t.socket.display().to_string())
-        .args(["-f", "-N", "-L"])
-        .arg(format!("{}:{}:127.0.0.1:{KUBELET_PORT}", t.bind, t.port))
-        .arg(format!("{USER}@127.0.0.1"))
-        .timeout(Duration::from_secs(60))
+    ssh.forward_cmd(&t.socket, &t.bind, t.port, KUBELET_PORT)
 }
 
 fn control_cmd(t: &Tunnel, op: &str) -> Cmd {
-    Cmd::new("ssh")
-        .arg("-S")
-        .arg(t.socket.display().to_string())
-        .args(["-O", op])
-        .arg(format!("{USER}@127.0.0.1"))
-        .timeout(Duration::from_secs(20))
+    Ssh::control_cmd(&t.socket, op)
 }
 
 /// Starts the kubelet forward unless it runs; returns whether it was started.

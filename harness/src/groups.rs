@@ -11,6 +11,7 @@ pub mod container;
 pub mod faults;
 pub mod machine_operations;
 pub mod machines;
+pub mod metrics;
 pub mod mounts;
 pub mod node_join;
 pub mod node_lifecycle;
@@ -42,6 +43,7 @@ pub const GROUPS: &[Group] = &[
     machine_operations::GROUP,
     node_lifecycle::GROUP,
     trust::GROUP,
+    metrics::GROUP,
 ];
 
 /// Groups that run only when named in `--only`: `faults` restores the snapshot for each of its
@@ -300,7 +302,7 @@ mod tests {
         );
     }
 
-    /// Host mode runs the host variants of machines and upgrade (same names, so `--only`
+    /// Host mode runs the host variants of machines, upgrade and metrics (same names, so `--only`
     /// and the reports are the same), skips the container's groups with the reason, and
     /// image mode runs every group as it is.
     #[test]
@@ -312,7 +314,7 @@ mod tests {
             match for_mode(g, AgentMode::Host) {
                 Ok(h) => {
                     assert_eq!(h.name, g.name);
-                    let variant = ["machines", "upgrade"].contains(&g.name);
+                    let variant = ["machines", "upgrade", "metrics"].contains(&g.name);
                     assert_eq!(h.description != g.description, variant, "{}", g.name);
                 }
                 Err(why) => {

@@ -40,6 +40,7 @@ pub mod images;
 pub mod kit;
 pub mod kvm;
 pub mod node_status;
+pub mod prometheus;
 pub mod provision;
 pub mod qemu;
 pub mod qmp;

@@ -282,6 +282,9 @@ async fn replace_earlier_up(r: &dyn Runner, p: &Progress, work: &Path) -> anyhow
             "warning: the kind cluster of an earlier up stays: {e:#}"
         ));
     }
+    if let Err(e) = crate::prometheus::down(r, work).await {
+        p.say(&format!("warning: the checks' Prometheus stays: {e:#}"));
+    }
     vm::down(r, work).await?;
     std::fs::create_dir_all(work)?;
     Ok(())
@@ -980,14 +983,16 @@ pub async fn check(
     Ok(run.success())
 }
 
-/// `down`: deletes the kind cluster of `up --cluster` (and stops its kubelet forward), then
-/// stops the VM and the registry, every command through `r`; a cluster that could not be
+/// `down`: deletes the kind cluster of `up --cluster` (and stops its kubelet forward), stops
+/// the checks' Prometheus and its forward, then stops the VM and the registry, every command through `r`; a cluster that could not be
 /// deleted is an error, after the VM is down.
 pub async fn down(r: &dyn Runner, work: &Path) -> anyhow::Result<()> {
     let provider = crate::cluster::provider();
     let cluster = crate::cluster::down(r, work, provider.as_deref()).await;
+    let prometheus = crate::prometheus::down(r, work).await;
     vm::down(r, work).await?;
-    cluster
+    cluster?;
+    prometheus
 }
 
 #[cfg(test)]

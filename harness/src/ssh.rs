@@ -75,6 +75,29 @@ impl Ssh {
             ])
     }
 
+    /// A forwarding `ssh`: a ControlMaster on `socket` that backgrounds itself once
+    /// `bind:port` on this host forwards to the guest's `127.0.0.1:remote_port` (`-L`, exiting
+    /// should the forward fail). [`Ssh::control_cmd`] checks or ends it.
+    pub fn forward_cmd(&self, socket: &Path, bind: &str, port: u16, remote_port: u16) -> Cmd {
+        self.base()
+            .args(["-o", "ExitOnForwardFailure=yes", "-M", "-S"])
+            .arg(socket.display().to_string())
+            .args(["-f", "-N", "-L"])
+            .arg(format!("{bind}:{port}:127.0.0.1:{remote_port}"))
+            .arg(format!("{USER}@127.0.0.1"))
+            .timeout(Duration::from_secs(60))
+    }
+
+    /// `ssh -O <op>` (`check`, `exit`) to the ControlMaster on `socket`.
+    pub fn control_cmd(socket: &Path, op: &str) -> Cmd {
+        Cmd::new("ssh")
+            .arg("-S")
+            .arg(socket.display().to_string())
+            .args(["-O", op])
+            .arg(format!("{USER}@127.0.0.1"))
+            .timeout(Duration::from_secs(20))
+    }
+
     /// The shared connection's socket ([`CONTROL_SOCKET`] beside the key), or `None` when
     /// its path is too long for a Unix socket or holds what ssh would expand (`%`) or split
     /// (white space): then every command makes its own connection.

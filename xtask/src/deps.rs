@@ -42,10 +42,14 @@ pub const TEST_PACKAGES: &[&str] = &[
     "g++",
     // harness/tests/report_chromium.rs: the HTML check report in headless Chromium.
     "chromium",
+    // harness/src/prometheus tests and the metrics group: Debian's Prometheus scrapes the
+    // daemon's and the controller's endpoints.
+    "prometheus",
 ];
 
 /// Packages `up` needs: QEMU (from bookworm-backports on Debian 12), the dev host image build
-/// (mmdebstrap, mkfs.ext4, dpkg-deb), the local registry and ssh.
+/// (mmdebstrap, mkfs.ext4, dpkg-deb), the local registry and ssh; and Prometheus, which the
+/// `metrics` group of the `check` after it runs.
 pub const VM_PACKAGES: &[&str] = &[
     "qemu-system-x86",
     "qemu-utils",
@@ -54,6 +58,7 @@ pub const VM_PACKAGES: &[&str] = &[
     "docker-registry",
     "openssh-client",
     "dpkg",
+    "prometheus",
 ];
 
 /// The package installed from bookworm-backports on Debian 12 (bookworm's own QEMU conflicts

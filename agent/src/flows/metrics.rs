@@ -29,7 +29,7 @@ pub const PREFIX: &str = "aks_flex_node";
 pub const DEFAULT_ADDRESS: &str = crate::config::DEFAULT_METRICS_ADDRESS;
 
 /// An operation's kind, as a label.
-#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelValue)]
 pub enum Kind {
     /// `NodeReboot`.
     NodeReboot,
@@ -39,6 +39,16 @@ pub enum Kind {
     AgentReset,
     /// Any other kind (the host controllers', unknown ones).
     Other,
+}
+
+impl Kind {
+    /// Every kind.
+    pub const ALL: [Kind; 4] = [
+        Kind::NodeReboot,
+        Kind::AgentUpgrade,
+        Kind::AgentReset,
+        Kind::Other,
+    ];
 }
 
 impl From<&OperationKind> for Kind {
@@ -53,7 +63,7 @@ impl From<&OperationKind> for Kind {
 }
 
 /// How an operation ended.
-#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelValue)]
 pub enum Outcome {
     /// `Complete`.
     Complete,
@@ -62,7 +72,7 @@ pub enum Outcome {
 }
 
 /// Why an operation ended (its status `reason`), closed.
-#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelValue)]
 pub enum Reason {
     /// `Succeeded`.
     Succeeded,
@@ -83,6 +93,18 @@ pub enum Reason {
 }
 
 impl Reason {
+    /// Every reason.
+    pub const ALL: [Reason; 8] = [
+        Reason::Succeeded,
+        Reason::ExecutionFailed,
+        Reason::InvalidParameters,
+        Reason::UnsupportedOperation,
+        Reason::UnknownKind,
+        Reason::Interrupted,
+        Reason::DaemonFailed,
+        Reason::Other,
+    ];
+
     fn of(reason: &str) -> Self {
         use flex_api::operations as o;
         match reason {
@@ -98,11 +120,93 @@ impl Reason {
     }
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct OperationLabels {
-    kind: Kind,
-    phase: Outcome,
-    reason: Reason,
+/// One series of an operations counter: an operation's kind, how it ended and why, each from
+/// its closed set. It is also the key of the node-local tally ([`Self::key`], [`Self::parse`]),
+/// so a tally file can only ever name series of these sets.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
+pub struct OperationSeries {
+    /// The operation's kind.
+    pub kind: Kind,
+    /// Complete or Failed.
+    pub phase: Outcome,
+    /// The status reason.
+    pub reason: Reason,
+}
+
+impl OperationSeries {
+    /// The series of `kind` finished with `result`.
+    pub fn of(kind: &OperationKind, result: &OperationResult) -> Self {
+        Self {
+            kind: Kind::from(kind),
+            phase: match result.phase {
+                OperationPhase::Complete => Outcome::Complete,
+                _ => Outcome::Failed,
+            },
+            reason: Reason::of(&result.reason),
+        }
+    }
+
+    /// `kind/phase/reason`, the label values joined.
+    pub fn key(&self) -> String {
+        format!("{:?}/{:?}/{:?}", self.kind, self.phase, self.reason)
+    }
+
+    /// The series `key` names; `None` unless each part is one of its set's values.
+    pub fn parse(key: &str) -> Option<Self> {
+        fn one<T: Copy + std::fmt::Debug>(all: &[T], s: &str) -> Option<T> {
+            all.iter().copied().find(|v| format!("{v:?}") == s)
+        }
+        let mut parts = key.split('/');
+        let series = Self {
+            kind: one(&Kind::ALL, parts.next()?)?,
+            phase: one(&[Outcome::Complete, Outcome::Failed], parts.next()?)?,
+            reason: one(&Reason::ALL, parts.next()?)?,
+        };
+        parts.next().is_none().then_some(series)
+    }
+}
+
+type OperationLabels = OperationSeries;
+
+/// Where the node-local tally is read from at each scrape.
+type LocalSource = Box<dyn Fn() -> Vec<(OperationSeries, u64)> + Send + Sync>;
+
+/// `local_operations_total`: the node-local tally, read at each scrape (its source is set once
+/// the host is known, [`DaemonMetrics::local_operations_from`]).
+#[derive(Default)]
+struct LocalOperations {
+    source: Mutex<Option<LocalSource>>,
+}
+
+impl std::fmt::Debug for LocalOperations {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("LocalOperations")
+    }
+}
+
+impl prometheus_client::collector::Collector for LocalOperations {
+    fn encode(
+        &self,
+        mut encoder: prometheus_client::encoding::DescriptorEncoder,
+    ) -> Result<(), std::fmt::Error> {
+        use prometheus_client::encoding::EncodeMetric;
+        use prometheus_client::metrics::counter::ConstCounter;
+        let mut series = match self.source.lock() {
+            Ok(s) => s.as_ref().map(|f| f()).unwrap_or_default(),
+            Err(_) => Vec::new(),
+        };
+        series.sort();
+        let mut family = encoder.encode_descriptor(
+            "local_operations",
+            "Node-local operations (aks-flex-node operation run) finished on this node, by kind, phase and reason; kept on disk across daemon restarts, cleared by a reset",
+            None,
+            prometheus_client::metrics::MetricType::Counter,
+        )?;
+        for (labels, count) in &series {
+            ConstCounter::new(*count).encode(family.encode_family(labels)?)?;
+        }
+        Ok(())
+    }
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -269,6 +373,7 @@ pub struct DaemonMetrics {
     cert_not_after: Family<CertLabels, Gauge>,
     active_machine: Family<SideLabels, Gauge>,
     not_after: Mutex<Option<NotAfter>>,
+    local: Arc<LocalOperations>,
 }
 
 impl Default for DaemonMetrics {
@@ -330,6 +435,8 @@ impl DaemonMetrics {
             "notAfter of the daemon's own client certificate, Unix seconds (absent with the exec credential)",
             cert_not_after.clone(),
         );
+        let local = Arc::new(LocalOperations::default());
+        registry.register_collector(Box::new(local.clone()));
         let active_machine = Family::<SideLabels, Gauge>::default();
         registry.register(
             "active_machine",
@@ -377,6 +484,7 @@ impl DaemonMetrics {
             cert_not_after,
             active_machine,
             not_after: Mutex::new(None),
+            local,
         }
     }
 
@@ -387,18 +495,9 @@ impl DaemonMetrics {
         result: &OperationResult,
         took: Option<Duration>,
     ) {
-        let kind = Kind::from(kind);
-        let phase = match result.phase {
-            OperationPhase::Complete => Outcome::Complete,
-            _ => Outcome::Failed,
-        };
-        self.operations
-            .get_or_create(&OperationLabels {
-                kind,
-                phase,
-                reason: Reason::of(&result.reason),
-            })
-            .inc();
+        let series = OperationSeries::of(kind, result);
+        let (kind, phase) = (series.kind, series.phase);
+        self.operations.get_or_create(&series).inc();
         if let Some(t) = took {
             self.operation_seconds
                 .get_or_create(&KindLabels { kind })
@@ -471,6 +570,17 @@ impl DaemonMetrics {
     /// Reads the daemon's certificate `notAfter` (Unix seconds) from `source` at each scrape.
     pub fn certificate_from(&self, source: impl Fn() -> Option<i64> + Send + Sync + 'static) {
         if let Ok(mut s) = self.not_after.lock() {
+            *s = Some(Box::new(source));
+        }
+    }
+
+    /// Reads the node-local operations tally from `source` at each scrape
+    /// (`local_operations_total`; [`crate::flows::operations::tally`]).
+    pub fn local_operations_from(
+        &self,
+        source: impl Fn() -> Vec<(OperationSeries, u64)> + Send + Sync + 'static,
+    ) {
+        if let Ok(mut s) = self.local.source.lock() {
             *s = Some(Box::new(source));
         }
     }

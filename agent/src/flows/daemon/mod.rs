@@ -504,6 +504,8 @@ pub async fn run(config: &Config, shutdown: CancellationToken) -> anyhow::Result
     let metrics = Arc::new(DaemonMetrics::default());
     crate::flows::metrics::serve(config, &metrics, shutdown.clone()).await;
     let host = Host::real().await?;
+    let tally = crate::flows::operations::tally::TallyStore::new(host.fs.clone());
+    metrics.local_operations_from(move || tally.series());
     let upgrader = crate::flows::upgrade::Upgrader::for_host(host.clone()).await;
     upgrade_at_start(&upgrader).await;
     watch_proof_deadline(

@@ -312,3 +312,40 @@ async fn the_daemon_serves_its_metrics_on_the_configured_address() {
         None
     );
 }
+
+/// `local_operations_total` is what its source says at each scrape (the tally file, read
+/// anew), a counter family with the closed labels; without a source it has no series.
+#[test]
+fn local_operations_are_read_from_their_source_at_each_scrape() {
+    let m = DaemonMetrics::new("1.2.3");
+    assert!(lines(&m, "aks_flex_node_local_operations_total{").is_empty());
+    assert!(
+        m.render()
+            .contains("# TYPE aks_flex_node_local_operations counter\n"),
+        "{}",
+        m.render()
+    );
+    let count = Arc::new(std::sync::atomic::AtomicU64::new(1));
+    let c = count.clone();
+    m.local_operations_from(move || {
+        vec![(
+            OperationSeries {
+                kind: Kind::NodeReboot,
+                phase: Outcome::Complete,
+                reason: Reason::Succeeded,
+            },
+            c.load(std::sync::atomic::Ordering::SeqCst),
+        )]
+    });
+    assert_eq!(
+        lines(&m, "aks_flex_node_local_operations_total{"),
+        vec![
+            "aks_flex_node_local_operations_total{kind=\"NodeReboot\",phase=\"Complete\",reason=\"Succeeded\"} 1"
+        ]
+    );
+    count.store(3, std::sync::atomic::Ordering::SeqCst);
+    assert!(
+        lines(&m, "aks_flex_node_local_operations_total{")[0].ends_with(" 3"),
+        "read again at the next scrape"
+    );
+}

@@ -6,6 +6,7 @@
 //!   with the reasons and [`OperationResult`]): which operations are this node's, parameter
 //!   validation per kind, what to do given the operation and the local record;
 //! - [`record`]: the local record that keeps an operation from running twice, and its store;
+//! - [`tally`]: the count of node-local runs the daemon serves as a metric;
 //! - [`handlers`]: the [`Handlers`] seam (real: [`HostHandlers`]; fake: `RecordingHandlers`, test code only),
 //!   [`execute`], and node-local runs ([`run_local`], [`render_result`]);
 //! - [`reconcile`]: the kube side: [`Reconciler::reconcile`] (GET, status PATCH with
@@ -34,6 +35,7 @@ pub(crate) mod fakes;
 pub mod handlers;
 pub mod reconcile;
 pub mod record;
+pub mod tally;
 
 pub use flex_api::operations::{
     EXECUTION_FAILED, IN_PROGRESS, INTERRUPTED, INVALID_PARAMETERS, OperationResult, SUCCEEDED,

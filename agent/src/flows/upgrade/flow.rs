@@ -15,6 +15,7 @@ use super::{
     CHECK_TIMEOUT, IMAGE_AGENT_BINARY, RECORD_PATH, RECOVERY_RESTART_DELAY, RESTART_ACCURACY,
     RESTART_DELAY,
 };
+use crate::flows::operations::tally::TallyStore;
 use crate::flows::operations::{EXECUTION_FAILED, OperationResult, UpgradeRequest};
 use crate::machine::containerd::{Images, PullOptions};
 use crate::state::JsonStore;
@@ -263,6 +264,16 @@ impl Upgrader {
         r.finish(result);
         if let Err(e) = self.save(r) {
             tracing::error!(error = %e, "could not record the end of the upgrade");
+        }
+    }
+
+    /// A node-local upgrade (`rec` has no MachineOperation) that finished with `result` after
+    /// its handoff is added to the node-local tally ([`crate::flows::operations::tally`]); one
+    /// from the cluster is counted when its status is reported.
+    fn count_local(&self, rec: &UpgradeRecord, result: &OperationResult) {
+        if rec.operation.is_none() {
+            TallyStore::new(self.host.fs.clone())
+                .count_logged(&flex_api::machina::OperationKind::AgentUpgrade, result);
         }
     }
 
@@ -658,6 +669,7 @@ impl Upgrader {
             flex_api::upgrade::StartAction::Finish(result) => {
                 tracing::warn!(reason = %result.reason, message = %result.message, "AgentUpgrade finished at start");
                 self.finish(&mut rec, result.clone());
+                self.count_local(&rec, &result);
                 Some(result)
             }
         }
@@ -701,6 +713,9 @@ impl Upgrader {
         match proof.result {
             Some(result) => {
                 tracing::info!(running = ?running, "the upgraded agent reconciled: it is last-good, AgentUpgrade complete");
+                if let Some(r) = &rec {
+                    self.count_local(r, &result);
+                }
                 let op = rec.and_then(|r| r.operation).map(|o| o.name);
                 Ok(Some((result, op)))
             }
@@ -788,8 +803,17 @@ impl Upgrader {
                 let writes = flex_api::upgrade::rollback_writes(&r, &message);
                 let (switch, record) = writes.split_at(1);
                 self.apply(r.mode, switch)?;
-                if let Err(e) = self.apply(r.mode, record) {
-                    tracing::error!(error = %e, "could not record the end of the upgrade");
+                match self.apply(r.mode, record) {
+                    Err(e) => {
+                        tracing::error!(error = %e, "could not record the end of the upgrade")
+                    }
+                    Ok(()) => {
+                        if let Some(done) = self.record()
+                            && let Some(result) = &done.result
+                        {
+                            self.count_local(&done, result);
+                        }
+                    }
                 }
                 if r.mode == Mode::Image && r.remove_candidate_on_rollback {
                     match self.images() {

@@ -535,6 +535,59 @@ async fn image_rollback_switches_back_and_removes_the_broken_image() {
     );
     // The previous agent starts again: nothing to prove.
     assert_eq!(u.on_daemon_start(Some(INSTALL)), None);
+    // A node-local upgrade: recovery, which finished it, counted it for the daemon to serve.
+    assert_eq!(
+        local_tally(&f),
+        vec![("AgentUpgrade/Failed/DaemonFailed".to_string(), 1)]
+    );
+}
+
+/// The node-local operations tally on the fake host's (real, temporary) file system.
+fn local_tally(f: &FakeHost) -> Vec<(String, u64)> {
+    crate::flows::operations::tally::TallyStore::new(f.host.fs.clone())
+        .load()
+        .unwrap()
+        .counts
+        .into_iter()
+        .collect()
+}
+
+/// Who counts a finished upgrade: the tally takes node-local ones only, once each, when the
+/// agent that finishes them (prove, recovery, a start that finds it cut short) does; a
+/// MachineOperation's is counted when its status is reported. Real files; faked host commands.
+#[tokio::test]
+async fn only_node_local_upgrades_are_counted_in_the_tally_once() {
+    for (operation, counted) in [(op(), false), (None, true)] {
+        let (f, images) = container_fake();
+        let u = Upgrader::new(f.host.clone())
+            .with_images(Arc::new(images.clone()))
+            .with_clock(clock());
+        u.start(&UpgradeRequest::Image(CAND.into()), operation.clone())
+            .await
+            .unwrap();
+        assert!(local_tally(&f).is_empty(), "nothing at the handoff");
+        assert_eq!(u.on_daemon_start(Some(CAND)), None);
+        u.prove(Some(CAND)).unwrap().unwrap();
+        assert_eq!(u.prove(Some(CAND)).unwrap(), None, "proven once");
+        let want = if counted {
+            vec![("AgentUpgrade/Complete/Succeeded".to_string(), 1)]
+        } else {
+            vec![]
+        };
+        assert_eq!(local_tally(&f), want, "operation {operation:?}");
+    }
+    // Cut short before its switch: the start that finds it finishes it Interrupted, counted.
+    let f = host_fake();
+    let u = Upgrader::new(f.host.clone());
+    let mut rec = u.new_record(None, "blue", "green");
+    rec.stage = Stage::Staged;
+    u.save(&rec).unwrap();
+    u.on_daemon_start(Some("blue")).unwrap();
+    assert_eq!(u.on_daemon_start(Some("blue")), None);
+    assert_eq!(
+        local_tally(&f),
+        vec![("AgentUpgrade/Failed/Interrupted".to_string(), 1)]
+    );
 }
 
 #[tokio::test]
