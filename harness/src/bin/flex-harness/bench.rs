@@ -305,9 +305,36 @@ async fn unpack_ratio(r: &dyn Runner, tries: usize) -> anyhow::Result<Vec<f64>> 
     Ok(ratios)
 }
 
-/// The guest script printing the daemon's resident set in KiB (the process whose first
-/// argument ends in `aks-flex-node` and whose second is `daemon` or `agent`).
-pub const DAEMON_RSS_SCRIPT: &str = "ps -eo rss=,args= | awk '$2 ~ /aks-flex-node$/ && ($3 == \"daemon\" || $3 == \"agent\") { print $1; exit }'";
+/// The awk condition of the daemon's line in `ps -o rss=,args=` output: the process whose
+/// first argument ends in `aks-flex-node` and whose second is `daemon` or `agent`.
+const DAEMON_LINE: &str = r#"$2 ~ /aks-flex-node$/ && ($3 == "daemon" || $3 == "agent")"#;
+
+/// The guest script printing the daemon's resident set in KiB.
+pub fn daemon_rss_script() -> String {
+    format!("ps -eo rss=,args= | awk '{DAEMON_LINE} {{ print $1; exit }}'")
+}
+
+/// The awk program summing, in KiB, the `ps -o rss=,args=` lines that are not the daemon's.
+pub fn beside_daemon_awk() -> String {
+    format!("!({DAEMON_LINE}) {{ s += $1 }} END {{ print s + 0 }}")
+}
+
+/// The guest script printing, in KiB, the resident memory the agent's unit keeps beside the
+/// daemon: every process in `aks-flex-node-agent.service`'s cgroup but the daemon. In image
+/// mode that is the `ctr run` client attached to the container for its whole life (the daemon
+/// itself runs in the container's scope, `aks-flex-agent.scope`); in host mode the daemon is
+/// the unit's one process, so 0.
+pub fn unit_rss_script() -> String {
+    format!(
+        r#"cg=$(systemctl show -p ControlGroup --value aks-flex-node-agent.service)
+procs="/sys/fs/cgroup$cg/cgroup.procs"
+[ -n "$cg" ] && [ -r "$procs" ] || {{ echo "no cgroup for aks-flex-node-agent.service" >&2; exit 1; }}
+pids=$(paste -sd, "$procs")
+[ -n "$pids" ] || {{ echo 0; exit 0; }}
+ps -o rss=,args= -p "$pids" | awk '{}'"#,
+        beside_daemon_awk()
+    )
+}
 
 /// The guest script that restarts the agent's unit and prints the seconds from the restart to
 /// the daemon's `daemon starting` line (journal timestamps), or nothing after 300 s. Offline the
@@ -349,6 +376,40 @@ pub fn parse_span(out: &str) -> Option<f64> {
     (t1 >= t0).then_some(t1 - t0)
 }
 
+/// A memory figure from `script` (a number of KiB) run `tries.max(5)` times, 2 s apart; the
+/// figure is missing with `absent` (and what the guest printed) when the first answer is not a
+/// number.
+async fn kib_figure(
+    g: &Guest<'_>,
+    script: &str,
+    tries: usize,
+    (id, what): (&str, &str),
+    absent: &str,
+) -> Figure {
+    let mut kib = Vec::new();
+    let mut err = None;
+    for _ in 0..tries.max(5) {
+        match g.sh(script).await {
+            Ok(out) => match out.trim().parse::<f64>() {
+                Ok(v) => kib.push(v * 1024.0),
+                Err(_) => {
+                    err = Some(format!("{absent} ({out:?})"));
+                    break;
+                }
+            },
+            Err(e) => {
+                err = Some(format!("{e:#}"));
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    match err {
+        Some(why) if kib.is_empty() => Figure::missing(id, what, Unit::Bytes, why),
+        _ => Figure::measured(id, what, Unit::Bytes, kib),
+    }
+}
+
 async fn vm_figures(
     r: &dyn Runner,
     state: Result<&flex_harness::state::State, &String>,
@@ -356,6 +417,10 @@ async fn vm_figures(
     figs: &mut Vec<Figure>,
 ) {
     const RSS: (&str, &str) = ("vm.daemon_rss", "daemon idle RSS");
+    const UNIT_RSS: (&str, &str) = (
+        "vm.unit_rss",
+        "the agent unit's resident memory beside the daemon",
+    );
     const READY: (&str, &str) = ("vm.agent_start", "agent unit restart to daemon started");
     const BOOT: (&str, &str) = ("vm.boot_ssh", "dev host first boot to SSH");
     const REPAVE: (&str, &str) = (
@@ -369,6 +434,12 @@ async fn vm_figures(
                 Figure::missing(RSS.0, RSS.1, Unit::Bytes, why.clone())
                     .with_budget(DAEMON_RSS_BUDGET),
             );
+            figs.push(Figure::missing(
+                UNIT_RSS.0,
+                UNIT_RSS.1,
+                Unit::Bytes,
+                why.clone(),
+            ));
             figs.push(Figure::missing(
                 READY.0,
                 READY.1,
@@ -413,31 +484,18 @@ async fn vm_figures(
         _ => Figure::measured(READY.0, READY.1, Unit::Seconds, ready),
     });
     tokio::time::sleep(Duration::from_secs(30)).await;
-    let mut rss = Vec::new();
-    let mut rss_err = None;
-    for _ in 0..tries.max(5) {
-        match g.sh(DAEMON_RSS_SCRIPT).await {
-            Ok(out) => match out.trim().parse::<f64>() {
-                Ok(kib) => rss.push(kib * 1024.0),
-                Err(_) => {
-                    rss_err = Some(format!("no daemon process in the guest ({out:?})"));
-                    break;
-                }
-            },
-            Err(e) => {
-                rss_err = Some(format!("{e:#}"));
-                break;
-            }
-        }
-        tokio::time::sleep(Duration::from_secs(2)).await;
-    }
     figs.push(
-        match rss_err {
-            Some(why) if rss.is_empty() => Figure::missing(RSS.0, RSS.1, Unit::Bytes, why),
-            _ => Figure::measured(RSS.0, RSS.1, Unit::Bytes, rss),
-        }
+        kib_figure(
+            &g,
+            &daemon_rss_script(),
+            tries,
+            RSS,
+            "no daemon process in the guest",
+        )
+        .await
         .with_budget(DAEMON_RSS_BUDGET),
     );
+    figs.push(kib_figure(&g, &unit_rss_script(), tries, UNIT_RSS, "no unit cgroup").await);
     // One sample: a repave provisions a whole machine side (minutes under TCG). The node is
     // left on the other side, as a repave leaves it.
     let cmd = flex_harness::kit::agent::agent_command(
@@ -568,12 +626,42 @@ mod tests {
         assert_eq!(parse_span(&failed.stdout), None);
     }
 
+    /// Real: `awk` on this machine (ps's output given on stdin). The unit's memory beside the
+    /// daemon sums every line but the daemon's: the `ctr run` client in image mode, nothing in
+    /// host mode (the daemon is the unit's one process).
+    #[tokio::test]
+    async fn the_unit_script_sums_what_is_beside_the_daemon() {
+        let awk = |ps: &'static str| {
+            let program = beside_daemon_awk();
+            async move {
+                ProcessRunner::new()
+                    .run(
+                        &Cmd::new("awk")
+                            .arg(program)
+                            .stdin(ps)
+                            .timeout(Duration::from_secs(10)),
+                    )
+                    .await
+                    .unwrap()
+                    .stdout
+                    .trim()
+                    .to_string()
+            }
+        };
+        let image = "24380 /usr/bin/ctr -n aks-flex run --rm --privileged aks-flex-agent /opt/aks-flex-node/bin/entrypoint aks-flex-node agent --config /etc/aks-flex-node/config.json\n";
+        assert_eq!(awk(image).await, "24380");
+        let host = "11780 /usr/local/lib/aks-flex-node/current/aks-flex-node agent --config /etc/aks-flex-node/config.json\n";
+        assert_eq!(awk(host).await, "0");
+        assert_eq!(awk("").await, "0");
+        assert!(unit_rss_script().contains(&beside_daemon_awk()));
+    }
+
     /// Real: `sh` and `awk` on this machine (ps's output given on stdin). The RSS script picks
     /// the daemon's line, not another aks-flex-node process.
     #[tokio::test]
     async fn the_rss_script_picks_the_daemon() {
         let ps = "  812 /usr/bin/ctr -n aks-flex run aks-flex-agent\n 9000 /usr/local/bin/aks-flex-node operation run NodeReboot\n 6100 /usr/local/bin/aks-flex-node daemon --config /etc/aks-flex-node/config.json\n";
-        let script = DAEMON_RSS_SCRIPT.replace("ps -eo rss=,args=", "cat");
+        let script = daemon_rss_script().replace("ps -eo rss=,args=", "cat");
         let out = ProcessRunner::new()
             .run(
                 &Cmd::new("sh")
