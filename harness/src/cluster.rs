@@ -892,17 +892,9 @@ fn control_cmd(t: &Tunnel, op: &str) -> Cmd {
 
 /// Starts the kubelet forward unless it runs; returns whether it was started.
 pub async fn ensure_tunnel(r: &dyn Runner, ssh: &Ssh, t: &Tunnel) -> anyhow::Result<bool> {
-    if r.output(&control_cmd(t, "check"))
+    ssh.ensure_forward(r, &t.socket, &t.bind, t.port, KUBELET_PORT)
         .await
-        .is_ok_and(|o| o.success())
-    {
-        return Ok(false);
-    }
-    let _ = std::fs::remove_file(&t.socket);
-    r.run(&tunnel_cmd(ssh, t))
-        .await
-        .map_err(|e| anyhow::anyhow!("the kubelet forward ({}:{}): {e}", t.bind, t.port))?;
-    Ok(true)
+        .map_err(|e| anyhow::anyhow!("the kubelet forward ({}:{}): {e}", t.bind, t.port))
 }
 
 /// `down`'s cluster part: stops the kubelet forward (the recorded one, or one whose socket is

@@ -264,16 +264,11 @@ pub async fn start(r: &dyn Runner, dir: &Path, targets: Vec<Target>) -> anyhow::
     )
     .await;
     if let Err(e) = ready {
-        let log = std::fs::read_to_string(p.log()).unwrap_or_default();
+        let log = crate::vm::tail(&p.log(), 20);
         let _ = stop_dir(r, dir).await;
-        anyhow::bail!("{e}; its log:\n{}", tail(&log, 20));
+        anyhow::bail!("{e}; its log:\n{log}");
     }
     Ok(p)
-}
-
-fn tail(text: &str, n: usize) -> String {
-    let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
 /// Stops the Prometheus running from `dir`, if any (TERM, then KILL), and forgets it.
@@ -319,17 +314,9 @@ impl DaemonForward {
 
     /// Starts it unless it runs; returns whether it started it.
     pub async fn ensure(&self, r: &dyn Runner, ssh: &Ssh) -> anyhow::Result<bool> {
-        if r.output(&Ssh::control_cmd(&self.socket, "check"))
+        ssh.ensure_forward(r, &self.socket, "127.0.0.1", self.port, DAEMON_METRICS_PORT)
             .await
-            .is_ok_and(|o| o.success())
-        {
-            return Ok(false);
-        }
-        let _ = std::fs::remove_file(&self.socket);
-        r.run(&ssh.forward_cmd(&self.socket, "127.0.0.1", self.port, DAEMON_METRICS_PORT))
-            .await
-            .map_err(|e| anyhow::anyhow!("the daemon metrics forward ({}): {e}", self.address()))?;
-        Ok(true)
+            .map_err(|e| anyhow::anyhow!("the daemon metrics forward ({}): {e}", self.address()))
     }
 
     /// Ends it (nothing when it does not run).

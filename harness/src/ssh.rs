@@ -88,6 +88,28 @@ impl Ssh {
             .timeout(Duration::from_secs(60))
     }
 
+    /// Starts the forward of [`Ssh::forward_cmd`] through `r` unless its ControlMaster on
+    /// `socket` answers `check`; returns whether it started it (a stale socket is removed first).
+    pub async fn ensure_forward(
+        &self,
+        r: &dyn Runner,
+        socket: &Path,
+        bind: &str,
+        port: u16,
+        remote_port: u16,
+    ) -> anyhow::Result<bool> {
+        if r.output(&Self::control_cmd(socket, "check"))
+            .await
+            .is_ok_and(|o| o.success())
+        {
+            return Ok(false);
+        }
+        let _ = std::fs::remove_file(socket);
+        r.run(&self.forward_cmd(socket, bind, port, remote_port))
+            .await?;
+        Ok(true)
+    }
+
     /// `ssh -O <op>` (`check`, `exit`) to the ControlMaster on `socket`.
     pub fn control_cmd(socket: &Path, op: &str) -> Cmd {
         Cmd::new("ssh")

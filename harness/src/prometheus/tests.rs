@@ -179,12 +179,12 @@ async fn real_prometheus_scrapes_the_daemon_and_the_controller() {
         anyhow::Ok(())
     }
     .await;
-    let log = std::fs::read_to_string(p.log()).unwrap_or_default();
+    let log = crate::vm::tail(&p.log(), 30);
     stop_dir(&r, d.path()).await.unwrap();
     assert!(Prometheus::load(d.path()).unwrap().is_none());
     shutdown.cancel();
     let _ = controller.await;
     if let Err(e) = result {
-        panic!("{e:#}\nPrometheus' log:\n{}", tail(&log, 30));
+        panic!("{e:#}\nPrometheus' log:\n{log}");
     }
 }
