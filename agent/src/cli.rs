@@ -100,6 +100,19 @@ pub struct RepaveArgs {
     pub wait: u64,
 }
 
+/// `wait-task` arguments.
+#[derive(Debug, Args)]
+pub struct WaitTaskArgs {
+    /// containerd's socket
+    #[arg(long, default_value = crate::machine::containerd::CONTAINERD_SOCKET, value_name = "PATH")]
+    pub address: PathBuf,
+    /// The containerd namespace
+    #[arg(long, short = 'n', default_value = crate::systemd::CTR_NAMESPACE)]
+    pub namespace: String,
+    /// The task's container ID
+    pub id: String,
+}
+
 /// `status` flags.
 #[derive(Debug, Args)]
 pub struct StatusArgs {
@@ -179,6 +192,10 @@ pub enum Command {
     /// Diagnostics for the agent's image (name resolution, TLS); not for people
     #[command(hide = true, subcommand)]
     Debug(DebugCommand),
+    /// Wait for a detached containerd task and exit with its status, relaying its output from
+    /// standard input (run by the agent's container unit; not for people)
+    #[command(hide = true)]
+    WaitTask(WaitTaskArgs),
     /// Run by host systemd around a machine's start (not for people)
     #[command(hide = true)]
     NspawnLifecycle {
@@ -522,6 +539,9 @@ pub fn main_with_args(args: Vec<std::ffi::OsString>) -> ExitCode {
             };
         }
     };
+    if let Command::WaitTask(a) = &cli.command {
+        return wait_task_main(a);
+    }
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -540,6 +560,93 @@ pub fn main_with_args(args: Vec<std::ffi::OsString>) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// `wait-task`: on a single-threaded runtime (it stays resident for the daemon's life), the
+/// task's exit status as the exit code ([`crate::flows::task_wait`]).
+fn wait_task_main(a: &WaitTaskArgs) -> ExitCode {
+    use crate::flows::task_wait;
+    crate::logging::init("info", None);
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("wait-task: start async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = rt.block_on(async {
+        let api = crate::machine::containerd::tasks::GrpcTasks::new(&a.address, &a.namespace);
+        let (sig_tx, mut sig_rx) = tokio::sync::mpsc::channel(4);
+        let forward = tokio::spawn(forward_signals(sig_tx));
+        let (exit_tx, exit_rx) = tokio::sync::oneshot::channel();
+        let relay = stdin_fifo().map(|fd| {
+            tokio::spawn(async move {
+                let mut out = std::io::stdout();
+                task_wait::relay(fd, &mut out, exit_rx).await
+            })
+        });
+        let status =
+            task_wait::wait_forwarding(&api, &a.id, task_wait::WAIT_BACKOFF, &mut sig_rx).await;
+        let _ = exit_tx.send(());
+        if let Some(r) = relay {
+            match r.await {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => tracing::warn!(error = %e, "relaying the task's output"),
+                Err(e) => tracing::warn!(error = %e, "the output relay stopped"),
+            }
+        }
+        forward.abort();
+        status
+    });
+    match result {
+        Ok(status) => {
+            if status != 0 {
+                tracing::info!(task = %a.id, exit_status = status, "the task exited");
+            }
+            ExitCode::from(task_wait::exit_code(status))
+        }
+        Err(e) => {
+            eprintln!("wait-task: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Sends SIGTERM (15) and SIGINT (2) as they arrive, until the receiver is gone.
+async fn forward_signals(tx: tokio::sync::mpsc::Sender<u32>) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        tracing::warn!("cannot listen for SIGTERM/SIGINT: they will not reach the task");
+        return;
+    };
+    loop {
+        let sig = tokio::select! {
+            _ = term.recv() => 15,
+            _ = int.recv() => 2,
+        };
+        if tx.send(sig).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Standard input when it is a FIFO or a pipe (the unit's handle on the task's output), to
+/// relay; `None` otherwise (nothing to relay).
+fn stdin_fifo() -> Option<std::os::fd::OwnedFd> {
+    use std::os::fd::AsFd;
+    let stdin = std::io::stdin();
+    let fd = stdin.as_fd();
+    let st = rustix::fs::fstat(fd).ok()?;
+    if rustix::fs::FileType::from_raw_mode(st.st_mode) != rustix::fs::FileType::Fifo {
+        return None;
+    }
+    fd.try_clone_to_owned().ok()
 }
 
 fn load_config(path: &Path) -> anyhow::Result<config::Loaded> {
@@ -670,6 +777,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             .await
             .map(|_| ())
         }
+        // Dispatched before the runtime is built (main_with_args), on a runtime of its own.
+        Command::WaitTask(_) => anyhow::bail!("wait-task runs from main_with_args only"),
         Command::NspawnLifecycle { hook, machine } => {
             crate::logging::init("info", None);
             if hook == "pre-start" {

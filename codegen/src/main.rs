@@ -20,9 +20,12 @@ const CONTAINERD_PROTOS: &[&str] = &[
     "github.com/containerd/containerd/api/services/images/v1/images.proto",
     "github.com/containerd/containerd/api/services/leases/v1/leases.proto",
     "github.com/containerd/containerd/api/services/snapshots/v1/snapshots.proto",
+    "github.com/containerd/containerd/api/services/tasks/v1/tasks.proto",
     "github.com/containerd/containerd/api/services/version/v1/version.proto",
     "github.com/containerd/containerd/api/types/descriptor.proto",
+    "github.com/containerd/containerd/api/types/metrics.proto",
     "github.com/containerd/containerd/api/types/mount.proto",
+    "github.com/containerd/containerd/api/types/task/task.proto",
 ];
 
 fn workspace_root() -> PathBuf {

@@ -16,7 +16,13 @@
 //! `umount` runs in the mount namespace of the container's PID 1 and removes a tmpfs the test
 //! mounted on this machine; (d) the binary speaks TLS with the image's libraries
 //! (`debug https-get` against a rustls server with an rcgen CA → `200`, by IP and by name);
-//! (e) without the host mounted, the entrypoint exits non-zero naming `/host`.
+//! (e) without the host mounted, the entrypoint exits non-zero naming `/host`; (f) the agent
+//! unit's way of running the daemon: a detached task (`ctr run -d`, output to a FIFO held
+//! read-write) and `aks-flex-node wait-task` started from the running container's image
+//! (`/proc/<pid>/root/…`, where the test task's root holds a copy of the image's binary), with
+//! the FIFO as stdin: the waiter exits with the task's status (3),
+//! relays its stdout and stderr, rides out containerd killed and started again (the task exiting
+//! with 5 while containerd is away; the task running on), and forwards SIGTERM (143).
 //!
 //! PID namespace: in production the container joins the host's (`pid:/proc/1/ns/pid`). Where
 //! this machine's PID 1 refuses access to its namespaces (a sandbox's init) or lives in another
@@ -118,6 +124,18 @@ async fn agent_binary() -> PathBuf {
             candidates[0].clone()
         }
     }
+}
+
+/// Waits (60 s at most) until `ctr version` gets an answer from the containerd at `sock`.
+async fn wait_for_containerd(what: &str, containerd: &Daemon, sock: &str) {
+    let version_cmd = Cmd::new("ctr").args(["--address", sock, "version"]);
+    wait_for(what, containerd, Duration::from_secs(60), async || {
+        ProcessRunner::new()
+            .output(&version_cmd)
+            .await
+            .is_ok_and(|o| o.success())
+    })
+    .await;
 }
 
 /// The stand-in `org.freedesktop.systemd1`.
@@ -236,6 +254,7 @@ struct Env {
     host: PathBuf,
     image: ImageInfo,
     containerd: Daemon,
+    containerd_config: PathBuf,
     dbus: Daemon,
     runs: std::cell::Cell<u32>,
 }
@@ -290,6 +309,111 @@ impl Env {
         out
     }
 
+    /// Kills containerd (SIGKILL: its shims and their tasks live on, as when containerd
+    /// crashes) and starts it again; returns when it answers.
+    async fn restart_containerd(&mut self, generation: u32) {
+        let old = self.containerd.pid().to_string();
+        // It may be dead already (the scenario killed it).
+        let _ = ProcessRunner::new()
+            .output(&Cmd::new("kill").args(["-KILL", &old]))
+            .await;
+        let log = self
+            .containerd_config
+            .with_file_name(format!("containerd-{generation}.log"));
+        let fresh = spawn_daemon(
+            "containerd",
+            &["--config", &self.containerd_config.to_string_lossy()],
+            &log,
+        );
+        // The old one is dead: dropping it only reaps it.
+        drop(std::mem::replace(&mut self.containerd, fresh));
+        wait_for_containerd("containerd (restarted)", &self.containerd, &self.sock).await;
+    }
+
+    /// Starts `systemctl flex-wait-test <tag>` as a detached task (`ctr run -d`) whose output
+    /// goes to a FIFO this test holds read-write, as the agent's unit does, then the waiter
+    /// from the running container's own image (`/proc/<pid>/root/…/aks-flex-node wait-task`)
+    /// with the FIFO as its stdin.
+    // The waiter must be a child with the FIFO as its stdin that the test signals and waits
+    // for, which the runner (one command to its end) does not offer.
+    #[allow(clippy::disallowed_methods)]
+    async fn start_detached(&self, dir: &Path, tag: &str) -> (String, tokio::process::Child) {
+        let id = format!("flex-wait-{tag}");
+        let fifo = dir.join(format!("{tag}.out"));
+        ProcessRunner::new()
+            .run(
+                &Cmd::new("mkfifo")
+                    .args(["-m", "0600"])
+                    .arg(fifo.to_string_lossy()),
+            )
+            .await
+            .unwrap();
+        let held = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&fifo)
+            .unwrap();
+        let out = ProcessRunner::new()
+            .output(&self.ctr().args([
+                "run",
+                "-d",
+                "--log-uri",
+                &format!("file://{}", fifo.display()),
+                "--privileged",
+                "--net-host",
+                "--snapshotter",
+                &self.snapshotter,
+                "--with-ns",
+                &format!("pid:{}", self.pid_ns),
+                "--mount",
+                &format!(
+                    "type=bind,src={},dst=/host,options=rbind:rshared",
+                    self.host.display()
+                ),
+                self.image.reference.as_str(),
+                &id,
+                flex_image::agent::ENTRYPOINT,
+                "systemctl",
+                "flex-wait-test",
+                tag,
+            ]))
+            .await
+            .unwrap();
+        assert_eq!(out.code, Some(0), "ctr run -d: {out:?}\n{}", self.logs());
+        let tasks = ProcessRunner::new()
+            .run(&self.ctr().args(["tasks", "ls"]))
+            .await
+            .unwrap()
+            .stdout;
+        let pid = tasks
+            .lines()
+            .find_map(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                (f.first() == Some(&id.as_str())).then(|| f[1].to_string())
+            })
+            .unwrap_or_else(|| panic!("no task {id} in {tasks}"));
+        let waiter = format!("/proc/{pid}/root/opt/aks-flex-node/bin/aks-flex-node");
+        let child = tokio::process::Command::new(&waiter)
+            .args(["wait-task", "--address", &self.sock, "-n", NAMESPACE, &id])
+            .stdin(std::process::Stdio::from(held))
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap_or_else(|e| panic!("{waiter}: {e}"));
+        (id, child)
+    }
+
+    async fn remove_task(&self, id: &str) {
+        for args in [
+            ["tasks", "delete", "-f", id],
+            ["containers", "delete", id, ""],
+        ] {
+            let args: Vec<&str> = args.into_iter().filter(|a| !a.is_empty()).collect();
+            let _ = ProcessRunner::new().output(&self.ctr().args(args)).await;
+        }
+    }
+
     fn logs(&self) -> String {
         format!(
             "--- containerd log (tail) ---\n{}\n--- dbus-daemon log ---\n{}",
@@ -315,12 +439,18 @@ fn copy_exec(src: &Path, dst: &Path) {
 /// `os-release`, the D-Bus socket's directory, and the test CA.
 fn fake_host(host: &Path, ca_pem: &str) {
     copy_exec(Path::new("/bin/busybox"), &host.join("bin/busybox"));
-    for tool in ["sh", "echo", "cat", "true", "ls"] {
+    for tool in ["sh", "echo", "cat", "true", "ls", "sleep"] {
         std::os::unix::fs::symlink("busybox", host.join("bin").join(tool)).unwrap();
     }
     let systemctl = host.join("usr/bin/systemctl");
     std::fs::create_dir_all(systemctl.parent().unwrap()).unwrap();
-    std::fs::write(&systemctl, "#!/bin/sh\necho \"fake-host-systemctl $*\"\n").unwrap();
+    // `systemctl flex-wait-test <tag>`: the detached task of (f), which prints to stdout and
+    // stderr, then runs until /release-<tag> exists and exits with the number in it.
+    std::fs::write(
+        &systemctl,
+        "#!/bin/sh\nif [ \"$1\" = flex-wait-test ]; then\n  echo \"out $2\"; echo \"err $2\" >&2\n  while [ ! -s /release-$2 ]; do sleep 0.1; done\n  exit $(cat /release-$2)\nfi\necho \"fake-host-systemctl $*\"\n",
+    )
+    .unwrap();
     {
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&systemctl, std::fs::Permissions::from_mode(0o755)).unwrap();
@@ -460,19 +590,7 @@ async fn real_containerd_runs_the_agent_image_against_a_fake_host_with_real_dbus
         &cdir.join("containerd.log"),
     );
     let sock = cdir.join("containerd.sock").to_string_lossy().into_owned();
-    let version_cmd = Cmd::new("ctr").args(["--address", &sock, "version"]);
-    wait_for(
-        "containerd",
-        &containerd,
-        Duration::from_secs(60),
-        async || {
-            ProcessRunner::new()
-                .output(&version_cmd)
-                .await
-                .is_ok_and(|o| o.success())
-        },
-    )
-    .await;
+    wait_for_containerd("containerd", &containerd, &sock).await;
     let plugins = ProcessRunner::new()
         .run(&Cmd::new("ctr").args(["--address", &sock, "plugins", "ls"]))
         .await
@@ -487,13 +605,14 @@ async fn real_containerd_runs_the_agent_image_against_a_fake_host_with_real_dbus
     let snapshotter = if overlay_ok { "overlayfs" } else { "native" };
     let (pid_ns, _init) = pid_namespace(&dir);
 
-    let env = Env {
+    let mut env = Env {
         sock,
         snapshotter: snapshotter.into(),
         pid_ns,
         host: host.clone(),
         image,
         containerd,
+        containerd_config: cdir.join("config.toml"),
         dbus,
         runs: std::cell::Cell::new(0),
     };
@@ -595,6 +714,73 @@ async fn real_containerd_runs_the_agent_image_against_a_fake_host_with_real_dbus
     assert_ne!(out.code, Some(0), "{out:?}");
     assert!(out.stderr.contains("/host"), "{out:?}");
     assert!(out.stdout.is_empty(), "the command must not run: {out:?}");
+
+    // (f) The detached task and its waiter (the agent unit's `wait-task`), real containerd.
+    // The task here is the fake host's script, which runs under `chroot /host`, so its
+    // `/proc/<pid>/root` is the fake host: the image's binary is put there too, at the image's
+    // path, for the waiter to be found the unit's way. (The daemon is no host tool: in the unit
+    // `/proc/<pid>/root` is the container's own root.)
+    copy_exec(&binary, &host.join("opt/aks-flex-node/bin/aks-flex-node"));
+    let release =
+        |tag: &str, code: &str| std::fs::write(host.join(format!("release-{tag}")), code).unwrap();
+    let finish = async |child: tokio::process::Child, what: &str| {
+        let out = tokio::time::timeout(Duration::from_secs(120), child.wait_with_output())
+            .await
+            .unwrap_or_else(|_| panic!("{what}: the waiter did not end"))
+            .unwrap();
+        let (stdout, stderr) = (
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        );
+        eprintln!(
+            "{what}: exit {:?}\n  stdout: {stdout}\n  stderr: {stderr}",
+            out.status.code()
+        );
+        (out.status.code(), stdout, stderr)
+    };
+    // 1. The task's exit status is the waiter's, and its stdout and stderr are relayed.
+    let (id, child) = env.start_detached(&dir, "a").await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    release("a", "3");
+    let (code, stdout, stderr) = finish(child, "exit 3").await;
+    assert_eq!(code, Some(3), "{stderr}\n{}", env.logs());
+    assert!(
+        stdout.contains("out a\n") && stdout.contains("err a\n"),
+        "{stdout}"
+    );
+    env.remove_task(&id).await;
+    // 2. containerd is killed while the task runs, the task exits while containerd is away,
+    //    and containerd comes back: the waiter reconnects and reads the exit from the stopped
+    //    task's state.
+    let (id, child) = env.start_detached(&dir, "b").await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let old = env.containerd.pid().to_string();
+    ProcessRunner::new()
+        .run(&Cmd::new("kill").args(["-KILL", &old]))
+        .await
+        .unwrap();
+    release("b", "5");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    env.restart_containerd(2).await;
+    let (code, stdout, stderr) = finish(child, "exit 5 across a containerd restart").await;
+    assert_eq!(code, Some(5), "{stderr}\n{}", env.logs());
+    assert!(stdout.contains("out b\n"), "{stdout}");
+    env.remove_task(&id).await;
+    // 3. containerd restarts while the task runs on; then SIGTERM to the waiter reaches the
+    //    task through containerd (`sh` dies of it: 128 + 15), and the waiter ends with that.
+    let (id, child) = env.start_detached(&dir, "c").await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    env.restart_containerd(3).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let waiter_pid = child.id().unwrap().to_string();
+    ProcessRunner::new()
+        .run(&Cmd::new("kill").args(["-TERM", &waiter_pid]))
+        .await
+        .unwrap();
+    let (code, _, stderr) = finish(child, "SIGTERM forwarded").await;
+    assert_eq!(code, Some(143), "{stderr}\n{}", env.logs());
+    assert!(stderr.contains("forwarding a signal"), "{stderr}");
+    env.remove_task(&id).await;
 
     // No container is left behind.
     let left = ProcessRunner::new()

@@ -12,6 +12,7 @@
 //! - [`reset`]: node reset;
 //! - [`operations`]: MachineOperations: records, handlers, the reconciler, local runs;
 //! - [`upgrade`]: AgentUpgrade and recovery;
+//! - [`task_wait`]: `wait-task`, the agent container unit's waiter on its detached task;
 //! - [`preflight`]: preflight checks and their report;
 //! - [`setup_host`]: host setup (`setupHost`: packages, OS configuration);
 //! - [`token`]: `token kubelogin`, the exec credential plugin (an Entra ID token as an
@@ -29,6 +30,7 @@ pub mod reset;
 pub mod setup_host;
 pub mod start;
 pub mod status;
+pub mod task_wait;
 pub mod token;
 pub mod upgrade;
 pub mod worklock;

@@ -132,14 +132,50 @@ impl ContainerUnit {
 pub fn ctr_run_args(name: &str) -> String {
     ctr_run_args_with(
         name,
+        "--rm",
         "${AKS_FLEX_NODE_IMAGE}",
         "$AKS_FLEX_NODE_CTR_RUN_ARGS",
     )
 }
 
-fn ctr_run_args_with(name: &str, image: &str, extra: &str) -> String {
+/// `mode` is `--rm` (attached: `ctr run` stays until the task exits, then removes it) or the
+/// detached run's flags.
+fn ctr_run_args_with(name: &str, mode: &str, image: &str, extra: &str) -> String {
     format!(
-        "/usr/bin/ctr -n {CTR_NAMESPACE} run --rm --privileged --net-host \\\n    --with-ns pid:/proc/1/ns/pid \\\n    --mount type=bind,src=/,dst=/host,options=rbind:rshared \\\n    --runc-systemd-cgroup --cgroup system-aksflex.slice:aks-flex:{name} \\\n    --env AKS_FLEX_NODE_IMAGE={image} \\\n    {extra}"
+        "/usr/bin/ctr -n {CTR_NAMESPACE} run {mode} --privileged --net-host \\\n    --with-ns pid:/proc/1/ns/pid \\\n    --mount type=bind,src=/,dst=/host,options=rbind:rshared \\\n    --runc-systemd-cgroup --cgroup system-aksflex.slice:aks-flex:{name} \\\n    --env AKS_FLEX_NODE_IMAGE={image} \\\n    {extra}"
+    )
+}
+
+/// The FIFO the agent's detached task writes its output to (`ctr run -d --log-uri file://…`),
+/// which the unit holds open and its waiter relays to the journal.
+pub const AGENT_OUTPUT_FIFO: &str = "/run/aks-flex-node/agent.out";
+
+/// The agent's unit's `ExecStart=` script: the daemon's container as a detached containerd
+/// task, and `aks-flex-node wait-task` from that container's own image as the unit's main
+/// process ([`crate::flows::task_wait`]), in place of an attached `ctr run` client.
+///
+/// 1. The FIFO is made anew and opened read-write on fd 3 (so the shim's open for writing never
+///    waits, and the unit holds the only reader).
+/// 2. `ctr run -d --log-uri file://<fifo>` starts the task; `ctr` exits once it runs.
+/// 3. The task's PID (the host's PID namespace, which the container shares) gives the image's
+///    binary as `/proc/<pid>/root/opt/aks-flex-node/bin/aks-flex-node`; the script `exec`s it as
+///    `wait-task` with the FIFO as its stdin: it relays the output to the journal, forwards
+///    SIGTERM, rides out containerd restarts, and exits with the task's status.
+///
+/// A task that is gone before its PID is read (the daemon died at once) has its output copied
+/// for a second and the unit fails (status 1, not the task's own). `$$` is a literal `$` to
+/// systemd, so the shell expands every variable.
+fn agent_exec_start(command: &str) -> String {
+    let id = "aks-flex-agent";
+    let bin = flex_host::hostexec::IMAGE_BIN_DIR;
+    let run = ctr_run_args_with(
+        "agent",
+        "-d --log-uri \"file://$$fifo\"",
+        "\"$$AKS_FLEX_NODE_IMAGE\"",
+        "$$AKS_FLEX_NODE_CTR_RUN_ARGS",
+    );
+    format!(
+        "ExecStart=/bin/sh -c 'fifo={AGENT_OUTPUT_FIFO}; \\\n    mkdir -p \"$${{fifo%/*}}\" && rm -f \"$$fifo\" && mkfifo -m 0600 \"$$fifo\" && exec 3<>\"$$fifo\" || exit 1; \\\n    {run} \\\n    \"$$AKS_FLEX_NODE_IMAGE\" {id} {command} || exit 1; \\\n    pid=$$(/usr/bin/ctr -n {CTR_NAMESPACE} tasks ls | while read -r t p s; do test \"$$t\" = {id} && echo \"$$p\"; done); \\\n    test -n \"$$pid\" && test -e \"/proc/$$pid/root{bin}/aks-flex-node\" || {{ echo \"the agent task {id} ended at once\" >&2; timeout 1 cat <&3; exit 1; }}; \\\n    exec \"/proc/$$pid/root{bin}/aks-flex-node\" wait-task -n {CTR_NAMESPACE} {id} <&3 3<&-'\n"
     )
 }
 
@@ -150,7 +186,12 @@ fn ctr_run_args_with(name: &str, image: &str, extra: &str) -> String {
 /// is shell because the image variable has a fallback (`$$` is a literal `$` to systemd).
 pub fn render_container_recovery_unit() -> String {
     let id = "aks-flex-recovery";
-    let run = ctr_run_args_with("recovery", "\"$$image\"", "$$AKS_FLEX_NODE_CTR_RUN_ARGS");
+    let run = ctr_run_args_with(
+        "recovery",
+        "--rm",
+        "\"$$image\"",
+        "$$AKS_FLEX_NODE_CTR_RUN_ARGS",
+    );
     format!(
         "[Unit]\nDescription=AKS Flex Node Agent recovery (container)\nAfter=containerd.service usr-local-overlay.service\nWants=usr-local-overlay.service\nRequires=containerd.service\n\n[Service]\nType=oneshot\n\
 Environment=AKS_FLEX_NODE_IMAGE= AKS_FLEX_NODE_LAST_GOOD_IMAGE= AKS_FLEX_NODE_PULL_ARGS= AKS_FLEX_NODE_CTR_RUN_ARGS=\n\
@@ -225,15 +266,22 @@ pub fn render_container_unit(unit: ContainerUnit) -> String {
     s.push_str(&format!(
         "ExecStartPre=-/bin/sh -c '/usr/bin/ctr -n {CTR_NAMESPACE} tasks delete -f {id} >/dev/null 2>&1; /usr/bin/ctr -n {CTR_NAMESPACE} containers delete {id} >/dev/null 2>&1; true'\n"
     ));
-    s.push_str(&format!(
-        "ExecStart={} \\\n    ${{AKS_FLEX_NODE_IMAGE}} {id} {command}\n",
-        ctr_run_args(name)
-    ));
     if unit == ContainerUnit::Agent {
+        s.push_str(&agent_exec_start(command));
         s.push_str(&format!(
             "ExecStop=/usr/bin/ctr -n {CTR_NAMESPACE} tasks kill -s SIGTERM {id}\n"
         ));
+        // The detached task outlives its start: removed once the unit stopped, whatever ended
+        // it (the attached units' `ctr run --rm` does that itself).
+        s.push_str(&format!(
+            "ExecStopPost=-/bin/sh -c '/usr/bin/ctr -n {CTR_NAMESPACE} tasks delete -f {id} >/dev/null 2>&1; /usr/bin/ctr -n {CTR_NAMESPACE} containers delete {id} >/dev/null 2>&1; rm -f {AGENT_OUTPUT_FIFO}; true'\n"
+        ));
         s.push_str(STOP_GUARD);
+    } else {
+        s.push_str(&format!(
+            "ExecStart={} \\\n    ${{AKS_FLEX_NODE_IMAGE}} {id} {command}\n",
+            ctr_run_args(name)
+        ));
     }
     s.push_str(service_extra);
     if !install.is_empty() {
@@ -312,7 +360,7 @@ mod tests {
         ] {
             let guards: Vec<&str> = agent
                 .lines()
-                .filter(|l| l.starts_with("ExecStopPost="))
+                .filter(|l| l.starts_with("ExecStopPost=") && l.contains("SERVICE_RESULT"))
                 .collect();
             assert_eq!(guards.len(), 1, "{agent}");
             let g = guards[0];
@@ -339,8 +387,53 @@ mod tests {
     fn the_agent_container_learns_its_image() {
         assert!(
             render_container_unit(ContainerUnit::Agent)
-                .contains("--env AKS_FLEX_NODE_IMAGE=${AKS_FLEX_NODE_IMAGE}")
+                .contains("--env AKS_FLEX_NODE_IMAGE=\"$$AKS_FLEX_NODE_IMAGE\"")
         );
+        for u in [ContainerUnit::Bootstrap, ContainerUnit::Reset] {
+            assert!(
+                render_container_unit(u)
+                    .contains("--env AKS_FLEX_NODE_IMAGE=${AKS_FLEX_NODE_IMAGE}")
+            );
+        }
+    }
+
+    /// The agent's unit keeps no `ctr` client: a detached task with its output on a FIFO the
+    /// unit holds, `wait-task` from the task's own image as the main process, and the task
+    /// removed once the unit stopped. The short-lived units stay attached (`ctr run --rm`).
+    /// Rendering only: systemd and containerd run it in the VM (container, upgrade and faults
+    /// groups), the waiter against a real containerd in `tests/tests/containerd_image.rs`.
+    #[test]
+    fn the_agent_unit_runs_a_detached_task_and_waits_with_wait_task() {
+        let agent = render_container_unit(ContainerUnit::Agent);
+        let start: Vec<&str> = agent
+            .lines()
+            .skip_while(|l| !l.starts_with("ExecStart="))
+            .take_while(|l| !l.starts_with("ExecStop="))
+            .collect();
+        let script = start.join("\n");
+        assert!(script.starts_with("ExecStart=/bin/sh -c 'fifo=/run/aks-flex-node/agent.out;"));
+        assert!(script.contains("mkfifo -m 0600 \"$$fifo\" && exec 3<>\"$$fifo\" || exit 1;"));
+        assert!(script.contains("run -d --log-uri \"file://$$fifo\" --privileged"));
+        assert!(!script.contains("--rm"));
+        assert!(script.ends_with(
+            "exec \"/proc/$$pid/root/opt/aks-flex-node/bin/aks-flex-node\" wait-task -n aks-flex aks-flex-agent <&3 3<&-'"
+        ));
+        // Only `$$`: the shell, not systemd, expands the script's variables.
+        assert!(!script.replace("$$", "").contains('$'), "{script}");
+        let posts: Vec<&str> = agent
+            .lines()
+            .filter(|l| l.starts_with("ExecStopPost="))
+            .collect();
+        assert_eq!(posts.len(), 2, "{agent}");
+        assert!(posts[0].contains("tasks delete -f aks-flex-agent"));
+        assert!(posts[0].contains("containers delete aks-flex-agent"));
+        assert!(posts[0].starts_with("ExecStopPost=-"));
+        for u in [ContainerUnit::Bootstrap, ContainerUnit::Reset] {
+            let text = render_container_unit(u);
+            assert!(text.contains(" run --rm --privileged"), "{text}");
+            assert!(!text.contains("wait-task"), "{text}");
+        }
+        assert!(render_container_recovery_unit().contains(" run --rm --privileged"));
     }
 
     #[test]

@@ -27,6 +27,11 @@ pub mod containerd {
                 include!("containerd.services.snapshots.v1.rs");
             }
         }
+        pub mod tasks {
+            pub mod v1 {
+                include!("containerd.services.tasks.v1.rs");
+            }
+        }
         pub mod version {
             pub mod v1 {
                 include!("containerd.services.version.v1.rs");
@@ -35,5 +40,10 @@ pub mod containerd {
     }
     pub mod types {
         include!("containerd.types.rs");
+    }
+    pub mod v1 {
+        pub mod types {
+            include!("containerd.v1.types.rs");
+        }
     }
 }

@@ -33,6 +33,7 @@ pub mod ctr;
 #[cfg(test)]
 pub(crate) mod fake;
 pub mod grpc;
+pub mod tasks;
 
 use std::path::Path;
 use std::sync::Arc;

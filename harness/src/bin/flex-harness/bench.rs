@@ -319,20 +319,35 @@ pub fn beside_daemon_awk() -> String {
     format!("!({DAEMON_LINE}) {{ s += $1 }} END {{ print s + 0 }}")
 }
 
+/// The guest script's start: `$pids`, the processes of `aks-flex-node-agent.service`'s cgroup
+/// (comma-separated; it prints 0 and exits when there are none).
+const UNIT_PIDS: &str = r#"cg=$(systemctl show -p ControlGroup --value aks-flex-node-agent.service)
+procs="/sys/fs/cgroup$cg/cgroup.procs"
+[ -n "$cg" ] && [ -r "$procs" ] || { echo "no cgroup for aks-flex-node-agent.service" >&2; exit 1; }
+pids=$(paste -sd, "$procs")
+[ -n "$pids" ] || { echo 0; exit 0; }
+"#;
+
 /// The guest script printing, in KiB, the resident memory the agent's unit keeps beside the
 /// daemon: every process in `aks-flex-node-agent.service`'s cgroup but the daemon. In image
-/// mode that is the `ctr run` client attached to the container for its whole life (the daemon
-/// itself runs in the container's scope, `aks-flex-agent.scope`); in host mode the daemon is
-/// the unit's one process, so 0.
+/// mode that is the unit's main process, `wait-task` (before #33 item 4: the `ctr run` client
+/// attached to the container for its whole life); the daemon itself runs in the container's
+/// scope, `aks-flex-agent.scope`. In host mode the daemon is the unit's one process, so 0.
+/// RSS counts the pages of the binary `wait-task` shares with the daemon (the same file of the
+/// same image) in full: [`unit_private_script`] is what the process alone holds.
 pub fn unit_rss_script() -> String {
     format!(
-        r#"cg=$(systemctl show -p ControlGroup --value aks-flex-node-agent.service)
-procs="/sys/fs/cgroup$cg/cgroup.procs"
-[ -n "$cg" ] && [ -r "$procs" ] || {{ echo "no cgroup for aks-flex-node-agent.service" >&2; exit 1; }}
-pids=$(paste -sd, "$procs")
-[ -n "$pids" ] || {{ echo 0; exit 0; }}
-ps -o rss=,args= -p "$pids" | awk '{}'"#,
+        "{UNIT_PIDS}ps -o rss=,args= -p \"$pids\" | awk '{}'",
         beside_daemon_awk()
+    )
+}
+
+/// The guest script printing, in KiB, the anonymous resident memory (`RssAnon`) of the same
+/// processes as [`unit_rss_script`]: memory no other process shares, which stopping them would
+/// free.
+pub fn unit_private_script() -> String {
+    format!(
+        "{UNIT_PIDS}for p in $(ps -o pid=,args= -p \"$pids\" | awk '!({DAEMON_LINE}) {{ print $1 }}'); do awk '/^RssAnon:/ {{ print $2 }}' /proc/$p/status; done | awk '{{ s += $1 }} END {{ print s + 0 }}'"
     )
 }
 
@@ -421,6 +436,10 @@ async fn vm_figures(
         "vm.unit_rss",
         "the agent unit's resident memory beside the daemon",
     );
+    const UNIT_PRIVATE: (&str, &str) = (
+        "vm.unit_private",
+        "the agent unit's anonymous memory beside the daemon",
+    );
     const READY: (&str, &str) = ("vm.agent_start", "agent unit restart to daemon started");
     const BOOT: (&str, &str) = ("vm.boot_ssh", "dev host first boot to SSH");
     const REPAVE: (&str, &str) = (
@@ -437,6 +456,12 @@ async fn vm_figures(
             figs.push(Figure::missing(
                 UNIT_RSS.0,
                 UNIT_RSS.1,
+                Unit::Bytes,
+                why.clone(),
+            ));
+            figs.push(Figure::missing(
+                UNIT_PRIVATE.0,
+                UNIT_PRIVATE.1,
                 Unit::Bytes,
                 why.clone(),
             ));
@@ -496,6 +521,16 @@ async fn vm_figures(
         .with_budget(DAEMON_RSS_BUDGET),
     );
     figs.push(kib_figure(&g, &unit_rss_script(), tries, UNIT_RSS, "no unit cgroup").await);
+    figs.push(
+        kib_figure(
+            &g,
+            &unit_private_script(),
+            tries,
+            UNIT_PRIVATE,
+            "no unit cgroup",
+        )
+        .await,
+    );
     // One sample: a repave provisions a whole machine side (minutes under TCG). The node is
     // left on the other side, as a repave leaves it.
     let cmd = flex_harness::kit::agent::agent_command(
@@ -648,12 +683,48 @@ mod tests {
                     .to_string()
             }
         };
-        let image = "24380 /usr/bin/ctr -n aks-flex run --rm --privileged aks-flex-agent /opt/aks-flex-node/bin/entrypoint aks-flex-node agent --config /etc/aks-flex-node/config.json\n";
-        assert_eq!(awk(image).await, "24380");
+        let before = "24380 /usr/bin/ctr -n aks-flex run --rm --privileged aks-flex-agent /opt/aks-flex-node/bin/entrypoint aks-flex-node agent --config /etc/aks-flex-node/config.json\n";
+        assert_eq!(awk(before).await, "24380");
+        let image = "6996 /proc/808/root/opt/aks-flex-node/bin/aks-flex-node wait-task -n aks-flex aks-flex-agent\n";
+        assert_eq!(awk(image).await, "6996");
         let host = "11780 /usr/local/lib/aks-flex-node/current/aks-flex-node agent --config /etc/aks-flex-node/config.json\n";
         assert_eq!(awk(host).await, "0");
         assert_eq!(awk("").await, "0");
         assert!(unit_rss_script().contains(&beside_daemon_awk()));
+    }
+
+    /// Real: `sh`, `ps` and `awk` on this machine, the cgroup lookup replaced by this test's
+    /// own PID: the private-memory script reads `RssAnon` of the processes beside the daemon
+    /// (here the test process itself, which is no daemon), and parses as shell.
+    #[tokio::test]
+    async fn the_private_memory_script_reads_rss_anon() {
+        let me = std::process::id();
+        let script = unit_private_script().replace(UNIT_PIDS, &format!("pids={me}\n"));
+        let out = ProcessRunner::new()
+            .run(
+                &Cmd::new("sh")
+                    .args(["-c", &script])
+                    .timeout(Duration::from_secs(10)),
+            )
+            .await
+            .unwrap();
+        let want = std::fs::read_to_string(format!("/proc/{me}/status"))
+            .unwrap()
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix("RssAnon:").map(|v| {
+                    v.trim()
+                        .trim_end_matches(" kB")
+                        .trim()
+                        .parse::<f64>()
+                        .unwrap()
+                })
+            })
+            .unwrap();
+        let got: f64 = out.stdout.trim().parse().unwrap();
+        assert!(got > 0.0, "{out:?}");
+        // The process's anonymous memory moves a little between the two reads.
+        assert!((got - want).abs() / want < 0.5, "{got} vs {want}");
     }
 
     /// Real: `sh` and `awk` on this machine (ps's output given on stdin). The RSS script picks
