@@ -266,15 +266,11 @@ impl Env {
             .timeout(Duration::from_secs(180))
     }
 
-    /// `ctr run` of the image with `/opt/aks-flex-node/bin/entrypoint args…` (ctr 1.6 replaces
-    /// the image's entrypoint with the given argv, so it is named explicitly).
-    async fn run(&self, mount_host: bool, args: &[&str]) -> Output {
-        let n = self.runs.get() + 1;
-        self.runs.set(n);
-        let id = format!("flex-agent-{n}");
-        let mut cmd = self.ctr().args([
-            "run",
-            "--rm",
+    /// `ctr run <mode…>` of the image as container `id`, as the host's units run it (privileged,
+    /// host network, the PID namespace, the fake host at `/host` when `mount_host`), up to the
+    /// image's entrypoint; the caller appends the command.
+    fn ctr_run(&self, mode: &[&str], mount_host: bool, id: &str) -> Cmd {
+        let mut cmd = self.ctr().arg("run").args(mode.iter().copied()).args([
             "--privileged",
             "--net-host",
             "--snapshotter",
@@ -291,12 +287,21 @@ impl Env {
                 ),
             ]);
         }
-        cmd = cmd
-            .args([
-                self.image.reference.as_str(),
-                &id,
-                flex_image::agent::ENTRYPOINT,
-            ])
+        cmd.args([
+            self.image.reference.as_str(),
+            id,
+            flex_image::agent::ENTRYPOINT,
+        ])
+    }
+
+    /// `ctr run` of the image with `/opt/aks-flex-node/bin/entrypoint args…` (ctr 1.6 replaces
+    /// the image's entrypoint with the given argv, so it is named explicitly).
+    async fn run(&self, mount_host: bool, args: &[&str]) -> Output {
+        let n = self.runs.get() + 1;
+        self.runs.set(n);
+        let id = format!("flex-agent-{n}");
+        let cmd = self
+            .ctr_run(&["--rm"], mount_host, &id)
             .args(args.iter().copied());
         let out = ProcessRunner::new().output(&cmd).await.unwrap();
         eprintln!(
@@ -353,30 +358,13 @@ impl Env {
             .write(true)
             .open(&fifo)
             .unwrap();
+        let log_uri = format!("file://{}", fifo.display());
         let out = ProcessRunner::new()
-            .output(&self.ctr().args([
-                "run",
-                "-d",
-                "--log-uri",
-                &format!("file://{}", fifo.display()),
-                "--privileged",
-                "--net-host",
-                "--snapshotter",
-                &self.snapshotter,
-                "--with-ns",
-                &format!("pid:{}", self.pid_ns),
-                "--mount",
-                &format!(
-                    "type=bind,src={},dst=/host,options=rbind:rshared",
-                    self.host.display()
-                ),
-                self.image.reference.as_str(),
-                &id,
-                flex_image::agent::ENTRYPOINT,
-                "systemctl",
-                "flex-wait-test",
-                tag,
-            ]))
+            .output(
+                &self
+                    .ctr_run(&["-d", "--log-uri", &log_uri], true, &id)
+                    .args(["systemctl", "flex-wait-test", tag]),
+            )
             .await
             .unwrap();
         assert_eq!(out.code, Some(0), "ctr run -d: {out:?}\n{}", self.logs());
