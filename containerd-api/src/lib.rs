@@ -31,6 +31,17 @@ use std::path::PathBuf;
 use hyper_util::rt::TokioIo;
 use tonic::transport::{Channel, Endpoint};
 
+/// A request in containerd namespace `namespace` (the `containerd-namespace` header every
+/// namespaced call carries; a namespace that is no valid header value is left out, and
+/// containerd then refuses the call naming the missing namespace).
+pub fn namespaced<T>(msg: T, namespace: &str) -> tonic::Request<T> {
+    let mut req = tonic::Request::new(msg);
+    if let Ok(v) = tonic::metadata::MetadataValue::try_from(namespace) {
+        req.metadata_mut().insert("containerd-namespace", v);
+    }
+    req
+}
+
 /// Opens a gRPC channel to containerd's socket at `path` (connecting lazily is not used: the
 /// first connection is made here, so a missing socket is reported at once).
 pub async fn connect(path: impl Into<PathBuf>) -> Result<Channel, tonic::transport::Error> {

@@ -322,10 +322,7 @@ impl GrpcImages {
 
     /// A request in our namespace, under `lease` when given, with a deadline unless a stream.
     fn request<T>(&self, msg: T, lease: Option<&str>, timeout: Option<Duration>) -> Request<T> {
-        let mut req = Request::new(msg);
-        if let Ok(v) = MetadataValue::try_from(self.namespace.as_str()) {
-            req.metadata_mut().insert("containerd-namespace", v);
-        }
+        let mut req = containerd_api::namespaced(msg, &self.namespace);
         if let Some(l) = lease
             && let Ok(v) = MetadataValue::try_from(l)
         {

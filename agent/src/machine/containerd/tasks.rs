@@ -16,7 +16,6 @@ use async_trait::async_trait;
 use containerd_api::services::tasks::v1::{
     GetRequest, KillRequest, WaitRequest, tasks_client::TasksClient,
 };
-use containerd_api::tonic::metadata::MetadataValue;
 use containerd_api::tonic::transport::Channel;
 use containerd_api::tonic::{Code, Request, Status};
 use containerd_api::v1::types::Status as ProcessStatus;
@@ -166,11 +165,7 @@ impl GrpcTasks {
     }
 
     fn request<T>(&self, msg: T) -> Request<T> {
-        let mut req = Request::new(msg);
-        if let Ok(v) = MetadataValue::try_from(self.namespace.as_str()) {
-            req.metadata_mut().insert("containerd-namespace", v);
-        }
-        req
+        containerd_api::namespaced(msg, &self.namespace)
     }
 
     /// Maps a failed call's status, and forgets the channel when containerd may be restarting.
