@@ -588,8 +588,15 @@ fn wait_task_main(a: &WaitTaskArgs) -> ExitCode {
                 task_wait::relay(fd, &mut out, exit_rx).await
             })
         });
+        // The unit is `Type=notify`: ready once the task runs (a no-op outside systemd).
+        let ready = || {
+            if let Err(e) = sd_notify::notify(&[sd_notify::NotifyState::Ready]) {
+                tracing::warn!(error = %e, "sd_notify READY failed");
+            }
+        };
         let status =
-            task_wait::wait_forwarding(&api, &a.id, task_wait::WAIT_BACKOFF, &mut sig_rx).await;
+            task_wait::wait_forwarding(&api, &a.id, task_wait::WAIT_BACKOFF, &ready, &mut sig_rx)
+                .await;
         let _ = exit_tx.send(());
         if let Some(r) = relay {
             match r.await {

@@ -338,12 +338,19 @@ impl Env {
     /// Starts `systemctl flex-wait-test <tag>` as a detached task (`ctr run -d`) whose output
     /// goes to a FIFO this test holds read-write, as the agent's unit does, then the waiter
     /// from the running container's own image (`/proc/<pid>/root/…/aks-flex-node wait-task`)
-    /// with the FIFO as its stdin.
+    /// with the FIFO as its stdin, and `NOTIFY_SOCKET` naming the returned socket, on which the
+    /// waiter's `READY=1` arrives as systemd would receive it for the `Type=notify` unit.
     // The waiter must be a child with the FIFO as its stdin that the test signals and waits
     // for, which the runner (one command to its end) does not offer.
     #[allow(clippy::disallowed_methods)]
-    async fn start_detached(&self, dir: &Path, tag: &str) -> (String, tokio::process::Child) {
+    async fn start_detached(
+        &self,
+        dir: &Path,
+        tag: &str,
+    ) -> (String, tokio::process::Child, tokio::net::UnixDatagram) {
         let id = format!("flex-wait-{tag}");
+        let notify_path = dir.join(format!("{tag}.notify"));
+        let notify = tokio::net::UnixDatagram::bind(&notify_path).unwrap();
         let fifo = dir.join(format!("{tag}.out"));
         ProcessRunner::new()
             .run(
@@ -383,13 +390,14 @@ impl Env {
         let waiter = format!("/proc/{pid}/root/opt/aks-flex-node/bin/aks-flex-node");
         let child = tokio::process::Command::new(&waiter)
             .args(["wait-task", "--address", &self.sock, "-n", NAMESPACE, &id])
+            .env("NOTIFY_SOCKET", &notify_path)
             .stdin(std::process::Stdio::from(held))
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
             .kill_on_drop(true)
             .spawn()
             .unwrap_or_else(|e| panic!("{waiter}: {e}"));
-        (id, child)
+        (id, child, notify)
     }
 
     async fn remove_task(&self, id: &str) {
@@ -726,9 +734,20 @@ async fn real_containerd_runs_the_agent_image_against_a_fake_host_with_real_dbus
         );
         (out.status.code(), stdout, stderr)
     };
-    // 1. The task's exit status is the waiter's, and its stdout and stderr are relayed.
-    let (id, child) = env.start_detached(&dir, "a").await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The waiter's readiness: READY=1 on the notify socket, as the Type=notify unit needs.
+    let ready = async |sock: &tokio::net::UnixDatagram, what: &str| {
+        let mut buf = [0u8; 256];
+        let n = tokio::time::timeout(Duration::from_secs(60), sock.recv(&mut buf))
+            .await
+            .unwrap_or_else(|_| panic!("{what}: no READY=1 from the waiter within 60 s"))
+            .unwrap();
+        let msg = String::from_utf8_lossy(&buf[..n]).into_owned();
+        assert!(msg.lines().any(|l| l == "READY=1"), "{what}: {msg:?}");
+    };
+    // 1. The waiter says READY=1 once the task runs; the task's exit status is the waiter's,
+    //    and its stdout and stderr are relayed.
+    let (id, child, notify) = env.start_detached(&dir, "a").await;
+    ready(&notify, "exit 3").await;
     release("a", "3");
     let (code, stdout, stderr) = finish(child, "exit 3").await;
     assert_eq!(code, Some(3), "{stderr}\n{}", env.logs());
@@ -740,8 +759,8 @@ async fn real_containerd_runs_the_agent_image_against_a_fake_host_with_real_dbus
     // 2. containerd is killed while the task runs, the task exits while containerd is away,
     //    and containerd comes back: the waiter reconnects and reads the exit from the stopped
     //    task's state.
-    let (id, child) = env.start_detached(&dir, "b").await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (id, child, notify) = env.start_detached(&dir, "b").await;
+    ready(&notify, "exit 5").await;
     let old = env.containerd.pid().to_string();
     ProcessRunner::new()
         .run(&Cmd::new("kill").args(["-KILL", &old]))
@@ -756,8 +775,8 @@ async fn real_containerd_runs_the_agent_image_against_a_fake_host_with_real_dbus
     env.remove_task(&id).await;
     // 3. containerd restarts while the task runs on; then SIGTERM to the waiter reaches the
     //    task through containerd (`sh` dies of it: 128 + 15), and the waiter ends with that.
-    let (id, child) = env.start_detached(&dir, "c").await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (id, child, notify) = env.start_detached(&dir, "c").await;
+    ready(&notify, "SIGTERM").await;
     env.restart_containerd(3).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     let waiter_pid = child.id().unwrap().to_string();

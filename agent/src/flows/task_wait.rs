@@ -4,6 +4,9 @@
 //! The unit starts the agent's container as a detached containerd task (`ctr run -d`) whose
 //! output goes to a FIFO the unit holds (`--log-uri file://…`), then `exec`s this command from
 //! the agent's image with the FIFO as its standard input. It
+//! - tells systemd the unit is ready (`READY=1`; the unit is `Type=notify`) once containerd
+//!   shows the task running, so `active` means the daemon's task runs and `systemctl start`
+//!   returns only then;
 //! - waits for the task's exit through containerd's API ([`wait_for_exit`]) and exits with the
 //!   task's exit status ([`exit_code`]), so `Restart=on-failure`, `$SERVICE_RESULT` and
 //!   `OnFailure=` see the daemon's own result, as they saw `ctr run`'s;
@@ -21,6 +24,7 @@
 
 use std::io::Write;
 use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use flex_host::retry::{Attempt, Backoff, retry};
@@ -53,30 +57,41 @@ fn attempt(e: TaskError) -> Attempt<TaskError> {
 
 /// Waits until task `id` exits and returns its exit status. Each attempt reads the task's state
 /// first (a stopped task's status is returned at once), then waits; an unavailable containerd
-/// is retried with `backoff`, anything else ends the wait.
+/// is retried with `backoff`, anything else ends the wait. `running` is called once, the first
+/// time the task is seen running (the unit's readiness: `READY=1`); a task that has already
+/// stopped is never reported running.
 pub async fn wait_for_exit(
     api: &dyn TaskApi,
     id: &str,
     backoff: Backoff,
+    running: &(dyn Fn() + Sync),
 ) -> Result<u32, TaskError> {
-    retry("wait for the agent's task", backoff, |_| async {
+    let told = AtomicBool::new(false);
+    let told = &told;
+    retry("wait for the agent's task", backoff, |_| async move {
         match api.state(id).await.map_err(attempt)? {
             TaskState::Stopped { exit_status } => Ok(exit_status),
-            TaskState::Running { .. } => api.wait(id).await.map_err(attempt),
+            TaskState::Running { .. } => {
+                if !told.swap(true, Ordering::Relaxed) {
+                    running();
+                }
+                api.wait(id).await.map_err(attempt)
+            }
         }
     })
     .await
 }
 
-/// [`wait_for_exit`], sending each signal received on `signals` to the task meanwhile (a
+/// [`wait_for_exit`] (`running` as there), sending each signal received on `signals` to the task meanwhile (a
 /// failed send is logged; the wait goes on).
 pub async fn wait_forwarding(
     api: &dyn TaskApi,
     id: &str,
     backoff: Backoff,
+    running: &(dyn Fn() + Sync),
     signals: &mut mpsc::Receiver<u32>,
 ) -> Result<u32, TaskError> {
-    let wait = wait_for_exit(api, id, backoff);
+    let wait = wait_for_exit(api, id, backoff, running);
     tokio::pin!(wait);
     let mut open = true;
     loop {
@@ -153,6 +168,7 @@ pub async fn relay<W: Write>(
 mod tests {
     use std::collections::VecDeque;
     use std::sync::Mutex;
+    use std::sync::atomic::AtomicUsize;
 
     use async_trait::async_trait;
 
@@ -229,18 +245,22 @@ mod tests {
     /// [`TaskApi`] seam; the real containerd is `tests/tests/containerd_image.rs`'s.
     #[tokio::test]
     async fn the_wait_returns_the_tasks_exit_status_through_containerd_restarts() {
-        let cases: Vec<(&str, Scripted, Result<u32, &str>, usize)> = vec![
+        /// (name, containerd's answers, result, calls, readiness told)
+        type Case = (&'static str, Scripted, Result<u32, &'static str>, usize, usize);
+        let cases: Vec<Case> = vec![
             (
                 "runs, then exits 3",
                 Scripted::new(vec![Ok(RUNNING)], vec![Ok(3)]),
                 Ok(3),
                 2,
+                1,
             ),
             (
-                "already stopped when the waiter starts: no wait",
+                "already stopped when the waiter starts: no wait, never ready",
                 Scripted::new(vec![Ok(TaskState::Stopped { exit_status: 7 })], vec![]),
                 Ok(7),
                 1,
+                0,
             ),
             (
                 "containerd restarts during the wait; the task exited meanwhile",
@@ -254,12 +274,14 @@ mod tests {
                 ),
                 Ok(137),
                 4,
+                1,
             ),
             (
                 "containerd restarts during the wait; the task runs on, then exits 0",
                 Scripted::new(vec![Ok(RUNNING), Ok(RUNNING)], vec![Err(down()), Ok(0)]),
                 Ok(0),
                 4,
+                1,
             ),
             (
                 "the task was deleted: no retry",
@@ -272,6 +294,7 @@ mod tests {
                 ),
                 Err("containerd has no task aks-flex-agent in namespace aks-flex"),
                 1,
+                0,
             ),
             (
                 "a refusal: no retry",
@@ -286,14 +309,19 @@ mod tests {
                 ),
                 Err("containerd tasks.Wait for task aks-flex-agent: PermissionDenied: no"),
                 2,
+                1,
             ),
         ];
-        for (name, api, want, ncalls) in cases {
-            let got = wait_for_exit(&api, "aks-flex-agent", FAST)
-                .await
-                .map_err(|e| e.to_string());
+        for (name, api, want, ncalls, nready) in cases {
+            let ready = AtomicUsize::new(0);
+            let got = wait_for_exit(&api, "aks-flex-agent", FAST, &|| {
+                ready.fetch_add(1, Ordering::Relaxed);
+            })
+            .await
+            .map_err(|e| e.to_string());
             assert_eq!(got, want.map_err(str::to_string), "{name}");
             assert_eq!(api.calls().len(), ncalls, "{name}: {:?}", api.calls());
+            assert_eq!(ready.into_inner(), nready, "{name}: readiness told");
         }
     }
 
@@ -304,6 +332,7 @@ mod tests {
             &api,
             "aks-flex-agent",
             Backoff::new(3, Duration::ZERO, Duration::ZERO),
+            &|| {},
         )
         .await
         .unwrap_err();
@@ -320,7 +349,7 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(30)).await;
             tx.send(15).await.unwrap();
         });
-        let code = wait_forwarding(&api, "aks-flex-agent", FAST, &mut rx)
+        let code = wait_forwarding(&api, "aks-flex-agent", FAST, &|| {}, &mut rx)
             .await
             .unwrap();
         assert_eq!(code, 0);

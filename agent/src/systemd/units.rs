@@ -162,6 +162,10 @@ pub const AGENT_OUTPUT_FIFO: &str = "/run/aks-flex-node/agent.out";
 ///    `wait-task` with the FIFO as its stdin: it relays the output to the journal, forwards
 ///    SIGTERM, rides out containerd restarts, and exits with the task's status.
 ///
+/// The unit is `Type=notify` with `NotifyAccess=main`: the waiter (the main process, the same
+/// PID as the script it replaced) says `READY=1` once containerd shows the task running, so
+/// `active` means the daemon runs and `systemctl start` returns then, not when the script began.
+///
 /// A task that is gone before its PID is read (the daemon died at once) has its output copied
 /// for a second and the unit fails (status 1, not the task's own). `$$` is a literal `$` to
 /// systemd, so the shell expands every variable.
@@ -226,7 +230,8 @@ pub fn render_container_unit(unit: ContainerUnit) -> String {
         ContainerUnit::Agent => (
             "AKS Flex Node Agent (container)",
             "StartLimitIntervalSec=300\nStartLimitBurst=5\nOnFailure=aks-flex-node-recovery.service\n",
-            "simple",
+            // `wait-task`, the main process, says READY=1 once the daemon's task runs.
+            "notify\nNotifyAccess=main",
             "/opt/aks-flex-node/bin/entrypoint aks-flex-node agent --config /etc/aks-flex-node/config.json",
             "TimeoutStartSec=300\nTimeoutStopSec=60\nRestart=on-failure\nRestartSec=30\n",
             "[Install]\nWantedBy=multi-user.target\n",

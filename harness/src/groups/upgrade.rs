@@ -317,8 +317,10 @@ async fn wait_settled(
     })
 }
 
-/// The agent's state before a step: it must run.
+/// The agent's state before a step: it must run. An agent still starting (after an earlier
+/// group's reboot, or a restart) is waited for, as long as [`Ctx::wait_agent_active`] allows.
 async fn running_agent(c: &Ctx<'_>) -> anyhow::Result<Probe> {
+    c.wait_agent_active().await?;
     let p = probe(c).await?;
     ensure(p.running() && p.image.is_some(), || {
         format!("the agent does not run before the step: {p}")
