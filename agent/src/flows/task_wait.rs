@@ -246,7 +246,13 @@ mod tests {
     #[tokio::test]
     async fn the_wait_returns_the_tasks_exit_status_through_containerd_restarts() {
         /// (name, containerd's answers, result, calls, readiness told)
-        type Case = (&'static str, Scripted, Result<u32, &'static str>, usize, usize);
+        type Case = (
+            &'static str,
+            Scripted,
+            Result<u32, &'static str>,
+            usize,
+            usize,
+        );
         let cases: Vec<Case> = vec![
             (
                 "runs, then exits 3",

@@ -118,6 +118,9 @@ pub const MAX_PARAMETER_LENGTH: usize = 4096;
     derive = "PartialEq",
     doc = "MachineOperation represents a discrete operation to be performed on a Machine. The in-VM agent handles NodeReboot, AgentUpgrade and AgentReset; machina's controllers handle the Host* operations.",
     printcolumn(name = "Machine", type_ = "string", json_path = ".spec.machineRef"),
+    // A daemon watches only the operations aimed at its machine (and those aimed by selector,
+    // which read as "") with a field selector on it (Kubernetes >= 1.31 by default).
+    selectable = ".spec.machineRef",
     printcolumn(
         name = "Operation",
         type_ = "string",

@@ -49,7 +49,10 @@ pub use handlers::{
     Executed, Handlers, HostHandlers, ParamError, Ran, execute, parse_params, render_executed,
     render_result, run_local,
 };
-pub use reconcile::{Outcome, ReconcileError, Reconciler, ReconcilerConfig, Taken, watch_stream};
+pub use reconcile::{
+    MACHINE_REF_FIELD, Outcome, ReconcileError, Reconciler, ReconcilerConfig, Taken, WatchScope,
+    field_selectors, watch_stream,
+};
 pub use record::{RECORDS_DIR, Record, RecordStore, Stage};
 
 #[cfg(test)]

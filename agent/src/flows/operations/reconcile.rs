@@ -725,18 +725,125 @@ pub fn finish_patch(
     })
 }
 
-/// Names of MachineOperations worth reconciling for `machine_name`, from a watch of all of
-/// them (restarted with backoff; errors are passed on for logging): added or changed ones that
-/// [`may_concern`] this machine, and deleted ones that may have targeted it (so their records
-/// go). The initial list names every such operation, which is how an operation interrupted by a
-/// restart is found again.
+/// The field a daemon selects MachineOperations by: `spec.machineRef`, a `selectableFields`
+/// entry of the CRD (`deploy/crds/machina.yaml`; served by default from Kubernetes 1.31, GA in
+/// 1.32). An operation without the field (aimed by selector) reads as `""`.
+pub const MACHINE_REF_FIELD: &str = "spec.machineRef";
+
+/// What a daemon's MachineOperation watch covers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WatchScope {
+    /// Two field-selected watches ([`field_selectors`]): the operations whose `machineRef`
+    /// names this machine, and those with no `machineRef` (aimed by selector, which the daemon
+    /// matches itself). What the API server lists and sends does not grow with the fleet's
+    /// operations aimed at other machines.
+    Machine,
+    /// Every operation: the API server does not select by [`MACHINE_REF_FIELD`] (a CRD
+    /// installed without `selectableFields`, or a Kubernetes before 1.31). The filter is the
+    /// daemon's own ([`may_concern`]), and the cost grows with the fleet.
+    All,
+}
+
+/// The field selectors of [`WatchScope::Machine`]: operations aimed at `machine`, and operations
+/// aimed by selector. (Machine names are DNS names, which need no escaping in a selector.)
+pub fn field_selectors(machine: &str) -> [String; 2] {
+    [
+        format!("{MACHINE_REF_FIELD}={machine}"),
+        format!("{MACHINE_REF_FIELD}="),
+    ]
+}
+
+/// Whether the API server refused a field selector on [`MACHINE_REF_FIELD`]: a 400 that says
+/// the field label is not supported (the answer for a field the CRD does not declare
+/// selectable).
+pub fn refuses_field_selector(status: &kube::core::Status) -> bool {
+    status.code == 400 && status.message.contains("field label not supported")
+}
+
+/// [`refuses_field_selector`] for a watch's error, whichever call failed.
+pub fn watch_refuses_field_selector(e: &watcher::Error) -> bool {
+    match e {
+        watcher::Error::InitialListFailed(k)
+        | watcher::Error::WatchStartFailed(k)
+        | watcher::Error::WatchFailed(k) => {
+            matches!(k, kube::Error::Api(s) if refuses_field_selector(s))
+        }
+        watcher::Error::WatchError(s) => refuses_field_selector(s),
+        watcher::Error::NoResourceVersion => false,
+    }
+}
+
+/// The scope to watch with, from a one-item list with the first of [`field_selectors`]: a
+/// refusal of the field falls back to [`WatchScope::All`] (logged); anything else (an answer,
+/// or a failure the watch itself will retry) keeps [`WatchScope::Machine`].
+pub async fn probe_scope(api: &Api<MachineOperation>, machine_name: &str) -> WatchScope {
+    let [mine, _] = field_selectors(machine_name);
+    match api
+        .list(&kube::api::ListParams::default().fields(&mine).limit(1))
+        .await
+    {
+        Err(kube::Error::Api(s)) if refuses_field_selector(&s) => {
+            tracing::warn!(
+                machine = machine_name,
+                field = MACHINE_REF_FIELD,
+                answer = %s.message,
+                "the API server cannot select MachineOperations by spec.machineRef (CRD without selectableFields, or Kubernetes before 1.31); watching all of them"
+            );
+            WatchScope::All
+        }
+        _ => WatchScope::Machine,
+    }
+}
+
+type OpEvents =
+    futures::stream::BoxStream<'static, Result<Event<MachineOperation>, watcher::Error>>;
+
+/// The watch events of `scope` (each watch restarted with backoff). A [`WatchScope::Machine`]
+/// stream whose field selector the API server refuses (the CRD was replaced meanwhile) passes
+/// the error on and ends, so that the caller's restart probes again.
+pub fn scope_events(api: Api<MachineOperation>, scope: WatchScope, machine_name: &str) -> OpEvents {
+    match scope {
+        WatchScope::All => watcher::watcher(api, watcher::Config::default())
+            .default_backoff()
+            .boxed(),
+        WatchScope::Machine => {
+            let [mine, by_selector] = field_selectors(machine_name);
+            let watch = |fields: String| {
+                watcher::watcher(api.clone(), watcher::Config::default().fields(&fields))
+                    .default_backoff()
+            };
+            futures::stream::select(watch(mine), watch(by_selector))
+                .flat_map(|ev| {
+                    let refused = matches!(&ev, Err(e) if watch_refuses_field_selector(e));
+                    futures::stream::iter(std::iter::once(Some(ev)).chain(refused.then_some(None)))
+                })
+                .take_while(|ev| futures::future::ready(ev.is_some()))
+                .filter_map(futures::future::ready)
+                .boxed()
+        }
+    }
+}
+
+/// Names of MachineOperations worth reconciling for `machine_name`, from a watch scoped to it
+/// ([`probe_scope`], [`scope_events`]; restarted with backoff; errors are passed on for
+/// logging): added or changed ones that [`may_concern`] this machine, and deleted ones that may
+/// have targeted it (so their records go). The initial list names every such operation, which
+/// is how an operation interrupted by a restart is found again. The stream ends when a scoped
+/// watch is refused; the caller starts it again.
 pub fn watch_stream(
     client: Client,
     machine_name: String,
 ) -> impl Stream<Item = Result<String, watcher::Error>> + Send + 'static {
     let api: Api<MachineOperation> = Api::all(client);
-    watcher::watcher(api, watcher::Config::default())
-        .default_backoff()
+    let probe = {
+        let (api, machine) = (api.clone(), machine_name.clone());
+        async move { probe_scope(&api, &machine).await }
+    };
+    futures::stream::once(probe)
+        .flat_map({
+            let machine = machine_name.clone();
+            move |scope| scope_events(api.clone(), scope, &machine)
+        })
         .filter_map(move |ev| {
             let out = match ev {
                 Ok(Event::Apply(op) | Event::InitApply(op)) => {

@@ -1,9 +1,10 @@
-//! A small fake API server behind kube's `tower_test` mock: MachineOperations (GET, list,
-//! watch, status merge patch with the `resourceVersion` precondition, DELETE with
+//! A small fake API server behind kube's `tower_test` mock: MachineOperations (GET, list and
+//! watch with `spec.machineRef` field selectors as a CRD with `selectableFields` serves them,
+//! or refusing them as one without does; status merge patch with the `resourceVersion` precondition, DELETE with
 //! preconditions), Nodes and Machines (GET). It logs every request, and hooks let a test act as
 //! another writer just before a request.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 
 use http::{Method, Request, Response, StatusCode};
@@ -20,6 +21,8 @@ const NODES: &str = "/api/v1/nodes";
 pub struct Seen {
     pub method: Method,
     pub path: String,
+    /// The query, decoded (`fieldSelector=spec.machineRef=node1&limit=1`).
+    pub query: String,
     pub body: Value,
 }
 
@@ -42,8 +45,15 @@ pub struct State {
     pub seen: Vec<Seen>,
     /// Run before the request with this index (0-based) is handled.
     hooks: BTreeMap<usize, Vec<Hook>>,
-    /// Watch event bodies, one per watch request.
-    pub watch_bodies: VecDeque<String>,
+    /// Watch events (`{"type": …, "object": …}`): each watch request gets those its field
+    /// selector matches, the first time a watch with that selector is made (later watches with
+    /// it get none, and end).
+    pub watch_events: Vec<Value>,
+    watched: BTreeSet<String>,
+    /// Answer a `spec.machineRef` field selector as a CRD without `selectableFields` does.
+    pub refuse_field_selectors: bool,
+    /// Operations sent in list answers and watch events: what the watches cost the server.
+    pub delivered: usize,
 }
 
 impl State {
@@ -162,6 +172,7 @@ impl FakeApi {
         st.seen.push(Seen {
             method: method.clone(),
             path: path.clone(),
+            query: decode(&query),
             body: body.clone(),
         });
         for hook in st.hooks.remove(&index).unwrap_or_default() {
@@ -242,11 +253,46 @@ fn route(
         };
     }
     if path == OPS && *method == Method::GET {
-        if query.contains("watch=true") {
-            let events = st.watch_bodies.pop_front().unwrap_or_default();
-            return (StatusCode::OK, Value::String(events));
+        let query = decode(query);
+        let selector = query
+            .split('&')
+            .find_map(|kv| kv.strip_prefix("fieldSelector="))
+            .unwrap_or_default()
+            .to_string();
+        let wanted = match field_matcher(&selector, st.refuse_field_selectors) {
+            Ok(m) => m,
+            Err(field) => {
+                return status(
+                    StatusCode::BAD_REQUEST,
+                    "BadRequest",
+                    &format!("field label not supported: {field}"),
+                );
+            }
+        };
+        if query.split('&').any(|kv| kv == "watch=true") {
+            let first = st.watched.insert(selector);
+            let events: Vec<&Value> = st
+                .watch_events
+                .iter()
+                .filter(|e| first && wanted(&e["object"]))
+                .collect();
+            let body: String = events.iter().map(|e| e.to_string() + "\n").collect();
+            st.delivered += events.len();
+            return (StatusCode::OK, Value::String(body));
         }
-        let items: Vec<Value> = st.ops.values().cloned().collect();
+        let limit = query
+            .split('&')
+            .find_map(|kv| kv.strip_prefix("limit="))
+            .and_then(|l| l.parse().ok())
+            .unwrap_or(usize::MAX);
+        let items: Vec<Value> = st
+            .ops
+            .values()
+            .filter(|o| wanted(o))
+            .take(limit)
+            .cloned()
+            .collect();
+        st.delivered += items.len();
         return (
             StatusCode::OK,
             json!({
@@ -303,4 +349,43 @@ fn route(
         }
         (m, _) => unexpected(&m, path),
     }
+}
+
+/// `%XX` and `+` decoded (the query as kube encodes it).
+fn decode(q: &str) -> String {
+    let b = q.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'+' => out.push(b' '),
+            b'%' if i + 2 < b.len() => {
+                let hex = std::str::from_utf8(&b[i + 1..i + 3]).unwrap();
+                out.push(u8::from_str_radix(hex, 16).unwrap());
+                i += 2;
+            }
+            c => out.push(c),
+        }
+        i += 1;
+    }
+    String::from_utf8(out).unwrap()
+}
+
+type Matcher = Box<dyn Fn(&Value) -> bool>;
+
+/// The objects a field selector matches: none, or `spec.machineRef=<v>` (an absent field reads
+/// as ""). Any other field, or this one when `refuse` is set, is the field the API server
+/// does not support.
+fn field_matcher(selector: &str, refuse: bool) -> Result<Matcher, String> {
+    if selector.is_empty() {
+        return Ok(Box::new(|_| true));
+    }
+    let (field, value) = selector.split_once('=').unwrap_or((selector, ""));
+    if field != "spec.machineRef" || refuse {
+        return Err(field.to_string());
+    }
+    let value = value.to_string();
+    Ok(Box::new(move |o: &Value| {
+        o["spec"]["machineRef"].as_str().unwrap_or_default() == value
+    }))
 }

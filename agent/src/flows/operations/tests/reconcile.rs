@@ -2,6 +2,7 @@
 //! failure, other machines' operations, selectors, bad input, conflicts on status updates, a
 //! restart mid-operation, TTL expiry, AgentReset's stop, and the watch.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -714,20 +715,137 @@ async fn watch_names_the_operations_worth_reconciling() {
         json!({"type": "DELETED", "object": other_deleted}),
         json!({"type": "DELETED", "object": deleted}),
     ];
-    api.state().watch_bodies.push_back(
-        events
-            .iter()
-            .map(|e| e.to_string() + "\n")
-            .collect::<String>(),
-    );
+    api.state().watch_events = events;
     let stream = watch_stream(api.client(), ME.into());
-    let names: Vec<String> = tokio::time::timeout(
+    let mut names: Vec<String> = tokio::time::timeout(
         Duration::from_secs(5),
         stream.take(3).map(|r| r.unwrap()).collect(),
     )
     .await
     .unwrap();
+    // Two watches (by machineRef, by selector) are merged: their order is theirs.
+    names.sort();
     assert_eq!(names, ["a-mine", "e-selected", "f-deleted"]);
+}
+
+/// Fake API server (the CRD's `selectableFields` served, or refused as by a CRD without
+/// them): what a daemon's watch makes the server send, for fleets of different sizes. Scoped,
+/// it is the same whatever the number of operations aimed at other machines; refused, the
+/// daemon falls back to watching all of them, and still names only its own.
+#[tokio::test]
+async fn the_watch_costs_the_same_whatever_the_fleet_and_falls_back_when_the_field_is_refused() {
+    // (operations aimed at other machines, field selectors served, operations the server sends)
+    let cases = [
+        (10, true, 3),
+        (300, true, 3),
+        (10, false, 12),
+        (300, false, 302),
+    ];
+    for (others, served, want_sent) in cases {
+        let api = FakeApi::new();
+        for i in 0..others {
+            api.put_op(&op(
+                &format!("other-{i}"),
+                "NodeReboot",
+                &format!("node-{i}"),
+            ));
+        }
+        api.put_op(&op("mine", "NodeReboot", ME))
+            .put_op(&with_selector(
+                op("selected", "AgentReset", ""),
+                &[("pool", "flex")],
+            ));
+        api.state().refuse_field_selectors = !served;
+        let stream = watch_stream(api.client(), ME.into());
+        let mut names: Vec<String> = tokio::time::timeout(
+            Duration::from_secs(5),
+            stream.take(2).map(|r| r.unwrap()).collect(),
+        )
+        .await
+        .unwrap();
+        names.sort();
+        let case = format!("{others} others, field selectors served: {served}");
+        assert_eq!(names, ["mine", "selected"], "{case}");
+        // The lists are done once both named; the watches that follow send nothing here.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(api.state().delivered, want_sent, "{case}");
+        let selectors: BTreeSet<String> = api
+            .state()
+            .seen
+            .iter()
+            .filter_map(|s| {
+                s.query
+                    .split('&')
+                    .find_map(|kv| kv.strip_prefix("fieldSelector="))
+                    .map(str::to_string)
+            })
+            .collect();
+        let want: BTreeSet<String> = [format!("spec.machineRef={ME}"), "spec.machineRef=".into()]
+            .into_iter()
+            .filter(|s| served || s.ends_with(ME))
+            .collect();
+        assert_eq!(selectors, want, "{case}: the field selectors asked");
+    }
+}
+
+/// Fake API server: a scoped watch whose field selector becomes refused (the CRD replaced by
+/// one without `selectableFields`) passes the error on and ends, so that the daemon's restart
+/// probes again and watches everything.
+#[tokio::test]
+async fn a_scoped_watch_that_becomes_refused_ends_and_the_next_one_watches_all() {
+    let api = FakeApi::new();
+    api.put_op(&op("mine", "NodeReboot", ME));
+    // Request 0 is the probe; from request 1 on the field is refused.
+    api.before(1, |st| st.refuse_field_selectors = true);
+    let seen: Vec<_> = tokio::time::timeout(
+        Duration::from_secs(5),
+        watch_stream(api.client(), ME.into()).collect::<Vec<_>>(),
+    )
+    .await
+    .expect("the refused watch must end");
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    let e = seen[0].as_ref().unwrap_err();
+    assert!(watch_refuses_field_selector(e), "{e}");
+    let names: Vec<String> = tokio::time::timeout(
+        Duration::from_secs(5),
+        watch_stream(api.client(), ME.into())
+            .take(1)
+            .map(|r| r.unwrap())
+            .collect(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(names, ["mine"]);
+}
+
+/// Which API answers mean the field selector is refused (pure: statuses built by hand).
+#[test]
+fn only_a_400_naming_the_field_label_is_a_refused_field_selector() {
+    let status = |code: u16, message: &str| {
+        kube::core::Status::failure(message, "BadRequest").with_code(code)
+    };
+    for (code, message, want) in [
+        (400, "field label not supported: spec.machineRef", true),
+        (400, "unable to parse requirement", false),
+        (403, "field label not supported: spec.machineRef", false),
+        (500, "internal error", false),
+    ] {
+        assert_eq!(
+            refuses_field_selector(&status(code, message)),
+            want,
+            "{code} {message}"
+        );
+    }
+    let refused = || Box::new(status(400, "field label not supported: spec.machineRef"));
+    assert!(watch_refuses_field_selector(
+        &kube::runtime::watcher::Error::InitialListFailed(kube::Error::Api(refused()))
+    ));
+    assert!(watch_refuses_field_selector(
+        &kube::runtime::watcher::Error::WatchError(refused())
+    ));
+    assert!(!watch_refuses_field_selector(
+        &kube::runtime::watcher::Error::NoResourceVersion
+    ));
 }
 
 /// Which reconcile errors the daemon stops retrying (pure: errors built by hand): the API server
