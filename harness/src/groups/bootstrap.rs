@@ -1,26 +1,23 @@
-//! The `bootstrap` host group: `bootstrap.env` is data (never evaluated), `start` ran once and
-//! saved the state (a second start finds the node bootstrapped), and a second bootstrap with a
-//! new config works.
+//! The `bootstrap` host group: `bootstrap.env` is data (never evaluated), and `start` ran once
+//! and saved the state (a second start finds the node bootstrapped). A second bootstrap with a
+//! new config is the `reset` group's: it follows the reset that group checks, so the pass
+//! resets and bootstraps once, not twice.
 
 use std::time::Duration;
 
 use crate::check::{Ctx, Group, HostMode, Needs, check, ensure};
-use crate::kit::agent::{T, bootstrap_and_wait, run_reset, write_bootstrap_env};
+use crate::kit::agent::{T, bootstrap_and_wait, write_bootstrap_env};
 use crate::provision::{PWNED_MARKER, hostile_location};
 use crate::report::Outcome;
 
 /// The `bootstrap` group.
 pub const GROUP: Group = Group {
     name: "bootstrap",
-    description: "bootstrap.env is data; start runs once and saves state; a second bootstrap with a new config works",
+    description: "bootstrap.env is data; start runs once and saves state",
     needs: Needs::Host,
     checks: &[
         check!("bootstrap.env is data", bootstrap_env_is_data),
         check!("start ran once and saved the state", start_ran_once),
-        check!(
-            "a second bootstrap with a new config works",
-            second_bootstrap
-        ),
     ],
     in_host_mode: HostMode::Same,
 };
@@ -72,19 +69,5 @@ async fn start_ran_once(c: &Ctx<'_>) -> anyhow::Result<Outcome> {
     ensure(after == 1, || {
         format!("a second bootstrap ran start again ({after} successes)")
     })?;
-    Ok(Outcome::Passed)
-}
-
-async fn second_bootstrap(c: &Ctx<'_>) -> anyhow::Result<Outcome> {
-    let env = c.state.bootstrap_env.clone().unwrap_or_default();
-    run_reset(c).await?;
-    let new_env = format!("{env}AKS_FLEX_NODE_LABELS=harness/second-bootstrap=true\n");
-    write_bootstrap_env(c, &new_env).await?;
-    bootstrap_and_wait(c).await?;
-    let cfg = c.agent_config().await?;
-    ensure(
-        cfg.node.labels.contains_key("harness/second-bootstrap"),
-        || "the new config was not used".into(),
-    )?;
     Ok(Outcome::Passed)
 }

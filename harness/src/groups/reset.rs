@@ -1,5 +1,7 @@
 //! The `reset` host group: reset leaves no unit, link, machine, mount or runtime dir behind, and
-//! the host bootstraps again.
+//! the host bootstraps again with a new config (a label the install's `bootstrap.env` lacks),
+//! which the new `config.json` carries. (This was also the `bootstrap` group's second bootstrap,
+//! with a reset of its own; the pass now does one reset and one bootstrap for both.)
 
 use crate::check::{Ctx, Group, HostMode, Needs, check, ensure};
 use crate::kit::agent::{bootstrap_and_wait, run_reset, write_bootstrap_env};
@@ -8,14 +10,17 @@ use crate::report::Outcome;
 /// The `reset` group.
 pub const GROUP: Group = Group {
     name: "reset",
-    description: "reset leaves no unit, link, machine, mount or runtime dir behind, and the host bootstraps again",
+    description: "reset leaves no unit, link, machine, mount or runtime dir behind, and the host bootstraps again with a new config",
     needs: Needs::Host,
     checks: &[
         check!(
             "reset leaves no unit, link, machine, mount or runtime dir",
             reset_leaves_nothing
         ),
-        check!("the host bootstraps again", bootstraps_again),
+        check!(
+            "the host bootstraps again, with a new config",
+            bootstraps_again
+        ),
     ],
     in_host_mode: HostMode::Same,
 };
@@ -41,10 +46,20 @@ async fn reset_leaves_nothing(c: &Ctx<'_>) -> anyhow::Result<Outcome> {
     Ok(Outcome::Passed)
 }
 
+/// The label the second bootstrap's config adds.
+const NEW_LABEL: &str = "harness/second-bootstrap";
+
 async fn bootstraps_again(c: &Ctx<'_>) -> anyhow::Result<Outcome> {
     let env = c.state.bootstrap_env.clone().unwrap_or_default();
-    write_bootstrap_env(c, &env).await?;
+    write_bootstrap_env(c, &format!("{env}AKS_FLEX_NODE_LABELS={NEW_LABEL}=true\n")).await?;
     bootstrap_and_wait(c).await?;
+    let cfg = c.agent_config().await?;
+    ensure(cfg.node.labels.contains_key(NEW_LABEL), || {
+        format!(
+            "the new config was not used: config.json's labels are {:?}",
+            cfg.node.labels
+        )
+    })?;
     let m = c.active_machine().await?;
     let state = c
         .sh(&format!("machinectl show {m} -p State --value"))
