@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use crate::check::{Ctx, Group, HostMode, Needs, check, ensure};
-use crate::kit::agent::{T, bootstrap_and_wait, write_bootstrap_env};
+use crate::kit::agent::{T, write_bootstrap_env};
 use crate::provision::{PWNED_MARKER, hostile_location};
 use crate::report::Outcome;
 
