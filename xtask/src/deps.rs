@@ -23,6 +23,9 @@ pub const TEST_PACKAGES: &[&str] = &[
     "runc",
     "dbus",
     "busybox-static",
+    // agent/tests/host_routing.rs: the host routing scripts run with the real `ip` in a network
+    // namespace of their own.
+    "iproute2",
     // oci/tests/registry.rs and the harness: Debian's distribution registry.
     "docker-registry",
     // ignition/tests: Debian's ignition-validate.

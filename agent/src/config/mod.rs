@@ -17,6 +17,7 @@
 
 mod keys;
 mod legacy;
+pub mod routing;
 mod validate;
 
 use std::collections::BTreeMap;

@@ -398,6 +398,7 @@ pub(crate) fn validate(
         check_registry_mirror(registry, mirror)
             .map_err(|m| err(&format!("node.registryMirrors[{registry:?}]"), m))?;
     }
+    super::routing::plan(&c.host_routing).map_err(|e| err(&e.field, e.message))?;
     validate_auth(c)?;
     if c.azure.bootstrap_token.is_some() {
         validate_bootstrap_token(c).map_err(|e| ValidationError {

@@ -48,6 +48,11 @@ pub async fn reset_node(host: &Host, t: Timings) -> Result<(), StepError> {
     step("remove-wireguard-keys", remove_wireguard_keys(host)).await?;
     step("cleanup-routes", cleanup_routes(host)).await?;
     step("cleanup-legacy-cni", cleanup_legacy_cni(host)).await?;
+    step(
+        "remove-host-routing",
+        crate::flows::setup_host::routing::remove(host),
+    )
+    .await?;
     step("reload-systemd", async {
         host.systemd.daemon_reload().await
     })

@@ -2,12 +2,14 @@
 //!
 //! Serial: `install-packages`, then (upstream runs these in parallel; they touch disjoint files
 //! and units) `configure-os`, `configure-nftables`, `disable-docker`, `disable-swap`,
-//! `harden-apt`, `install-arc`. In the agent's container `install-packages` is left out: the
-//! container's `PATH` is the image's, and a package manager there would install into the
-//! container.
+//! `harden-apt`, `install-arc`; then host routing, `configure-static-routes` and
+//! `check-route-overlap` ([`routing`]). In the agent's container `install-packages` is left
+//! out: the container's `PATH` is the image's, and a package manager there would install into
+//! the container.
 
 mod os;
 mod packages;
+pub mod routing;
 
 use crate::config::Config;
 use crate::task::{StepError, step};
@@ -36,6 +38,21 @@ pub async fn setup_host(host: &Host, config: &Config) -> Result<(), StepError> {
     step("disable-swap", disable_swap(host)).await?;
     step("harden-apt", harden_apt(host)).await?;
     step("install-arc", install_arc(config)).await?;
+    // Validated when the config loaded; a config that was not (a test's) fails here.
+    let plan = crate::config::routing::plan(&config.host_routing).map_err(|e| StepError {
+        name: "configure-static-routes".into(),
+        cause: anyhow::anyhow!("{e}"),
+    })?;
+    step(
+        "configure-static-routes",
+        routing::configure_static_routes(host, &plan),
+    )
+    .await?;
+    step(
+        "check-route-overlap",
+        routing::check_route_overlap(host, &plan),
+    )
+    .await?;
     Ok(())
 }
 
