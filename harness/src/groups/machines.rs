@@ -17,7 +17,6 @@ use crate::hostmode::AgentMode;
 use crate::kit::agent::{T, agent_command};
 use crate::node_status;
 use crate::report::{Checked, Outcome};
-use crate::vm;
 
 /// The `machines` group.
 pub const GROUP: Group = Group {
@@ -387,26 +386,7 @@ async fn node_reboot_operation(c: &Ctx<'_>) -> anyhow::Result<Outcome> {
 
 async fn back_after_reboot(c: &Ctx<'_>) -> anyhow::Result<Outcome> {
     let m = c.active_machine().await?;
-    let g = c.guest();
-    let boot_id = g.boot_id().await?;
-    let _ = c.output("systemctl reboot", Duration::from_secs(20)).await;
-    // The guest takes a while to go down: the first look is after the first pause.
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    g.wait_new_boot(&boot_id, Duration::from_secs(600))
-        .await
-        .map_err(|_| {
-            anyhow::anyhow!(
-                "the guest did not come back within 600s:\n{}",
-                vm::tail(&c.state.serial_log(), 20)
-            )
-        })?;
-    c.wait_for(
-        &format!("machine {m} running after reboot"),
-        &format!("test \"$(machinectl show {m} -p State --value)\" = running"),
-        Duration::from_secs(300),
-    )
-    .await?;
-    c.wait_agent_active().await?;
+    c.reboot_and_wait(&m).await?;
     Ok(Outcome::Passed)
 }
 

@@ -66,6 +66,33 @@ impl Ctx<'_> {
         .map_err(|e| anyhow::anyhow!("{e} ({script})"))
     }
 
+    /// Reboots the guest (`systemctl reboot`) and waits for a new boot, machine `m` running and
+    /// the agent active again.
+    pub async fn reboot_and_wait(&self, m: &str) -> anyhow::Result<()> {
+        let g = self.guest();
+        let boot_id = g.boot_id().await?;
+        let _ = self
+            .output("systemctl reboot", Duration::from_secs(20))
+            .await;
+        // The guest takes a while to go down: the first look is after the first pause.
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        g.wait_new_boot(&boot_id, Duration::from_secs(600))
+            .await
+            .map_err(|_| {
+                anyhow::anyhow!(
+                    "the guest did not come back within 600s:\n{}",
+                    crate::vm::tail(&self.state.serial_log(), 20)
+                )
+            })?;
+        self.wait_for(
+            &format!("machine {m} running after reboot"),
+            &format!("test \"$(machinectl show {m} -p State --value)\" = running"),
+            Duration::from_secs(300),
+        )
+        .await?;
+        self.wait_agent_active().await
+    }
+
     /// Waits until the agent's unit is active and its process runs
     /// ([`agent_running_script`]).
     pub async fn wait_agent_active(&self) -> anyhow::Result<()> {
