@@ -11,12 +11,12 @@
 //! offline pass does not run it; that pass runs the overlap check in each bootstrap, with no
 //! expected network.
 
-use std::time::Duration;
-
 use serde_json::{Value, json};
 
 use crate::check::{Ctx, Group, HostMode, Needs, check, ensure};
-use crate::kit::agent::{bootstrap_and_wait, run_reset, write_bootstrap_env};
+use crate::kit::agent::{
+    BOOTSTRAP_TIMEOUT, RESTART_BOOTSTRAP, bootstrap_and_wait, run_reset, write_bootstrap_env,
+};
 use crate::report::Outcome;
 
 /// The route the config adds: through the default route's gateway and interface, so the
@@ -32,7 +32,6 @@ const UNITS: &str = "static-routes.service check-route-overlap.service";
 const DROPIN: &str =
     "/etc/systemd/system/systemd-nspawn@.service.d/50-aks-flex-node-host-routing.conf";
 const DETECTED: &str = "/run/aks-flex-node/route-overlap.detected";
-const BOOTSTRAP_TIMEOUT: Duration = Duration::from_secs(1500);
 
 /// The `host-routing` group.
 pub const GROUP: Group = Group {
@@ -116,11 +115,7 @@ async fn bootstrap_with_routing(
         .await?;
     let install_env = c.state.bootstrap_env.clone().unwrap_or_default();
     write_bootstrap_env(c, &config_env(&install_env)).await?;
-    c.output(
-        "systemctl reset-failed aks-flex-node-agent.service aks-flex-node-bootstrap.service 2>/dev/null; systemctl restart aks-flex-node-bootstrap.service",
-        BOOTSTRAP_TIMEOUT,
-    )
-    .await
+    c.output(RESTART_BOOTSTRAP, BOOTSTRAP_TIMEOUT).await
 }
 
 /// The route's line in the main table, empty when there is none.
@@ -155,11 +150,7 @@ async fn route_after_bootstrap(c: &Ctx<'_>) -> anyhow::Result<Outcome> {
     })?;
     c.wait_agent_active().await?;
     route_in_place(c).await?;
-    let m = c.active_machine().await?;
-    let state = c
-        .sh(&format!("machinectl show {m} -p State --value"))
-        .await?;
-    ensure(state == "running", || format!("machine {m} is {state:?}"))?;
+    c.ensure_active_machine_running().await?;
     Ok(Outcome::Passed)
 }
 

@@ -60,10 +60,6 @@ async fn bootstraps_again(c: &Ctx<'_>) -> anyhow::Result<Outcome> {
             cfg.node.labels
         )
     })?;
-    let m = c.active_machine().await?;
-    let state = c
-        .sh(&format!("machinectl show {m} -p State --value"))
-        .await?;
-    ensure(state == "running", || format!("machine {m} is {state:?}"))?;
+    c.ensure_active_machine_running().await?;
     Ok(Outcome::Passed)
 }

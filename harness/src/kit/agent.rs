@@ -66,6 +66,16 @@ impl Ctx<'_> {
         .map_err(|e| anyhow::anyhow!("{e} ({script})"))
     }
 
+    /// Fails unless the daemon's active machine is `running` (`machinectl`).
+    pub async fn ensure_active_machine_running(&self) -> anyhow::Result<()> {
+        let m = self.active_machine().await?;
+        let state = self
+            .sh(&format!("machinectl show {m} -p State --value"))
+            .await?;
+        anyhow::ensure!(state == "running", "machine {m} is {state:?}");
+        Ok(())
+    }
+
     /// Reboots the guest (`systemctl reboot`) and waits for a new boot, machine `m` running and
     /// the agent active again.
     pub async fn reboot_and_wait(&self, m: &str) -> anyhow::Result<()> {
@@ -158,12 +168,15 @@ pub async fn write_bootstrap_env(c: &Ctx<'_>, env: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Restarts the bootstrap unit (its failures reset first) and waits for the agent to run.
+/// Restarts the bootstrap unit, its and the agent's failures reset first; returns when the
+/// bootstrap has ended (oneshot).
+pub const RESTART_BOOTSTRAP: &str = "systemctl reset-failed aks-flex-node-agent.service aks-flex-node-bootstrap.service 2>/dev/null; systemctl restart aks-flex-node-bootstrap.service";
+
+/// How long a bootstrap may take.
+pub const BOOTSTRAP_TIMEOUT: Duration = Duration::from_secs(1500);
+
+/// [`RESTART_BOOTSTRAP`], then waits for the agent to run.
 pub async fn bootstrap_and_wait(c: &Ctx<'_>) -> anyhow::Result<()> {
-    c.sh_t(
-        "systemctl reset-failed aks-flex-node-agent.service aks-flex-node-bootstrap.service 2>/dev/null; systemctl restart aks-flex-node-bootstrap.service",
-        Duration::from_secs(1500),
-    )
-    .await?;
+    c.sh_t(RESTART_BOOTSTRAP, BOOTSTRAP_TIMEOUT).await?;
     c.wait_agent_active().await
 }
