@@ -23,6 +23,7 @@
 
 pub mod arm;
 pub mod bootstrap_env;
+pub mod drain;
 pub mod duration;
 pub mod goal;
 pub mod image;

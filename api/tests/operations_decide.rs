@@ -9,6 +9,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
     LabelSelector, LabelSelectorRequirement, Time,
 };
 
+use flex_api::drain::{DrainRequest, OnTimeout};
 use flex_api::machina::{MachineOperation, OperationKind};
 use flex_api::operations::decide::*;
 use flex_api::operations::record::{Record, Stage};
@@ -70,18 +71,18 @@ fn decision_table() {
     deleting.metadata.deletion_timestamp = Some(Time(at(NOW)));
 
     let cases: Vec<(&str, MachineOperation, Option<&Record>, Decision)> = vec![
-        ("pending, no record: claim", pending.clone(), None, Decision::Claim(Action::NodeReboot)),
+        ("pending, no record: claim", pending.clone(), None, Decision::Claim(Action::NodeReboot(Default::default()))),
         (
             "empty phase counts as pending",
             with_status(pending.clone(), "", None, None),
             None,
-            Decision::Claim(Action::NodeReboot),
+            Decision::Claim(Action::NodeReboot(Default::default())),
         ),
         (
             "pending with a claim whose patch never landed: claim again",
             pending.clone(),
             Some(&claiming),
-            Decision::Claim(Action::NodeReboot),
+            Decision::Claim(Action::NodeReboot(Default::default())),
         ),
         (
             "pending but executed (status reset): never twice",
@@ -105,7 +106,7 @@ fn decision_table() {
             "in progress, claimed here, handler never ran: run",
             running.clone(),
             Some(&claiming),
-            Decision::Resume(Resume::Execute(Action::NodeReboot)),
+            Decision::Resume(Resume::Execute(Action::NodeReboot(Default::default()))),
         ),
         (
             "in progress, someone else's claim: forget ours",
@@ -169,7 +170,46 @@ fn decision_table() {
             None,
             Decision::Finish(OperationResult::failed(
                 "InvalidParameters",
-                "unknown parameter \"force\" for NodeReboot (it takes none)",
+                "unknown parameter \"force\" for NodeReboot (it takes drainTimeout and onDrainTimeout, both optional)",
+            )),
+        ),
+        (
+            "drain parameters: taken",
+            with_params(
+                pending.clone(),
+                &[("drainTimeout", "90s"), ("onDrainTimeout", "Proceed")],
+            ),
+            None,
+            Decision::Claim(Action::NodeReboot(DrainRequest {
+                timeout: Some(Duration::from_secs(90)),
+                on_timeout: Some(OnTimeout::Proceed),
+            })),
+        ),
+        (
+            "a drain timeout that is no duration: fail without running",
+            with_params(pending.clone(), &[("drainTimeout", "ten minutes")]),
+            None,
+            Decision::Finish(OperationResult::failed(
+                "InvalidParameters",
+                "parameter \"drainTimeout\" must be a duration from 1s to 24h (e.g. \"90s\", \"10m\"), got \"ten minutes\"",
+            )),
+        ),
+        (
+            "a drain timeout out of range: fail without running",
+            with_params(pending.clone(), &[("drainTimeout", "25h")]),
+            None,
+            Decision::Finish(OperationResult::failed(
+                "InvalidParameters",
+                "parameter \"drainTimeout\" must be a duration from 1s to 24h (e.g. \"90s\", \"10m\"), got \"25h\"",
+            )),
+        ),
+        (
+            "onDrainTimeout neither Fail nor Proceed: fail without running",
+            with_params(pending.clone(), &[("onDrainTimeout", "force")]),
+            None,
+            Decision::Finish(OperationResult::failed(
+                "InvalidParameters",
+                "parameter \"onDrainTimeout\" must be \"Fail\" or \"Proceed\", got \"force\"",
             )),
         ),
         (
@@ -204,7 +244,7 @@ fn decision_table() {
             "agent reset",
             op("op", "AgentReset", ME),
             None,
-            Decision::Claim(Action::AgentReset),
+            Decision::Claim(Action::AgentReset(Default::default())),
         ),
     ];
     for (what, o, rec, want) in cases {
@@ -251,7 +291,7 @@ fn selector_targets_by_node_labels() {
     assert!(needs_labels(&o));
     assert_eq!(
         run(&o, None, Some(&[("pool", "flex"), ("zone", "a")])),
-        Decision::Claim(Action::NodeReboot)
+        Decision::Claim(Action::NodeReboot(Default::default()))
     );
     assert_eq!(
         ignored(&run(&o, None, Some(&[("pool", "gpu")]))),

@@ -70,6 +70,7 @@ pub(crate) const SCHEMA: Shape = Struct(&[
             ("requireMachineRegistration", Leaf),
             ("machineOperationMode", Leaf),
             ("metricsAddress", Leaf),
+            ("drain", Struct(&[("timeout", Leaf), ("onTimeout", Leaf)])),
         ]),
     ),
     (

@@ -187,6 +187,36 @@ pub struct AgentConfig {
     /// Where the daemon serves `/metrics`: `IP:PORT`, `:PORT` (every interface) or `0` (none);
     /// default `127.0.0.1:9469` (loopback only). See `docs/metrics.md`.
     pub metrics_address: String,
+    /// The drain before a NodeReboot or an AgentReset, when the operation names none.
+    pub drain: DrainConfig,
+}
+
+/// `agent.drain`: the node's default drain (an operation's `drainTimeout` and `onDrainTimeout`
+/// parameters win). See `docs/operations.md#drain`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct DrainConfig {
+    /// How long evictions are tried and pods waited for: a Go duration from 1s to 24h;
+    /// default 5m.
+    pub timeout: GoDuration,
+    /// `Fail` (default: the operation fails, the node is uncordoned, nothing is stopped) or
+    /// `Proceed` (the operation runs with the pods left).
+    pub on_timeout: String,
+}
+
+impl DrainConfig {
+    /// The policy this config says (after validation; defaults where empty).
+    pub fn policy(&self) -> flex_api::drain::DrainPolicy {
+        let d = flex_api::drain::DrainPolicy::default();
+        flex_api::drain::DrainPolicy {
+            timeout: if self.timeout.0.is_zero() {
+                d.timeout
+            } else {
+                self.timeout.0
+            },
+            on_timeout: flex_api::drain::OnTimeout::parse(&self.on_timeout).unwrap_or(d.on_timeout),
+        }
+    }
 }
 
 /// `agent.machineClient`.

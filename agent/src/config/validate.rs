@@ -351,6 +351,12 @@ pub(crate) fn apply_defaults(c: &mut Config) {
     if g.metrics_address.trim().is_empty() {
         g.metrics_address = DEFAULT_METRICS_ADDRESS.into();
     }
+    if g.drain.timeout.0.is_zero() {
+        g.drain.timeout = GoDuration(flex_api::drain::DEFAULT_TIMEOUT);
+    }
+    if g.drain.on_timeout.is_empty() {
+        g.drain.on_timeout = flex_api::drain::OnTimeout::default().as_str().into();
+    }
     let n = &mut c.node;
     if n.max_pods == 0 {
         n.max_pods = 110;
@@ -643,6 +649,19 @@ fn validate_agent(c: &Config) -> Result<(), ValidationError> {
                 format!("{other:?} is not one of auto, disable"),
             ));
         }
+    }
+    let t = g.drain.timeout.0;
+    if !(flex_api::drain::MIN_TIMEOUT..=flex_api::drain::MAX_TIMEOUT).contains(&t) {
+        return Err(err(
+            "agent.drain.timeout",
+            format!("{} is not from 1s to 24h", super::format_go_duration(t)),
+        ));
+    }
+    if flex_api::drain::OnTimeout::parse(&g.drain.on_timeout).is_none() {
+        return Err(err(
+            "agent.drain.onTimeout",
+            format!("{:?} is not one of Fail, Proceed", g.drain.on_timeout),
+        ));
     }
     flex_metrics::parse_address(&g.metrics_address)
         .map(drop)

@@ -20,6 +20,7 @@
 
 pub mod bootstrap;
 pub mod daemon;
+pub mod drain;
 pub mod ignition;
 pub mod metrics;
 pub mod operations;

@@ -11,6 +11,7 @@ use super::record::{Record, Stage};
 use super::{
     INTERRUPTED, INVALID_PARAMETERS, OperationResult, UNKNOWN_KIND, UNSUPPORTED_OPERATION,
 };
+use crate::drain::DrainRequest;
 use crate::image::ImageRef;
 use crate::machina::{Handler, MachineOperation, OperationKind, OperationPhase};
 
@@ -31,10 +32,10 @@ pub enum UpgradeRequest {
 /// A validated operation, ready for a handler.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Action {
-    /// Restart the active machine.
-    NodeReboot,
-    /// Reset the node, then (after the status says so) stop the daemon.
-    AgentReset,
+    /// Cordon and drain the node, then restart the active machine.
+    NodeReboot(DrainRequest),
+    /// Cordon and drain the node, reset it, then (after the status says so) stop the daemon.
+    AgentReset(DrainRequest),
     /// Upgrade the agent.
     AgentUpgrade(UpgradeRequest),
 }
@@ -43,8 +44,8 @@ impl Action {
     /// The operation kind.
     pub fn kind(&self) -> OperationKind {
         match self {
-            Self::NodeReboot => OperationKind::NodeReboot,
-            Self::AgentReset => OperationKind::AgentReset,
+            Self::NodeReboot(_) => OperationKind::NodeReboot,
+            Self::AgentReset(_) => OperationKind::AgentReset,
             Self::AgentUpgrade(_) => OperationKind::AgentUpgrade,
         }
     }
@@ -52,8 +53,8 @@ impl Action {
     /// The status message while it runs (upstream's wording).
     pub fn in_progress_message(&self) -> &'static str {
         match self {
-            Self::NodeReboot => "restarting active nspawn node",
-            Self::AgentReset => "resetting local nspawn node runtime",
+            Self::NodeReboot(_) => "restarting active nspawn node",
+            Self::AgentReset(_) => "resetting local nspawn node runtime",
             Self::AgentUpgrade(_) => "staging upgraded AKS Flex Node agent",
         }
     }
@@ -100,8 +101,14 @@ pub fn validate(
             None => Ok(()),
         };
     match kind {
-        OperationKind::NodeReboot => takes_only(&[], "none").map(|()| Action::NodeReboot),
-        OperationKind::AgentReset => takes_only(&[], "none").map(|()| Action::AgentReset),
+        OperationKind::NodeReboot => {
+            takes_only(DRAIN_PARAMS, DRAIN_PARAMS_TEXT)?;
+            drain_request(params).map(Action::NodeReboot)
+        }
+        OperationKind::AgentReset => {
+            takes_only(DRAIN_PARAMS, DRAIN_PARAMS_TEXT)?;
+            drain_request(params).map(Action::AgentReset)
+        }
         OperationKind::AgentUpgrade => {
             takes_only(
                 &["image", "downloadURL", "sha256"],
@@ -133,6 +140,14 @@ pub fn validate(
             ),
         }),
     }
+}
+
+/// The parameters of the kinds that drain the node first.
+const DRAIN_PARAMS: &[&str] = &[crate::drain::PARAM_TIMEOUT, crate::drain::PARAM_ON_TIMEOUT];
+const DRAIN_PARAMS_TEXT: &str = "drainTimeout and onDrainTimeout, both optional";
+
+fn drain_request(params: &BTreeMap<String, String>) -> Result<DrainRequest, Failure> {
+    DrainRequest::from_params(params).map_err(|e| Failure::invalid(e.to_string()))
 }
 
 fn validate_upgrade(
@@ -291,7 +306,7 @@ pub fn validate_image(image: &str) -> Result<String, ImageParamError> {
 /// `UnsupportedOperation`).
 pub fn supported(action: &Action) -> Result<(), Failure> {
     match action {
-        Action::AgentUpgrade(_) | Action::NodeReboot | Action::AgentReset => Ok(()),
+        Action::AgentUpgrade(_) | Action::NodeReboot(_) | Action::AgentReset(_) => Ok(()),
     }
 }
 

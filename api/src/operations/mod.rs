@@ -52,6 +52,15 @@ pub const UNSUPPORTED_OPERATION: &str = "UnsupportedOperation";
 pub const UNKNOWN_KIND: &str = "UnknownKind";
 /// Reason of an operation whose run the daemon's restart cut short (never run again).
 pub const INTERRUPTED: &str = "Interrupted";
+/// Reason of an operation whose drain timed out with pods left (`onDrainTimeout: Fail`); the
+/// node is uncordoned and nothing was run.
+pub const DRAIN_TIMED_OUT: &str = "DrainTimedOut";
+/// Reason of an operation whose drain could not be carried out (the Node is missing, an
+/// eviction or the cordon was refused); the node is uncordoned and nothing was run.
+pub const DRAIN_FAILED: &str = "DrainFailed";
+/// Reason of a NodeReboot after which the Node did not report Ready in time; it stays
+/// cordoned.
+pub const NODE_NOT_READY: &str = "NodeNotReady";
 /// Reason of the `Completed` condition while an operation runs.
 pub const IN_PROGRESS: &str = "InProgress";
 

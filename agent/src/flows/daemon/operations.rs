@@ -185,6 +185,7 @@ impl ClusterOperations {
             node_name: name.into(),
             records: RecordStore::new(host.fs.clone()),
             containerized: host.containerized(),
+            drain: config.agent.drain.policy(),
         };
         let handlers = Arc::new(HostHandlers::new(host.clone(), node).with_upgrader(upgrader));
         Ok(Self::with_reconciler(
@@ -206,6 +207,9 @@ impl Operations for ClusterOperations {
     async fn watch(&self, queue: QueueSender, shutdown: CancellationToken) -> anyhow::Result<()> {
         let mut clients = self.kube.clone();
         let machine = &self.machine_name;
+        self.reconciler
+            .release_stale_cordon(clients.current())
+            .await;
         loop {
             let stream = watch_stream(clients.current(), machine.clone());
             let mut stream = std::pin::pin!(stream);
@@ -450,11 +454,19 @@ mod tests {
                 "/nonexistent",
             ))),
             containerized: false,
+            drain: Default::default(),
         };
-        let ops = Arc::new(ClusterOperations::new(
+        let ops = Arc::new(ClusterOperations::with_reconciler(
             KubeClients::from_receiver(rx),
-            cfg,
-            Arc::new(crate::flows::operations::RecordingHandlers::new()),
+            "n1",
+            Reconciler::new(
+                cfg,
+                Arc::new(crate::flows::operations::RecordingHandlers::new()),
+            )
+            .with_drain(
+                crate::flows::drain::fakes::FakeNodeDrain::quiet("n1").factory(),
+                Default::default(),
+            ),
         ));
         let mut queue = WorkQueue::new(DAEMON_BACKOFF);
         let shutdown = CancellationToken::new();

@@ -533,11 +533,17 @@ fn cluster_operations(
         node_name: NODE.into(),
         records: RecordStore::new(fake.host.fs.clone()),
         containerized: false,
+        drain: Default::default(),
     };
     ClusterOperations::with_reconciler(
         KubeClients::fixed(client),
         NODE,
-        Reconciler::new(cfg, Arc::new(handlers)).with_metrics(metrics),
+        Reconciler::new(cfg, Arc::new(handlers))
+            .with_metrics(metrics)
+            .with_drain(
+                crate::flows::drain::fakes::FakeNodeDrain::quiet(NODE).factory(),
+                Default::default(),
+            ),
     )
 }
 

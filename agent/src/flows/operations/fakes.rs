@@ -88,8 +88,8 @@ impl Handlers for RecordingHandlers {
     /// Records `node_reboot`, `agent_reset`, or `agent_upgrade image=…|downloadURL=… op=…`.
     async fn run(&self, action: &Action, op: Option<OperationRef>) -> anyhow::Result<Ran> {
         match action {
-            Action::NodeReboot => self.call("node_reboot").map(|()| Ran::Done(None)),
-            Action::AgentReset => self.call("agent_reset").map(|()| Ran::Done(None)),
+            Action::NodeReboot(_) => self.call("node_reboot").map(|()| Ran::Done(None)),
+            Action::AgentReset(_) => self.call("agent_reset").map(|()| Ran::Done(None)),
             Action::AgentUpgrade(request) => {
                 let what = match request {
                     UpgradeRequest::Image(i) => format!("image={i}"),

@@ -272,8 +272,8 @@ impl HostHandlers {
 impl Handlers for HostHandlers {
     async fn run(&self, action: &Action, op: Option<OperationRef>) -> anyhow::Result<Ran> {
         match action {
-            Action::NodeReboot => self.node_reboot().await.map(|()| Ran::Done(None)),
-            Action::AgentReset => self.agent_reset().await.map(|()| Ran::Done(None)),
+            Action::NodeReboot(_) => self.node_reboot().await.map(|()| Ran::Done(None)),
+            Action::AgentReset(_) => self.agent_reset().await.map(|()| Ran::Done(None)),
             Action::AgentUpgrade(request) => self.agent_upgrade(request, op).await,
         }
     }

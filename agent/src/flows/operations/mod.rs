@@ -38,8 +38,8 @@ pub mod record;
 pub mod tally;
 
 pub use flex_api::operations::{
-    EXECUTION_FAILED, IN_PROGRESS, INTERRUPTED, INVALID_PARAMETERS, OperationResult, SUCCEEDED,
-    UNKNOWN_KIND, UNSUPPORTED_OPERATION, decide,
+    DRAIN_FAILED, DRAIN_TIMED_OUT, EXECUTION_FAILED, IN_PROGRESS, INTERRUPTED, INVALID_PARAMETERS,
+    NODE_NOT_READY, OperationResult, SUCCEEDED, UNKNOWN_KIND, UNSUPPORTED_OPERATION, decide,
 };
 
 pub use decide::{Action, Decision, Facts, Failure, Resume, UpgradeRequest};
@@ -50,8 +50,8 @@ pub use handlers::{
     render_result, run_local,
 };
 pub use reconcile::{
-    MACHINE_REF_FIELD, Outcome, ReconcileError, Reconciler, ReconcilerConfig, Taken, WatchScope,
-    field_selectors, watch_stream,
+    DrainApiFactory, MACHINE_REF_FIELD, Outcome, ReconcileError, Reconciler, ReconcilerConfig,
+    Taken, WatchScope, field_selectors, watch_stream,
 };
 pub use record::{RECORDS_DIR, Record, RecordStore, Stage};
 

@@ -31,7 +31,11 @@ use super::decide::{
 };
 use super::handlers::{Executed, Handlers, execute, stops_daemon};
 use super::record::{Record, RecordStore, Stage};
-use super::{IN_PROGRESS, OperationResult};
+use super::{DRAIN_FAILED, DRAIN_TIMED_OUT, IN_PROGRESS, NODE_NOT_READY, OperationResult};
+use crate::flows::drain::{
+    DrainError, DrainPolicy, DrainTimings, Drained, KubeNodeDrain, NodeDrainApi, Release,
+    cordon_and_drain, ready, release, wait_ready,
+};
 use crate::flows::metrics::DaemonMetrics;
 use crate::flows::upgrade::{OperationRef, Resumed};
 use crate::kubeclient::describe;
@@ -57,7 +61,13 @@ pub struct ReconcilerConfig {
     pub records: RecordStore,
     /// Whether the agent runs in its container image.
     pub containerized: bool,
+    /// The node's drain before a NodeReboot or an AgentReset, when the operation names none
+    /// (`agent.drain`).
+    pub drain: DrainPolicy,
 }
+
+/// Makes the drain's seam from the client of a reconcile (real: [`KubeNodeDrain`]).
+pub type DrainApiFactory = Arc<dyn Fn(Client, &str) -> Arc<dyn NodeDrainApi> + Send + Sync>;
 
 /// What one reconcile did.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -185,6 +195,7 @@ struct Apis {
     ops: Api<MachineOperation>,
     nodes: Api<Node>,
     machines: Api<Machine>,
+    drain: Arc<dyn NodeDrainApi>,
 }
 
 /// Reconciles MachineOperations for one machine.
@@ -196,6 +207,8 @@ pub struct Reconciler {
     /// removes `/etc/aks-flex-node`) until the status says it.
     memory: Mutex<HashMap<String, Record>>,
     metrics: Arc<DaemonMetrics>,
+    drain_api: DrainApiFactory,
+    drain_timings: DrainTimings,
 }
 
 impl Reconciler {
@@ -207,7 +220,16 @@ impl Reconciler {
             clock: Arc::new(Timestamp::now),
             memory: Mutex::new(HashMap::new()),
             metrics: Arc::new(DaemonMetrics::default()),
+            drain_api: Arc::new(|client, node| Arc::new(KubeNodeDrain::new(client, node))),
+            drain_timings: DrainTimings::default(),
         }
+    }
+
+    /// The same with another drain seam and timings (tests).
+    pub fn with_drain(mut self, api: DrainApiFactory, timings: DrainTimings) -> Self {
+        self.drain_api = api;
+        self.drain_timings = timings;
+        self
     }
 
     /// Counts finished operations in `metrics` (by default in metrics of its own).
@@ -234,10 +256,12 @@ impl Reconciler {
     /// Brings the operation `name` forward through `client`; see [`crate::flows::operations`] for what
     /// that means.
     pub async fn reconcile(&self, client: Client, name: &str) -> Result<Outcome, ReconcileError> {
+        let drain = (self.drain_api)(client.clone(), &self.cfg.node_name);
         let apis = Apis {
             ops: Api::all(client.clone()),
             nodes: Api::all(client.clone()),
             machines: Api::all(client),
+            drain,
         };
         let mut current: Option<MachineOperation> = None;
         let mut conflicts = 0;
@@ -364,6 +388,9 @@ impl Reconciler {
                         }
                     };
                     tracing::warn!(operation = name, kind = %kind, reason = %result.reason, "MachineOperation was cut short by a restart; not running it again");
+                    if drains(&kind) {
+                        self.release_when_ready(&apis, &uid).await;
+                    }
                     rec.stage = Stage::Finished;
                     rec.result = Some(result);
                     self.save_record(&rec, self.cfg.records.exists(&uid))?;
@@ -371,7 +398,7 @@ impl Reconciler {
                 }
                 Decision::Resume(Resume::Execute(action)) => {
                     let rec = record.unwrap_or_else(|| new_record(&op, Stage::Claiming, ""));
-                    if let Some(m) = self.run(&rec, &action).await? {
+                    if let Some(m) = self.run(&apis, &rec, &action).await? {
                         return Ok(Outcome::done(Taken::HandedOff(m)));
                     }
                     current = Some(op);
@@ -395,7 +422,7 @@ impl Reconciler {
                     );
                     match patch_status(&apis, &op, &body).await {
                         Ok(patched) => {
-                            if let Some(m) = self.run(&rec, &action).await? {
+                            if let Some(m) = self.run(&apis, &rec, &action).await? {
                                 return Ok(Outcome::done(Taken::HandedOff(m)));
                             }
                             current = Some(patched);
@@ -426,26 +453,81 @@ impl Reconciler {
         })
     }
 
-    /// Records `executing`, runs the handler, records the result (in memory only when the
-    /// handler removed the record, as AgentReset does).
+    /// Drains the node first when the action disrupts it, then records `executing`, runs the
+    /// handler, and records the result (in memory only when the handler removed the record, as
+    /// AgentReset does). After a NodeReboot it waits for the Node to be Ready and lifts its
+    /// cordon; after a failure it lifts it at once; after a completed AgentReset the node stays
+    /// cordoned (it no longer runs kubelet).
     /// Returns the handoff message when an AgentUpgrade handed over to the agent it restarts
     /// on (the record stays `executing`; that agent finishes it).
-    async fn run(&self, claim: &Record, action: &Action) -> Result<Option<String>, ReconcileError> {
+    async fn run(
+        &self,
+        apis: &Apis,
+        claim: &Record,
+        action: &Action,
+    ) -> Result<Option<String>, ReconcileError> {
         let mut rec = claim.clone();
+        let kind = action.kind();
+        let policy = match action {
+            Action::NodeReboot(r) | Action::AgentReset(r) => Some(r.resolve(self.cfg.drain)),
+            Action::AgentUpgrade(_) => None,
+        };
+        let mut drained = Drained::default();
+        if let Some(policy) = policy {
+            // The record stays `claiming` while the drain runs: a restart drains again.
+            tracing::info!(operation = %rec.name, kind = %kind, timeout = ?policy.timeout, on_timeout = policy.on_timeout.as_str(), "cordoning and draining the node");
+            match cordon_and_drain(
+                apis.drain.as_ref(),
+                &self.cfg.node_name,
+                &rec.uid,
+                policy,
+                self.drain_timings,
+            )
+            .await
+            {
+                Ok(d) => drained = d,
+                Err(e) => {
+                    let reason = match e {
+                        DrainError::TimedOut { .. } => DRAIN_TIMED_OUT,
+                        _ => DRAIN_FAILED,
+                    };
+                    let released = self.release(apis, &rec.uid).await;
+                    tracing::warn!(operation = %rec.name, kind = %kind, error = %e, "drain did not complete; the operation is not run");
+                    rec.stage = Stage::Finished;
+                    rec.result = Some(OperationResult::failed(
+                        reason,
+                        format!("{kind} not run: {e}; {released}"),
+                    ));
+                    self.save_record(&rec, true)?;
+                    return Ok(None);
+                }
+            }
+        }
         rec.stage = Stage::Executing;
         self.save_record(&rec, true)?;
-        tracing::info!(operation = %rec.name, kind = %action.kind(), message = action.in_progress_message(), "running MachineOperation");
+        tracing::info!(operation = %rec.name, kind = %kind, message = action.in_progress_message(), "running MachineOperation");
         let op = OperationRef {
             uid: rec.uid.clone(),
             name: rec.name.clone(),
         };
-        let result = match execute(action, self.handlers.as_ref(), Some(op)).await {
+        let since = self.now();
+        let mut result = match execute(action, self.handlers.as_ref(), Some(op)).await {
             Executed::Finished(r) => r,
             Executed::HandedOff(m) => {
                 tracing::info!(operation = %rec.name, message = %m, "MachineOperation handed over to the restarted agent");
                 return Ok(Some(m));
             }
         };
+        if policy.is_some() {
+            result = self
+                .after_disruption(apis, &rec, &kind, result, since)
+                .await;
+            if result.succeeded()
+                && let Some(d) = drained.detail()
+            {
+                result.message = format!("{}: {d}", result.message);
+            }
+        }
         let keep_file = self.cfg.records.exists(&rec.uid);
         if !keep_file {
             tracing::info!(operation = %rec.name, "the operation removed its record; keeping its result in memory");
@@ -457,6 +539,101 @@ impl Reconciler {
             tracing::warn!(error = %e, "could not record the result of a MachineOperation");
         }
         Ok(None)
+    }
+
+    /// The cordon after a drained operation ran: a completed NodeReboot waits for the Node to
+    /// be Ready, then lifts it (not Ready in time: the operation fails and the node stays
+    /// cordoned); a failure lifts it; a completed AgentReset keeps it.
+    async fn after_disruption(
+        &self,
+        apis: &Apis,
+        rec: &Record,
+        kind: &OperationKind,
+        result: OperationResult,
+        since: Timestamp,
+    ) -> OperationResult {
+        if !result.succeeded() {
+            let released = self.release(apis, &rec.uid).await;
+            return OperationResult {
+                message: format!("{}; {released}", result.message),
+                ..result
+            };
+        }
+        if *kind != OperationKind::NodeReboot {
+            tracing::info!(operation = %rec.name, "AgentReset complete; the node stays cordoned");
+            return result;
+        }
+        match wait_ready(apis.drain.as_ref(), since, self.drain_timings).await {
+            Ok(()) => {
+                self.release(apis, &rec.uid).await;
+                result
+            }
+            Err(e) => OperationResult::failed(
+                NODE_NOT_READY,
+                format!("the active machine restarted, but {e}; the node stays cordoned"),
+            ),
+        }
+    }
+
+    /// Lifts operation `uid`'s cordon; says in words what became of it (a failure is logged:
+    /// the cordon stays, and the daemon's next start lifts it).
+    async fn release(&self, apis: &Apis, uid: &str) -> &'static str {
+        match release(apis.drain.as_ref(), &self.cfg.node_name, Some(uid)).await {
+            Ok(Release::Uncordon | Release::ForgetAnnotation) => "the node is uncordoned",
+            Ok(Release::Nothing) => "the node's cordon is not this agent's and stays",
+            Err(e) => {
+                tracing::warn!(error = %e, "could not uncordon the node");
+                "the node could not be uncordoned (the daemon tries again when it starts)"
+            }
+        }
+    }
+
+    /// Lifts operation `uid`'s cordon if the Node is Ready (an operation a restart cut short).
+    async fn release_when_ready(&self, apis: &Apis, uid: &str) {
+        match apis.drain.node().await {
+            Ok(Some(n)) if ready(&n).is_some_and(|(r, _)| r) => {
+                self.release(apis, uid).await;
+            }
+            Ok(_) => tracing::warn!(operation = uid, "the node is not Ready; its cordon stays"),
+            Err(e) => tracing::warn!(error = %e, "could not read the node; its cordon stays"),
+        }
+    }
+
+    /// At the daemon's start: lifts a cordon this agent made for an operation that no longer
+    /// runs here (no record at `claiming` or `executing`: the release was cut short, or the
+    /// node was reset and joined again), when the Node is Ready. An administrator's cordon is
+    /// never touched.
+    pub async fn release_stale_cordon(&self, client: Client) {
+        let api = (self.drain_api)(client, &self.cfg.node_name);
+        let node = match api.node().await {
+            Ok(Some(n)) => n,
+            Ok(None) => return,
+            Err(e) => {
+                tracing::warn!(error = %e, "could not read the node for a stale cordon");
+                return;
+            }
+        };
+        let (_, Some(by)) = flex_api::drain::cordon_state(&node) else {
+            return;
+        };
+        let running = matches!(
+            self.cfg.records.load(&by),
+            Ok(Some(Record {
+                stage: Stage::Claiming | Stage::Executing,
+                ..
+            })) | Err(_)
+        );
+        if running {
+            return;
+        }
+        if !ready(&node).is_some_and(|(r, _)| r) {
+            tracing::warn!(operation = %by, "the node is not Ready; the cordon of a finished operation stays");
+            return;
+        }
+        tracing::info!(operation = %by, "lifting the cordon of an operation that no longer runs");
+        if let Err(e) = release(api.as_ref(), &self.cfg.node_name, Some(&by)).await {
+            tracing::warn!(error = %e, "could not uncordon the node");
+        }
     }
 
     /// Finishes `op` with `result`: `Some(outcome)` when written (or the operation is gone),
@@ -855,4 +1032,9 @@ pub fn watch_stream(
             };
             futures::future::ready(out)
         })
+}
+
+/// Whether operations of `kind` cordon and drain the node first.
+fn drains(kind: &OperationKind) -> bool {
+    matches!(kind, OperationKind::NodeReboot | OperationKind::AgentReset)
 }

@@ -54,6 +54,10 @@ pub struct State {
     pub refuse_field_selectors: bool,
     /// Operations sent in list answers and watch events: what the watches cost the server.
     pub delivered: usize,
+    /// Pods (`GET /api/v1/pods` with a `spec.nodeName` field selector; evictions).
+    pub pods: Vec<Value>,
+    /// Eviction answers by pod name, in order (then 201 Created, and the pod is gone).
+    pub evictions: BTreeMap<String, Vec<(StatusCode, Value)>>,
 }
 
 impl State {
@@ -241,9 +245,84 @@ fn route(
         )
     };
     if let Some(name) = path.strip_prefix(&format!("{NODES}/")) {
-        return match st.nodes.get(name) {
+        let rv = st.rv;
+        return match st.nodes.get_mut(name) {
             Some(n) if *method == Method::GET => (StatusCode::OK, n.clone()),
+            // A merge patch; a resourceVersion in it is a precondition, as the API server has it.
+            Some(n) if *method == Method::PATCH => {
+                let want = body["metadata"]["resourceVersion"].as_str();
+                let have = n["metadata"]["resourceVersion"].as_str().unwrap_or("");
+                if want.is_some_and(|w| w != have) {
+                    return status(
+                        StatusCode::CONFLICT,
+                        "Conflict",
+                        "the object has been modified",
+                    );
+                }
+                let mut patch = body.clone();
+                if let Some(m) = patch["metadata"].as_object_mut() {
+                    m.remove("resourceVersion");
+                }
+                merge(n, &patch);
+                n["metadata"]["resourceVersion"] = json!((rv + 1).to_string());
+                st.rv += 1;
+                (StatusCode::OK, st.nodes[name].clone())
+            }
             _ => not_found(name),
+        };
+    }
+    if path == "/api/v1/pods" && *method == Method::GET {
+        let query = decode(query);
+        let node = query
+            .split('&')
+            .find_map(|kv| kv.strip_prefix("fieldSelector=spec.nodeName="));
+        let Some(node) = node else {
+            return status(
+                StatusCode::FORBIDDEN,
+                "Forbidden",
+                "a node may list only its own pods",
+            );
+        };
+        let items: Vec<Value> = st
+            .pods
+            .iter()
+            .filter(|p| p["spec"]["nodeName"] == node)
+            .cloned()
+            .collect();
+        return (
+            StatusCode::OK,
+            json!({"apiVersion": "v1", "kind": "PodList", "metadata": {"resourceVersion": "1"}, "items": items}),
+        );
+    }
+    if let Some(rest) = path.strip_prefix("/api/v1/namespaces/")
+        && let Some((ns, rest)) = rest.split_once("/pods/")
+        && let Some(name) = rest.strip_suffix("/eviction")
+        && *method == Method::POST
+    {
+        if let Some(answers) = st.evictions.get_mut(name)
+            && !answers.is_empty()
+        {
+            return answers.remove(0);
+        }
+        let uid = body["deleteOptions"]["preconditions"]["uid"].as_str();
+        let at = st
+            .pods
+            .iter()
+            .position(|p| p["metadata"]["namespace"] == ns && p["metadata"]["name"] == name);
+        return match at {
+            None => not_found(name),
+            Some(i) if uid.is_some_and(|u| st.pods[i]["metadata"]["uid"] != u) => status(
+                StatusCode::CONFLICT,
+                "Conflict",
+                "Precondition failed: UID in precondition",
+            ),
+            Some(i) => {
+                st.pods.remove(i);
+                (
+                    StatusCode::CREATED,
+                    json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}),
+                )
+            }
         };
     }
     if let Some(name) = path.strip_prefix(&format!("{MACHINES}/")) {

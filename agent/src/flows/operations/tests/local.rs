@@ -89,7 +89,7 @@ async fn local_bad_input_runs_nothing() {
             "AgentReset",
             labels(&[("force", "true")]),
             false,
-            "phase: Failed\nreason: InvalidParameters\nmessage: \"unknown parameter \\\"force\\\" for AgentReset (it takes none)\"\n",
+            "phase: Failed\nreason: InvalidParameters\nmessage: \"unknown parameter \\\"force\\\" for AgentReset (it takes drainTimeout and onDrainTimeout, both optional)\"\n",
         ),
         (
             "AgentUpgrade",
@@ -254,7 +254,7 @@ async fn host_handlers_reboot_the_active_machine() {
     let ops = Arc::new(RecordingOps::default());
     let h = HostHandlers::new(f.host.clone(), ops.clone()).with_timings(Timings::instant());
     let e = h
-        .run(&Action::NodeReboot, None)
+        .run(&Action::NodeReboot(Default::default()), None)
         .await
         .unwrap_err()
         .to_string();
@@ -268,7 +268,9 @@ async fn host_handlers_reboot_the_active_machine() {
             ..Default::default()
         })
         .unwrap();
-    h.run(&Action::NodeReboot, None).await.unwrap();
+    h.run(&Action::NodeReboot(Default::default()), None)
+        .await
+        .unwrap();
     assert_eq!(ops.calls(), ["stop kube2", "start kube2"]);
 }
 
@@ -279,7 +281,9 @@ async fn host_handlers_reset_and_stop_the_daemon() {
         .with_timings(Timings::instant());
     let store = RecordStore::new(f.host.fs.clone());
     store.save(&rec("u1", "reset", Stage::Executing)).unwrap();
-    h.run(&Action::AgentReset, None).await.unwrap();
+    h.run(&Action::AgentReset(Default::default()), None)
+        .await
+        .unwrap();
     // Reset removes /etc/aks-flex-node, records included.
     assert!(!f.host.fs.exists(Path::new("/etc/aks-flex-node")));
     assert!(!store.exists("u1"));

@@ -15,6 +15,7 @@ use super::super::record::{Record, RecordStore, Stage};
 use super::super::{Handlers, OperationResult, RecordingHandlers};
 use super::api::FakeApi;
 use super::*;
+use crate::flows::drain::fakes::FakeNodeDrain;
 use flex_host::fs::HostFs;
 
 const ME: &str = "node1";
@@ -25,6 +26,9 @@ struct Rig {
     api: FakeApi,
     handlers: RecordingHandlers,
     root: tempfile::TempDir,
+    /// The drain's seam (the Node and its pods), faked; the adapter over a kube client is
+    /// tested on its own below.
+    drain: FakeNodeDrain,
 }
 
 impl Rig {
@@ -33,6 +37,7 @@ impl Rig {
             api: FakeApi::new(),
             handlers: RecordingHandlers::new(),
             root: tempfile::tempdir().unwrap(),
+            drain: FakeNodeDrain::quiet(ME),
         }
     }
 
@@ -47,10 +52,12 @@ impl Rig {
                 node_name: ME.into(),
                 records: self.records(),
                 containerized,
+                drain: Default::default(),
             },
             handlers,
         )
         .with_clock(Arc::new(|| at(NOW)))
+        .with_drain(self.drain.factory(), quick_ready())
     }
 
     fn reconciler(&self) -> Reconciler {
@@ -65,6 +72,15 @@ impl Rig {
         tokio::time::timeout(Duration::from_secs(5), r.reconcile(self.api.client(), name))
             .await
             .expect("reconcile timed out")
+    }
+}
+
+/// Drain timings whose wait for Ready is short (the fake Node is Ready at once, or never).
+fn quick_ready() -> crate::flows::drain::DrainTimings {
+    crate::flows::drain::DrainTimings {
+        ready_timeout: Duration::from_millis(300),
+        ready_poll: Duration::from_millis(20),
+        ..Default::default()
     }
 }
 
@@ -164,7 +180,7 @@ async fn handler_failure_is_execution_failed() {
         finished(&out),
         &OperationResult::failed(
             "ExecutionFailed",
-            "start kube1: kubelet did not become ready"
+            "start kube1: kubelet did not become ready; the node is uncordoned"
         )
     );
     let last = rig.api.patches().pop().unwrap();
@@ -619,7 +635,7 @@ impl Handlers for ResettingHandlers {
         op: Option<crate::flows::upgrade::OperationRef>,
     ) -> anyhow::Result<crate::flows::operations::Ran> {
         let ran = self.inner.run(action, op).await?;
-        if *action == crate::flows::operations::Action::AgentReset {
+        if *action == crate::flows::operations::Action::AgentReset(Default::default()) {
             self.records.delete("uid-op")?;
         }
         Ok(ran)
@@ -668,8 +684,12 @@ async fn a_failed_agent_reset_does_not_stop_the_daemon() {
     let out = rig.reconcile("op").await.unwrap();
     assert_eq!(
         finished(&out),
-        &OperationResult::failed("ExecutionFailed", "remove-runtime-dirs: busy")
+        &OperationResult::failed(
+            "ExecutionFailed",
+            "remove-runtime-dirs: busy; the node is uncordoned"
+        )
     );
+    assert_eq!(rig.drain.cordon(), (false, None));
     assert!(!out.stop_daemon);
     // Other kinds never stop it.
     let rig = Rig::new();
@@ -894,4 +914,359 @@ fn only_a_request_the_api_server_calls_malformed_is_permanent() {
         cause: kube::Error::LinesCodecMaxLineLengthExceeded,
     };
     assert!(!transport.is_permanent());
+}
+
+// ---- Cordon and drain (the API server faked for the operation, the drain's seam faked for
+// the Node and its pods; the handlers record what ran) ----
+
+use crate::flows::drain::fakes::{daemonset_pod, node, pod};
+
+/// Handlers that note, when the handler runs, whether the Node is cordoned and which pods are
+/// still bound to it.
+struct Observing {
+    inner: RecordingHandlers,
+    drain: FakeNodeDrain,
+    seen: Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+#[async_trait]
+impl Handlers for Observing {
+    async fn run(
+        &self,
+        action: &crate::flows::operations::Action,
+        op: Option<crate::flows::upgrade::OperationRef>,
+    ) -> anyhow::Result<crate::flows::operations::Ran> {
+        let (cordoned, by) = self.drain.cordon();
+        let pods: Vec<String> = self
+            .drain
+            .state()
+            .pods
+            .iter()
+            .map(|p| p.metadata.name.clone().unwrap())
+            .collect();
+        self.seen.lock().unwrap().push(format!(
+            "{}: cordoned {cordoned} by {}, pods {pods:?}",
+            action.kind(),
+            by.unwrap_or_default()
+        ));
+        self.inner.run(action, op).await
+    }
+    async fn stop_daemon(&self) -> anyhow::Result<()> {
+        self.inner.stop_daemon().await
+    }
+}
+
+fn observing(rig: &Rig) -> (Reconciler, Arc<std::sync::Mutex<Vec<String>>>) {
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let h = Observing {
+        inner: rig.handlers.clone(),
+        drain: rig.drain.clone(),
+        seen: seen.clone(),
+    };
+    (rig.reconciler_with(Arc::new(h), false), seen)
+}
+
+fn rig_with(
+    node: k8s_openapi::api::core::v1::Node,
+    pods: Vec<k8s_openapi::api::core::v1::Pod>,
+) -> Rig {
+    let mut rig = Rig::new();
+    rig.drain = FakeNodeDrain::new(node, pods);
+    rig
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_node_reboot_drains_before_the_restart_and_uncordons_once_ready() {
+    let rig = rig_with(
+        node(ME, false, None),
+        vec![pod("default", "web"), daemonset_pod("kube-system", "proxy")],
+    );
+    rig.api.put_op(&op("op", "NodeReboot", ME));
+    let (r, seen) = observing(&rig);
+    let out = rig.reconcile_with(&r, "op").await.unwrap();
+    assert_eq!(
+        finished(&out),
+        &OperationResult::complete("NodeReboot completed: drained 1 pod(s)")
+    );
+    // Cordoned by this operation, the Deployment's pod evicted (the DaemonSet's left) before
+    // the machine restarted.
+    assert_eq!(
+        *seen.lock().unwrap(),
+        ["NodeReboot: cordoned true by uid-op, pods [\"proxy\"]"]
+    );
+    // Schedulable again once Ready, the annotation gone.
+    assert_eq!(rig.drain.cordon(), (false, None));
+    assert!(rig.drain.calls().contains(&"evict default/web".to_string()));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_budget_that_allows_no_disruption_fails_the_operation_and_nothing_restarts() {
+    let rig = rig_with(node(ME, false, None), vec![pod("default", "web")]);
+    rig.drain.state().blocked.insert(
+        "web".into(),
+        "The disruption budget web-pdb needs 1 healthy pods and has 1 currently".into(),
+    );
+    rig.api.put_op(&with_params(
+        op("op", "NodeReboot", ME),
+        &[("drainTimeout", "3s")],
+    ));
+    let out = rig.reconcile("op").await.unwrap();
+    let r = finished(&out);
+    assert_eq!(r.reason, "DrainTimedOut");
+    assert_eq!(
+        r.message,
+        "NodeReboot not run: drain timed out after 3s with 1 pod(s) left (default/web); last \
+         refusal: The disruption budget web-pdb needs 1 healthy pods and has 1 currently; the \
+         node is uncordoned"
+    );
+    assert!(rig.handlers.calls().is_empty(), "never rebooted");
+    assert_eq!(rig.drain.cordon(), (false, None));
+    assert_eq!(
+        rig.records().load("uid-op").unwrap().unwrap().stage,
+        Stage::Finished
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_administrators_cordon_survives_the_operation() {
+    let rig = rig_with(node(ME, true, None), vec![pod("default", "web")]);
+    rig.api.put_op(&op("op", "NodeReboot", ME));
+    let (r, seen) = observing(&rig);
+    let out = rig.reconcile_with(&r, "op").await.unwrap();
+    assert!(finished(&out).succeeded());
+    assert_eq!(
+        *seen.lock().unwrap(),
+        ["NodeReboot: cordoned true by , pods []"]
+    );
+    assert_eq!(rig.drain.cordon(), (true, None));
+    assert!(
+        !rig.drain
+            .calls()
+            .iter()
+            .any(|c| c.starts_with("set_cordon"))
+    );
+}
+
+// Real time: the wait for Ready polls with `flex_host::retry::wait_until` (300 ms here).
+#[tokio::test]
+async fn a_node_not_ready_after_the_reboot_stays_cordoned_and_the_operation_says_so() {
+    let mut n = node(ME, false, None);
+    n.status.as_mut().unwrap().conditions.as_mut().unwrap()[0].status = "False".into();
+    let rig = rig_with(n, vec![]);
+    rig.api.put_op(&op("op", "NodeReboot", ME));
+    let out = rig.reconcile("op").await.unwrap();
+    let r = finished(&out);
+    assert_eq!(r.reason, "NodeNotReady");
+    assert!(
+        r.message.starts_with("the active machine restarted, but the Node to report Ready after the reboot: not reached"),
+        "{}",
+        r.message
+    );
+    assert!(
+        r.message.ends_with("the node stays cordoned"),
+        "{}",
+        r.message
+    );
+    assert_eq!(rig.handlers.calls(), ["node_reboot"]);
+    assert_eq!(rig.drain.cordon(), (true, Some("uid-op".into())));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_completed_agent_reset_leaves_the_node_cordoned() {
+    let rig = rig_with(node(ME, false, None), vec![pod("default", "web")]);
+    rig.api.put_op(&op("op", "AgentReset", ME));
+    let out = rig.reconcile("op").await.unwrap();
+    assert_eq!(
+        finished(&out),
+        &OperationResult::complete("AgentReset completed: drained 1 pod(s)")
+    );
+    assert!(out.stop_daemon);
+    assert_eq!(rig.drain.cordon(), (true, Some("uid-op".into())));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_drain_cut_short_by_a_restart_drains_again_then_runs() {
+    // The daemon died mid-drain: the record is still `claiming`, the cordon is this
+    // operation's, one pod is left.
+    let rig = rig_with(node(ME, true, Some("uid-op")), vec![pod("default", "db")]);
+    rig.api.put_op(&with_status(
+        op("op", "NodeReboot", ME),
+        "InProgress",
+        Some(NOW - 30),
+        None,
+    ));
+    seed(&rig, Stage::Claiming, "2027-01-15T07:59:30Z", None);
+    let (r, seen) = observing(&rig);
+    let out = rig.reconcile_with(&r, "op").await.unwrap();
+    assert!(finished(&out).succeeded());
+    assert_eq!(
+        *seen.lock().unwrap(),
+        ["NodeReboot: cordoned true by uid-op, pods []"]
+    );
+    assert!(
+        !rig.drain
+            .calls()
+            .iter()
+            .any(|c| c.starts_with("set_cordon true"))
+    );
+    assert_eq!(rig.drain.cordon(), (false, None));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_reboot_cut_short_by_a_restart_is_interrupted_and_its_cordon_lifted_once_ready() {
+    let rig = rig_with(node(ME, true, Some("uid-op")), vec![]);
+    rig.api.put_op(&with_status(
+        op("op", "NodeReboot", ME),
+        "InProgress",
+        Some(NOW - 300),
+        None,
+    ));
+    seed(&rig, Stage::Executing, "2027-01-15T07:55:00Z", None);
+    let out = rig.reconcile("op").await.unwrap();
+    assert_eq!(finished(&out).reason, "Interrupted");
+    assert!(rig.handlers.calls().is_empty());
+    assert_eq!(rig.drain.cordon(), (false, None));
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_daemon_lifts_at_start_only_a_stale_cordon_of_its_own() {
+    // A cordon of an operation that no longer runs here: lifted.
+    let rig = rig_with(node(ME, true, Some("gone-op")), vec![]);
+    rig.reconciler()
+        .release_stale_cordon(rig.api.client())
+        .await;
+    assert_eq!(rig.drain.cordon(), (false, None));
+    // One whose record says it runs (a drain cut short, resumed by its reconcile): kept.
+    let rig = rig_with(node(ME, true, Some("uid-op")), vec![]);
+    seed(&rig, Stage::Claiming, "2027-01-15T07:59:30Z", None);
+    rig.reconciler()
+        .release_stale_cordon(rig.api.client())
+        .await;
+    assert_eq!(rig.drain.cordon(), (true, Some("uid-op".into())));
+    // An administrator's: kept.
+    let rig = rig_with(node(ME, true, None), vec![]);
+    rig.reconciler()
+        .release_stale_cordon(rig.api.client())
+        .await;
+    assert_eq!(rig.drain.cordon(), (true, None));
+    // Ours, but the node is not Ready: kept.
+    let mut n = node(ME, true, Some("gone-op"));
+    n.status.as_mut().unwrap().conditions.as_mut().unwrap()[0].status = "False".into();
+    let rig = rig_with(n, vec![]);
+    rig.reconciler()
+        .release_stale_cordon(rig.api.client())
+        .await;
+    assert_eq!(rig.drain.cordon(), (true, Some("gone-op".into())));
+}
+
+#[tokio::test]
+async fn an_agent_upgrade_neither_cordons_nor_drains() {
+    let rig = rig_with(node(ME, false, None), vec![pod("default", "web")]);
+    rig.api.put_op(&with_params(
+        op("op", "AgentUpgrade", ME),
+        &[
+            ("downloadURL", "https://example.com/agent.tar.gz"),
+            ("sha256", &"a".repeat(64)),
+        ],
+    ));
+    rig.reconcile("op").await.unwrap();
+    assert!(rig.drain.calls().is_empty());
+}
+
+/// The drain's adapter over a kube client ([`crate::flows::drain::KubeNodeDrain`]) against the
+/// fake API server: the requests it makes (a field-selected pod list, evictions with the pod's
+/// UID as precondition, a merge patch of the Node carrying its resourceVersion) and how it reads
+/// the answers (a PodDisruptionBudget's 429 with its cause, a 403, a 404).
+#[tokio::test(start_paused = true)]
+async fn the_kube_adapter_drains_through_the_eviction_api() {
+    use crate::flows::drain::{
+        CORDONED_BY, DrainPolicy, DrainTimings, Eviction, KubeNodeDrain, NodeDrainApi, PodRef,
+        cordon_and_drain, release,
+    };
+    let api = FakeApi::new();
+    api.put_node(ME, &[]);
+    api.state().nodes.get_mut(ME).unwrap()["metadata"]["resourceVersion"] = json!("1");
+    let pod = |name: &str, node: &str| {
+        json!({"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"namespace": "default", "name": name, "uid": format!("uid-{name}")},
+               "spec": {"nodeName": node, "containers": []}, "status": {"phase": "Running"}})
+    };
+    api.state().pods = vec![pod("web", ME), pod("elsewhere", "node2")];
+    let pdb = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+        "message": "Cannot evict pod as it would violate the pod's disruption budget.",
+        "reason": "TooManyRequests", "code": 429,
+        "details": {"causes": [{"reason": "DisruptionBudget",
+            "message": "The disruption budget web-pdb needs 1 healthy pods and has 1 currently"}]}});
+    api.state().evictions.insert(
+        "web".into(),
+        vec![(http::StatusCode::TOO_MANY_REQUESTS, pdb)],
+    );
+    let k = KubeNodeDrain::new(api.client(), ME);
+
+    // One budget refusal, then the eviction goes through; the other node's pod is not touched.
+    let d = cordon_and_drain(
+        &k,
+        ME,
+        "uid-op",
+        DrainPolicy::default(),
+        DrainTimings::default(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(d.evicted, 1);
+    let lines = api.lines();
+    assert_eq!(
+        lines,
+        [
+            format!("GET /api/v1/nodes/{ME}"),
+            format!("PATCH /api/v1/nodes/{ME}"),
+            "GET /api/v1/pods".into(),
+            "POST /api/v1/namespaces/default/pods/web/eviction".into(),
+            "GET /api/v1/pods".into(),
+            "POST /api/v1/namespaces/default/pods/web/eviction".into(),
+            "GET /api/v1/pods".into(),
+        ]
+    );
+    let seen = api.state().seen.clone();
+    assert_eq!(seen[1].body["spec"]["unschedulable"], true);
+    assert_eq!(
+        seen[1].body["metadata"]["annotations"][CORDONED_BY],
+        "uid-op"
+    );
+    assert_eq!(seen[1].body["metadata"]["resourceVersion"], "1");
+    assert!(
+        seen[2]
+            .query
+            .split('&')
+            .any(|kv| kv == format!("fieldSelector=spec.nodeName={ME}"))
+    );
+    assert_eq!(seen[3].body["kind"], "Eviction");
+    assert_eq!(
+        seen[3].body["deleteOptions"]["preconditions"]["uid"],
+        "uid-web"
+    );
+    assert_eq!(api.state().pods.len(), 1, "the other node's pod stays");
+
+    // Release: unschedulable false, the annotation removed (null in the merge patch).
+    release(&k, ME, Some("uid-op")).await.unwrap();
+    let node = api.state().nodes[ME].clone();
+    assert_eq!(node["spec"]["unschedulable"], false);
+    assert!(node["metadata"]["annotations"].get(CORDONED_BY).is_none());
+
+    // Answers read: a PDB's 429 names the budget, 403 is for good, 404 is gone.
+    let web = PodRef {
+        namespace: "default".into(),
+        name: "web".into(),
+        uid: "uid-web".into(),
+    };
+    let forbidden = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+        "message": "pods \"web\" is forbidden", "reason": "Forbidden", "code": 403});
+    api.state()
+        .evictions
+        .insert("web".into(), vec![(http::StatusCode::FORBIDDEN, forbidden)]);
+    assert_eq!(
+        k.evict(&web).await,
+        Eviction::Refused("403: pods \"web\" is forbidden".into())
+    );
+    assert_eq!(k.evict(&web).await, Eviction::Gone);
 }

@@ -1,0 +1,520 @@
+//! Cordon and drain before a disruptive operation, and the uncordon after it.
+//!
+//! The decisions are `flex_api::drain`'s (which pods, what an eviction's answer means, whose
+//! cordon it is); this module carries them out over [`NodeDrainApi`], the narrow seam to the
+//! Kubernetes API (real: [`KubeNodeDrain`]; fake: `FakeNodeDrain`, test code only):
+//!
+//! - [`cordon_and_drain`]: marks the Node unschedulable with [`CORDONED_BY`] naming the
+//!   operation (unless an administrator's cordon is already there), then evicts the node's pods
+//!   through the Eviction API until none is left to evict or wait for, or the drain timeout
+//!   passes. A PodDisruptionBudget's refusal (429) and an unreachable API server are tried again,
+//!   with [`flex_host::retry::Backoff`]; a refusal for good (403) ends the drain.
+//! - [`wait_ready`]: after a NodeReboot, waits for the Node's `Ready` condition with a heartbeat
+//!   newer than the reboot.
+//! - [`release`]: lifts the cordon only when [`CORDONED_BY`] names this agent's operation.
+//!
+//! The drain runs while the operation's record is `claiming` (before `executing`), so a daemon
+//! that dies mid-drain drains again when it restarts: the cordon it finds is its own
+//! (`Cordon::Ours`), the pods already evicted are terminating or gone.
+
+#[cfg(test)]
+pub(crate) mod fakes;
+#[cfg(test)]
+mod tests;
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{ListParams, Patch, PatchParams};
+use kube::{Api, Client};
+use serde_json::json;
+
+use crate::kubeclient::describe;
+pub use flex_api::drain::{
+    CORDONED_BY, Cordon, DrainPolicy, DrainRequest, Eviction, OnTimeout, PodRef, Release,
+    classify_eviction, cordon_plan, plan, ready, release_plan,
+};
+use flex_host::retry::Backoff;
+
+/// A failed call to the API server.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{action}: {cause}")]
+pub struct DrainApiError {
+    /// What was asked (`"get node n1"`).
+    pub action: String,
+    /// The answer, in one line.
+    pub cause: String,
+    /// Whether asking again cannot help (403, 400, 422): the drain ends.
+    pub permanent: bool,
+    /// A write refused because the object changed since it was read (409).
+    pub conflict: bool,
+}
+
+impl DrainApiError {
+    fn from_kube(action: String, e: &kube::Error) -> Self {
+        let code = match e {
+            kube::Error::Api(s) => Some(s.code),
+            _ => None,
+        };
+        Self {
+            action,
+            cause: describe(e),
+            permanent: matches!(code, Some(400 | 401 | 403 | 422)),
+            conflict: code == Some(409),
+        }
+    }
+}
+
+/// The Kubernetes calls a drain makes, for one node.
+#[async_trait]
+pub trait NodeDrainApi: Send + Sync {
+    /// The Node (`None` when it does not exist).
+    async fn node(&self) -> Result<Option<Node>, DrainApiError>;
+    /// Sets `spec.unschedulable` and the [`CORDONED_BY`] annotation (`None` removes it), as one
+    /// merge patch that fails with a conflict if the Node changed since `resource_version`.
+    async fn set_cordon(
+        &self,
+        resource_version: &str,
+        unschedulable: bool,
+        cordoned_by: Option<&str>,
+    ) -> Result<(), DrainApiError>;
+    /// The pods bound to the node (field selector `spec.nodeName`).
+    async fn pods(&self) -> Result<Vec<Pod>, DrainApiError>;
+    /// Asks the Eviction API to evict `pod` (its UID a precondition); the answer classified.
+    async fn evict(&self, pod: &PodRef) -> Eviction;
+}
+
+/// [`NodeDrainApi`] over a kube client, for node `node`. With the daemon's identity
+/// (`system:node:<node>`), the Node authorizer and NodeRestriction confine every call to this
+/// node and the pods bound to it.
+pub struct KubeNodeDrain {
+    client: Client,
+    node: String,
+}
+
+impl KubeNodeDrain {
+    /// Calls for `node` through `client`.
+    pub fn new(client: Client, node: &str) -> Self {
+        Self {
+            client,
+            node: node.to_string(),
+        }
+    }
+}
+
+#[async_trait]
+impl NodeDrainApi for KubeNodeDrain {
+    async fn node(&self) -> Result<Option<Node>, DrainApiError> {
+        Api::<Node>::all(self.client.clone())
+            .get_opt(&self.node)
+            .await
+            .map_err(|e| DrainApiError::from_kube(format!("get node {}", self.node), &e))
+    }
+
+    async fn set_cordon(
+        &self,
+        resource_version: &str,
+        unschedulable: bool,
+        cordoned_by: Option<&str>,
+    ) -> Result<(), DrainApiError> {
+        let body = json!({
+            "metadata": {
+                "resourceVersion": resource_version,
+                "annotations": {CORDONED_BY: cordoned_by},
+            },
+            "spec": {"unschedulable": unschedulable},
+        });
+        let what = if unschedulable { "cordon" } else { "uncordon" };
+        Api::<Node>::all(self.client.clone())
+            .patch(&self.node, &PatchParams::default(), &Patch::Merge(&body))
+            .await
+            .map(|_| ())
+            .map_err(|e| DrainApiError::from_kube(format!("{what} node {}", self.node), &e))
+    }
+
+    async fn pods(&self) -> Result<Vec<Pod>, DrainApiError> {
+        let lp = ListParams::default().fields(&format!("spec.nodeName={}", self.node));
+        Api::<Pod>::all(self.client.clone())
+            .list(&lp)
+            .await
+            .map(|l| l.items)
+            .map_err(|e| DrainApiError::from_kube(format!("list pods on {}", self.node), &e))
+    }
+
+    async fn evict(&self, pod: &PodRef) -> Eviction {
+        // Built here rather than with `Api::evict`: kube 5 sends the delete options as
+        // `delete_options`, which the API server ignores, so the UID precondition would be lost.
+        let mut body = json!({
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": pod.name, "namespace": pod.namespace},
+        });
+        if !pod.uid.is_empty() {
+            body["deleteOptions"] = json!({"preconditions": {"uid": pod.uid}});
+        }
+        let path = format!(
+            "/api/v1/namespaces/{}/pods/{}/eviction",
+            pod.namespace, pod.name
+        );
+        let req = match serde_json::to_vec(&body)
+            .map_err(|e| e.to_string())
+            .and_then(|b| {
+                http::Request::post(path)
+                    .header(http::header::CONTENT_TYPE, "application/json")
+                    .body(b)
+                    .map_err(|e| e.to_string())
+            }) {
+            Ok(r) => r,
+            Err(e) => return Eviction::Refused(format!("eviction request for {pod}: {e}")),
+        };
+        match self.client.request::<kube::core::Status>(req).await {
+            Ok(_) => Eviction::Accepted,
+            Err(kube::Error::Api(s)) => {
+                let causes: Vec<(String, String)> = s
+                    .details
+                    .as_ref()
+                    .map(|d| {
+                        d.causes
+                            .iter()
+                            .map(|c| (c.reason.clone(), c.message.clone()))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                classify_eviction(s.code, &s.message, &causes)
+            }
+            Err(e) => Eviction::Retry(describe(&e)),
+        }
+    }
+}
+
+/// How often a drain looks again, and how long a NodeReboot waits for the Node to be Ready.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DrainTimings {
+    /// Waits between rounds (pods terminating, a budget refusing, the API unreachable):
+    /// `initial` doubling to `max` while nothing moves, back to `initial` when something did.
+    pub backoff: Backoff,
+    /// How long a NodeReboot waits for `Ready` after the restart.
+    pub ready_timeout: Duration,
+    /// How often it looks.
+    pub ready_poll: Duration,
+}
+
+impl Default for DrainTimings {
+    /// Rounds 1 s doubling to 10 s; Ready within 10 minutes, looked at every 5 s.
+    fn default() -> Self {
+        Self {
+            backoff: Backoff::new(u32::MAX, Duration::from_secs(1), Duration::from_secs(10)),
+            ready_timeout: Duration::from_secs(600),
+            ready_poll: Duration::from_secs(5),
+        }
+    }
+}
+
+/// How a drain ended well.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Drained {
+    /// Pods this drain evicted.
+    pub evicted: usize,
+    /// The cordon was an administrator's: it stays after the operation.
+    pub cordon_theirs: bool,
+    /// The timeout passed, and the policy said to proceed: what the timeout left, in words.
+    pub timed_out: Option<String>,
+}
+
+impl Drained {
+    /// A line for the operation's result (`None` when nothing was evicted or left).
+    pub fn detail(&self) -> Option<String> {
+        if let Some(t) = &self.timed_out {
+            return Some(format!("{t}; proceeded as onDrainTimeout asks"));
+        }
+        (self.evicted > 0).then(|| format!("drained {} pod(s)", self.evicted))
+    }
+}
+
+/// A drain's timeout in words: how long, what was left, the last refusal.
+fn timed_out(timeout: Duration, left: Option<&[PodRef]>, blocked: Option<&str>) -> String {
+    let mut s = match left {
+        Some(l) => format!(
+            "drain timed out after {timeout:?} with {} pod(s) left ({})",
+            l.len(),
+            names(l)
+        ),
+        None => format!("drain timed out after {timeout:?} before the node's pods could be listed"),
+    };
+    if let Some(b) = blocked {
+        s.push_str("; last refusal: ");
+        s.push_str(b);
+    }
+    s
+}
+
+fn names(pods: &[PodRef]) -> String {
+    const SHOWN: usize = 5;
+    let mut s: Vec<String> = pods.iter().take(SHOWN).map(ToString::to_string).collect();
+    if pods.len() > SHOWN {
+        s.push(format!("and {} more", pods.len() - SHOWN));
+    }
+    s.join(", ")
+}
+
+/// Why a drain did not complete. Nothing disruptive may follow.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum DrainError {
+    /// The timeout passed with pods left (`onDrainTimeout: Fail`).
+    #[error("{}", timed_out(*timeout, left.as_deref(), blocked.as_deref()))]
+    TimedOut {
+        /// The drain timeout.
+        timeout: Duration,
+        /// The pods still there (`None`: they could never be listed).
+        left: Option<Vec<PodRef>>,
+        /// The last PodDisruptionBudget refusal (its message names the budget), or the last
+        /// API error.
+        blocked: Option<String>,
+    },
+    /// An eviction was refused for good.
+    #[error("eviction of {pod} refused: {cause}")]
+    Refused {
+        /// The pod.
+        pod: PodRef,
+        /// The answer.
+        cause: String,
+    },
+    /// The Node does not exist.
+    #[error("node {0} does not exist")]
+    NoNode(String),
+    /// A call failed for good (403: the daemon's role does not allow it).
+    #[error(transparent)]
+    Api(DrainApiError),
+}
+
+/// Cordons the node for operation `uid` and evicts its pods, within `policy`'s timeout.
+pub async fn cordon_and_drain(
+    api: &dyn NodeDrainApi,
+    node_name: &str,
+    uid: &str,
+    policy: DrainPolicy,
+    timings: DrainTimings,
+) -> Result<Drained, DrainError> {
+    let start = tokio::time::Instant::now();
+    let deadline = start + policy.timeout;
+    let mut out = Drained::default();
+    let mut attempt: u32 = 0;
+    let mut last: Option<String> = None;
+    // The cordon, first: until it is in place, the scheduler may put pods back.
+    loop {
+        match cordon(api, node_name, uid).await {
+            Ok(theirs) => {
+                out.cordon_theirs = theirs;
+                break;
+            }
+            Err(DrainError::Api(e)) if !e.permanent => {
+                tracing::warn!(node = node_name, error = %e, "cordon failed; trying again");
+                last = Some(e.to_string());
+            }
+            Err(e) => return Err(e),
+        }
+        attempt += 1;
+        if tokio::time::Instant::now() >= deadline {
+            // Not even cordoned: nothing disruptive follows, whatever onDrainTimeout says.
+            return Err(DrainError::TimedOut {
+                timeout: policy.timeout,
+                left: None,
+                blocked: last,
+            });
+        }
+        sleep_until_or(deadline, timings.backoff.delay(attempt, None)).await;
+    }
+    attempt = 0;
+    // The pods left at the last round that could list them.
+    let mut left: Option<Vec<PodRef>> = None;
+    loop {
+        let moved = match round(api, &mut out, &mut last).await {
+            Ok(None) => {
+                tracing::info!(node = node_name, evicted = out.evicted, "node drained");
+                return Ok(out);
+            }
+            Ok(Some((moved, now_left))) => {
+                left = Some(now_left);
+                moved
+            }
+            Err(DrainError::Api(e)) if !e.permanent => {
+                tracing::warn!(node = node_name, error = %e, "drain: API call failed; trying again");
+                last = Some(e.to_string());
+                false
+            }
+            Err(e) => return Err(e),
+        };
+        if tokio::time::Instant::now() >= deadline {
+            return match policy.on_timeout {
+                OnTimeout::Fail => Err(DrainError::TimedOut {
+                    timeout: policy.timeout,
+                    left,
+                    blocked: last,
+                }),
+                OnTimeout::Proceed => {
+                    let words = timed_out(policy.timeout, left.as_deref(), last.as_deref());
+                    tracing::warn!(node = node_name, drain = %words, "drain timed out; proceeding as onDrainTimeout asks");
+                    out.timed_out = Some(words);
+                    Ok(out)
+                }
+            };
+        }
+        attempt = if moved { 1 } else { attempt + 1 };
+        sleep_until_or(deadline, timings.backoff.delay(attempt, None)).await;
+    }
+}
+
+async fn sleep_until_or(deadline: tokio::time::Instant, wait: Duration) {
+    let until = (tokio::time::Instant::now() + wait).min(deadline);
+    tokio::time::sleep_until(until).await;
+}
+
+/// Cordons for `uid` as [`cordon_plan`] says; `Ok(true)` when the cordon is an
+/// administrator's. A conflict (the Node changed since it was read) reads it again.
+async fn cordon(api: &dyn NodeDrainApi, node_name: &str, uid: &str) -> Result<bool, DrainError> {
+    for _ in 0..5 {
+        let node = api
+            .node()
+            .await
+            .map_err(DrainError::Api)?
+            .ok_or_else(|| DrainError::NoNode(node_name.to_string()))?;
+        let rv = node.metadata.resource_version.clone().unwrap_or_default();
+        match cordon_plan(&node, uid) {
+            Cordon::Ours => return Ok(false),
+            Cordon::Theirs => {
+                tracing::info!(
+                    node = node_name,
+                    "node already cordoned by someone else; it stays cordoned after the operation"
+                );
+                return Ok(true);
+            }
+            Cordon::Cordon | Cordon::TakeOver(_) => {
+                match api.set_cordon(&rv, true, Some(uid)).await {
+                    Ok(()) => {
+                        tracing::info!(node = node_name, operation = uid, "node cordoned");
+                        return Ok(false);
+                    }
+                    Err(e) if e.conflict => continue,
+                    Err(e) => return Err(DrainError::Api(e)),
+                }
+            }
+        }
+    }
+    Err(DrainError::Api(DrainApiError {
+        action: format!("cordon node {node_name}"),
+        cause: "the Node kept changing".into(),
+        permanent: false,
+        conflict: true,
+    }))
+}
+
+/// One round: lists the pods, evicts those to evict. `Ok(None)` when the node is drained,
+/// else whether anything moved and the pods left.
+async fn round(
+    api: &dyn NodeDrainApi,
+    out: &mut Drained,
+    last: &mut Option<String>,
+) -> Result<Option<(bool, Vec<PodRef>)>, DrainError> {
+    let pods = api.pods().await.map_err(DrainError::Api)?;
+    let p = plan(&pods);
+    if p.done() {
+        return Ok(None);
+    }
+    let mut moved = false;
+    for pod in &p.evict {
+        match api.evict(pod).await {
+            Eviction::Accepted => {
+                tracing::info!(pod = %pod, "pod evicted");
+                out.evicted += 1;
+                moved = true;
+            }
+            Eviction::Gone => moved = true,
+            Eviction::Blocked(why) => {
+                tracing::info!(pod = %pod, reason = %why, "eviction refused by a disruption budget; trying again");
+                *last = Some(why);
+            }
+            Eviction::Retry(why) => {
+                tracing::warn!(pod = %pod, error = %why, "eviction failed; trying again");
+                *last = Some(why);
+            }
+            Eviction::Refused(cause) => {
+                return Err(DrainError::Refused {
+                    pod: pod.clone(),
+                    cause,
+                });
+            }
+        }
+    }
+    let mut left = p.evict;
+    left.extend(p.terminating);
+    left.sort();
+    Ok(Some((moved, left)))
+}
+
+/// Lifts operation `uid`'s cordon (`None`: any cordon this agent made), as [`release_plan`]
+/// says; an administrator's cordon is never touched. Returns what was done.
+pub async fn release(
+    api: &dyn NodeDrainApi,
+    node_name: &str,
+    uid: Option<&str>,
+) -> Result<Release, DrainApiError> {
+    for _ in 0..5 {
+        let Some(node) = api.node().await? else {
+            return Ok(Release::Nothing);
+        };
+        let rv = node.metadata.resource_version.clone().unwrap_or_default();
+        let what = release_plan(&node, uid);
+        let res = match what {
+            Release::Nothing => return Ok(Release::Nothing),
+            Release::Uncordon => api.set_cordon(&rv, false, None).await,
+            Release::ForgetAnnotation => api.set_cordon(&rv, false, None).await,
+        };
+        match res {
+            Ok(()) => {
+                tracing::info!(node = node_name, "node uncordoned");
+                return Ok(what);
+            }
+            Err(e) if e.conflict => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(DrainApiError {
+        action: format!("uncordon node {node_name}"),
+        cause: "the Node kept changing".into(),
+        permanent: false,
+        conflict: true,
+    })
+}
+
+/// Waits until the Node reports `Ready` with a heartbeat at or after `since` (kubelet's first
+/// status after the restart), for at most `timeout`. API errors count as not ready yet.
+pub async fn wait_ready(
+    api: &dyn NodeDrainApi,
+    since: Timestamp,
+    timings: DrainTimings,
+) -> Result<(), flex_host::retry::WaitTimeout> {
+    flex_host::retry::wait_until(
+        "the Node to report Ready after the reboot",
+        timings.ready_timeout,
+        timings.ready_poll,
+        || async {
+            match api.node().await {
+                Ok(Some(n)) => match ready(&n) {
+                    Some((true, Some(beat))) if beat >= since => Ok(()),
+                    Some((true, beat)) => Err(format!(
+                        "Ready, last heartbeat {} (before the reboot)",
+                        beat.map(|b| b.to_string())
+                            .unwrap_or_else(|| "unknown".into())
+                    )),
+                    Some((false, _)) => Err("not Ready".into()),
+                    None => Err("no Ready condition".into()),
+                },
+                Ok(None) => Err("no Node".into()),
+                Err(e) => Err(e.to_string()),
+            }
+        },
+    )
+    .await
+}

@@ -1,0 +1,235 @@
+//! The drain's orchestration over the recording `FakeNodeDrain` (the Kubernetes API faked at
+//! the [`NodeDrainApi`] seam; tokio's clock paused, so timeouts pass without waiting). The
+//! adapter over a real kube client is tested against the fake API server in
+//! `flows::operations::tests::reconcile`.
+
+use std::time::Duration;
+
+use super::fakes::{FakeNodeDrain, daemonset_pod, node, pod, transient};
+use super::*;
+
+const N: &str = "node1";
+const UID: &str = "op-uid-1";
+const PDB: &str = "The disruption budget web-pdb needs 1 healthy pods and has 1 currently";
+
+fn policy(secs: u64, on_timeout: OnTimeout) -> DrainPolicy {
+    DrainPolicy {
+        timeout: Duration::from_secs(secs),
+        on_timeout,
+    }
+}
+
+async fn drain(f: &FakeNodeDrain, p: DrainPolicy) -> Result<Drained, DrainError> {
+    cordon_and_drain(f, N, UID, p, DrainTimings::default()).await
+}
+
+#[tokio::test(start_paused = true)]
+async fn cordons_evicts_and_waits_for_the_pods_leaving_daemonset_pods() {
+    let f = FakeNodeDrain::new(
+        node(N, false, None),
+        vec![pod("default", "web"), daemonset_pod("kube-system", "proxy")],
+    );
+    let d = drain(&f, DrainPolicy::default()).await.unwrap();
+    assert_eq!(d.evicted, 1);
+    assert!(!d.cordon_theirs);
+    assert_eq!(d.detail().as_deref(), Some("drained 1 pod(s)"));
+    assert_eq!(
+        f.calls(),
+        [
+            "node",
+            "set_cordon true op-uid-1",
+            "pods",
+            "evict default/web",
+            // The evicted pod terminates (its grace period) …
+            "pods",
+            // … then it is gone; the DaemonSet's pod stays.
+            "pods",
+        ]
+    );
+    assert_eq!(f.cordon(), (true, Some(UID.into())));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_budget_that_never_allows_fails_the_drain_naming_it() {
+    let f = FakeNodeDrain::new(node(N, false, None), vec![pod("default", "web")]);
+    f.state().blocked.insert("web".into(), PDB.into());
+    let started = tokio::time::Instant::now();
+    let e = drain(&f, policy(60, OnTimeout::Fail)).await.unwrap_err();
+    assert_eq!(started.elapsed(), Duration::from_secs(60));
+    let text = e.to_string();
+    assert!(
+        text.contains("drain timed out after 60s with 1 pod(s) left (default/web)"),
+        "{text}"
+    );
+    assert!(text.contains("web-pdb"), "{text}");
+    // Tried again with backoff (1 s doubling to 10 s), not once and not in a busy loop.
+    let evictions = f.calls().iter().filter(|c| c.starts_with("evict")).count();
+    assert!((6..=12).contains(&evictions), "{evictions} evictions");
+}
+
+#[tokio::test(start_paused = true)]
+async fn proceed_after_the_timeout_when_asked_and_say_so() {
+    let f = FakeNodeDrain::new(
+        node(N, false, None),
+        vec![pod("default", "web"), pod("default", "db")],
+    );
+    f.state().blocked.insert("web".into(), PDB.into());
+    let d = drain(&f, policy(30, OnTimeout::Proceed)).await.unwrap();
+    assert_eq!(d.evicted, 1);
+    assert_eq!(
+        d.detail().unwrap(),
+        format!(
+            "drain timed out after 30s with 1 pod(s) left (default/web); last refusal: {PDB}; \
+             proceeded as onDrainTimeout asks"
+        )
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_administrators_cordon_is_neither_recorded_nor_lifted() {
+    let f = FakeNodeDrain::new(node(N, true, None), vec![pod("default", "web")]);
+    let d = drain(&f, DrainPolicy::default()).await.unwrap();
+    assert!(d.cordon_theirs);
+    assert!(!f.calls().iter().any(|c| c.starts_with("set_cordon")));
+    assert_eq!(release(&f, N, Some(UID)).await.unwrap(), Release::Nothing);
+    assert_eq!(release(&f, N, None).await.unwrap(), Release::Nothing);
+    assert_eq!(f.cordon(), (true, None));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_drain_resumed_after_a_crash_keeps_its_own_cordon() {
+    // The daemon died after cordoning and evicting one pod; the other is still there.
+    let f = FakeNodeDrain::new(node(N, true, Some(UID)), vec![pod("default", "db")]);
+    let d = drain(&f, DrainPolicy::default()).await.unwrap();
+    assert_eq!(d.evicted, 1);
+    assert!(!f.calls().iter().any(|c| c.starts_with("set_cordon")));
+    assert_eq!(release(&f, N, Some(UID)).await.unwrap(), Release::Uncordon);
+    assert_eq!(f.cordon(), (false, None));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cordon_left_by_another_finished_operation_is_taken_over() {
+    let f = FakeNodeDrain::new(node(N, true, Some("old-op")), vec![]);
+    drain(&f, DrainPolicy::default()).await.unwrap();
+    assert_eq!(f.cordon(), (true, Some(UID.into())));
+    // The old operation's release no longer lifts this one's cordon.
+    assert_eq!(
+        release(&f, N, Some("old-op")).await.unwrap(),
+        Release::Nothing
+    );
+    assert_eq!(f.cordon(), (true, Some(UID.into())));
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_api_server_unreachable_mid_drain_is_waited_for() {
+    let f = FakeNodeDrain::new(node(N, false, None), vec![pod("default", "web")]);
+    f.state()
+        .failures
+        .insert("pods", (0..3).map(|_| transient("list pods")).collect());
+    let d = drain(&f, DrainPolicy::default()).await.unwrap();
+    assert_eq!(d.evicted, 1);
+    let lists = f.calls().iter().filter(|c| *c == "pods").count();
+    assert_eq!(
+        lists,
+        3 + 3,
+        "three failed lists, then evict, terminating, gone"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_api_server_unreachable_until_the_timeout_fails_the_drain_unless_told_to_proceed() {
+    let f = FakeNodeDrain::new(node(N, false, None), vec![pod("default", "web")]);
+    f.state()
+        .failures
+        .insert("pods", (0..1000).map(|_| transient("list pods")).collect());
+    let e = drain(&f, policy(20, OnTimeout::Fail)).await.unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "drain timed out after 20s before the node's pods could be listed; \
+         last refusal: list pods: connection refused"
+    );
+    let d = drain(&f, policy(20, OnTimeout::Proceed)).await.unwrap();
+    assert_eq!(d.evicted, 0);
+    assert!(
+        d.detail()
+            .unwrap()
+            .ends_with("proceeded as onDrainTimeout asks")
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cordon_that_cannot_be_made_fails_even_when_told_to_proceed() {
+    let f = FakeNodeDrain::new(node(N, false, None), vec![]);
+    f.state()
+        .failures
+        .insert("node", (0..1000).map(|_| transient("get node")).collect());
+    let e = drain(&f, policy(20, OnTimeout::Proceed)).await.unwrap_err();
+    assert!(
+        e.to_string().starts_with("drain timed out after 20s"),
+        "{e}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_eviction_refused_for_good_ends_the_drain() {
+    let f = FakeNodeDrain::new(node(N, false, None), vec![pod("default", "web")]);
+    f.state().answers.insert(
+        "web".into(),
+        [Eviction::Refused("403: pods \"web\" is forbidden".into())].into(),
+    );
+    let e = drain(&f, DrainPolicy::default()).await.unwrap_err();
+    assert!(matches!(e, DrainError::Refused { .. }), "{e}");
+    assert!(
+        e.to_string()
+            .contains("eviction of default/web refused: 403"),
+        "{e}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cordon_that_races_another_writer_reads_the_node_again() {
+    let f = FakeNodeDrain::new(node(N, false, None), vec![]);
+    f.state().failures.insert(
+        "set_cordon",
+        [DrainApiError {
+            action: "cordon".into(),
+            cause: "409".into(),
+            permanent: false,
+            conflict: true,
+        }]
+        .into(),
+    );
+    drain(&f, DrainPolicy::default()).await.unwrap();
+    assert_eq!(
+        f.calls(),
+        [
+            "node",
+            "set_cordon true op-uid-1",
+            "node",
+            "set_cordon true op-uid-1",
+            "pods"
+        ]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_missing_node_fails_the_drain() {
+    let f = FakeNodeDrain::default();
+    let e = drain(&f, DrainPolicy::default()).await.unwrap_err();
+    assert_eq!(e.to_string(), "node node1 does not exist");
+}
+
+#[tokio::test]
+async fn ready_means_a_heartbeat_after_the_reboot() {
+    let f = FakeNodeDrain::new(node(N, true, Some(UID)), vec![]);
+    let t = DrainTimings {
+        ready_timeout: Duration::from_millis(50),
+        ready_poll: Duration::from_millis(10),
+        ..DrainTimings::default()
+    };
+    let before: Timestamp = "2029-12-31T00:00:00Z".parse().unwrap();
+    let after: Timestamp = "2030-01-02T00:00:00Z".parse().unwrap();
+    wait_ready(&f, before, t).await.unwrap();
+    let e = wait_ready(&f, after, t).await.unwrap_err();
+    assert!(e.to_string().contains("before the reboot"), "{e}");
+}
