@@ -61,6 +61,11 @@ fn token_fixture_loads_with_defaults() {
         c.agent.machine_reconcile_interval.0,
         std::time::Duration::from_secs(600)
     );
+    assert_eq!(
+        c.agent.drain.policy(),
+        flex_api::drain::DrainPolicy::default(),
+        "5m, then fail"
+    );
     let tc = c.azure.target_cluster.as_ref().unwrap();
     assert_eq!(tc.name, "aks1");
     assert_eq!(tc.resource_group, "rg");
@@ -367,6 +372,26 @@ fn invalid_configs_name_their_field() {
             "agent.metricsAddress",
         ),
         (
+            "drain timeout over a day",
+            |v| v["agent"]["drain"] = json!({"timeout": "25h"}),
+            "agent.drain.timeout: 25h0m0s is not from 1s to 24h",
+        ),
+        (
+            "drain timeout under a second",
+            |v| v["agent"]["drain"] = json!({"timeout": "10ms"}),
+            "agent.drain.timeout: 10ms is not from 1s to 24h",
+        ),
+        (
+            "drain timeout that is no duration",
+            |v| v["agent"]["drain"] = json!({"timeout": "soon"}),
+            "agent.drain.timeout",
+        ),
+        (
+            "drain on timeout neither Fail nor Proceed",
+            |v| v["agent"]["drain"] = json!({"onTimeout": "kill"}),
+            "agent.drain.onTimeout: \"kill\" is not one of Fail, Proceed",
+        ),
+        (
             "bad device",
             |v| v["bootstrap"] = json!({"additionalHostDevices": ["/dev/../etc"]}),
             "bootstrap.additionalHostDevices[0]",
@@ -527,4 +552,19 @@ proptest! {
         prop_assert_eq!(&first, &second);
         prop_assert_eq!(text, second.to_json());
     }
+}
+
+#[test]
+fn the_drain_config_sets_the_nodes_default() {
+    let v = with(base(), |v| {
+        v["agent"]["drain"] = json!({"timeout": "90s", "onTimeout": "Proceed"})
+    });
+    let c = parse_value(&v).unwrap().config;
+    assert_eq!(
+        c.agent.drain.policy(),
+        flex_api::drain::DrainPolicy {
+            timeout: std::time::Duration::from_secs(90),
+            on_timeout: flex_api::drain::OnTimeout::Proceed,
+        }
+    );
 }

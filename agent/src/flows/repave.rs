@@ -7,13 +7,15 @@
 //! | phase | what runs | the old side |
 //! |---|---|---|
 //! | `preparing` | provision the target (rootfs, components, config) | still running |
-//! | `switching` | stop the old side (they share the host's network and ports) | stopping |
+//! | `switching` | cordon and drain the node ([`SwitchGuard`]), then stop the old side (they share the host's network and ports) | stopping |
 //! | `starting` | start the target and wait for kubelet | stopped |
 //! | `saving` | save the daemon state naming the target — the switch | stopped |
 //! | `cleaning` | remove the old side | being removed |
 //!
 //! A failure before `saving` rolls back: the target is stopped and removed and the old side is
-//! started again, so the old side ends running and the daemon state is unchanged. A failure while
+//! started again, so the old side ends running and the daemon state is unchanged. A drain that
+//! does not complete is such a failure: nothing was stopped, and the node is uncordoned. After
+//! a finished repave the guard lifts the cordon once the Node is Ready on the new side. A failure while
 //! `cleaning` leaves the journal for the next start to finish. Which steps run and what a
 //! failure means are decided by pure functions ([`plan`], [`on_failure`]) tested table by table;
 //! [`apply_goal_state`] executes them through [`NodeOps`].
@@ -28,6 +30,7 @@
 //! stopped, not removed); with none or both enabled nothing is touched and the repave fails,
 //! keeping the journal, for someone to look at.
 
+use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
 use crate::flows::start::GoalState;
@@ -71,6 +74,11 @@ pub struct Journal {
     pub kubernetes_version: String,
     /// The phase about to run (or running).
     pub phase: Phase,
+    /// Whether the node is cordoned and drained before the old side stops: a repave the
+    /// daemon runs for the cluster's goal. A node-local repave (`aks-flex-node repave`), and a
+    /// journal written before drains existed, do not drain.
+    #[serde(default)]
+    pub drain: bool,
 }
 
 /// One step of a repave.
@@ -78,6 +86,8 @@ pub struct Journal {
 pub enum Step {
     /// Record the phase in the journal.
     Record(Phase),
+    /// Cordon and drain the node before the old side stops ([`SwitchGuard::before_switch`]).
+    Drain,
     /// Provision the machine (rebuilding a tree this agent owns).
     Provision(String),
     /// Stop the machine.
@@ -111,7 +121,15 @@ pub fn plan(j: &Journal) -> Vec<Step> {
         ),
         (
             Switching,
-            vec![Step::Record(Switching), Step::Stop(j.source.clone())],
+            if j.drain {
+                vec![
+                    Step::Record(Switching),
+                    Step::Drain,
+                    Step::Stop(j.source.clone()),
+                ]
+            } else {
+                vec![Step::Record(Switching), Step::Stop(j.source.clone())]
+            },
         ),
         (
             Starting,
@@ -189,8 +207,9 @@ pub fn recover_unreadable_journal(
     }
 }
 
-/// The journal for a new repave from `state` to `goal`.
-pub fn begin(state: &DaemonState, goal: &GoalState) -> Result<Journal, StateError> {
+/// The journal for a new repave from `state` to `goal`; `drain` when it drains the node
+/// before the switch ([`SwitchGuard::drains`]).
+pub fn begin(state: &DaemonState, goal: &GoalState, drain: bool) -> Result<Journal, StateError> {
     let source = state.active()?.to_string();
     Ok(Journal {
         version: 1,
@@ -199,6 +218,7 @@ pub fn begin(state: &DaemonState, goal: &GoalState) -> Result<Journal, StateErro
         settings_version: goal.settings_version.clone(),
         kubernetes_version: goal.kubernetes_version.clone(),
         phase: Phase::Preparing,
+        drain,
     })
 }
 
@@ -312,6 +332,7 @@ impl Stores {
 fn step_name(s: &Step) -> String {
     match s {
         Step::Record(p) => format!("record {p:?}").to_lowercase(),
+        Step::Drain => "drain".into(),
         Step::Provision(m) => format!("provision {m}"),
         Step::Stop(m) => format!("stop {m}"),
         Step::Start(m) => format!("start {m}"),
@@ -321,9 +342,61 @@ fn step_name(s: &Step) -> String {
     }
 }
 
+/// What a repave asks of the cluster around its switch. The daemon's guard
+/// (`crate::flows::drain::DrainGuard`) cordons and drains the node before the old side stops
+/// and lifts the cordon once the node is back; [`Unguarded`] asks nothing (no cluster).
+#[async_trait]
+pub trait SwitchGuard: Send + Sync {
+    /// Whether repaves begun under this guard drain the node (recorded in the journal, so a
+    /// resumed repave drains as it began).
+    fn drains(&self) -> bool;
+    /// Before the old side stops (phase `switching`; again when a repave cut short there
+    /// resumes). An error rolls the repave back: nothing was stopped.
+    async fn before_switch(&self, journal: &Journal) -> Result<(), SeamError>;
+    /// After a repave that reached `switching` ended: `finished` on the target, or rolled back
+    /// onto the source. Not called when the node is left half-switched (the journal stays).
+    /// Failures are the guard's to log.
+    async fn after(&self, journal: &Journal, finished: bool);
+}
+
+/// A guard that asks nothing of a cluster: the node-local repave (`aks-flex-node repave`),
+/// which has none, and tests of the machine steps.
+pub struct Unguarded;
+
+#[async_trait]
+impl SwitchGuard for Unguarded {
+    fn drains(&self) -> bool {
+        false
+    }
+    async fn before_switch(&self, _journal: &Journal) -> Result<(), SeamError> {
+        Ok(())
+    }
+    async fn after(&self, _journal: &Journal, _finished: bool) {}
+}
+
+/// The guard of a repave the daemon resumes before it has reached the cluster: a repave that
+/// drains and was cut short before its old side stopped is rolled back (its drain needs the
+/// cluster; the daemon repaves again once it has reached it); one past the switch finishes,
+/// and its cordon is lifted by the daemon's start ([`crate::flows::drain::NodeDrain::release_stale`]).
+pub struct NoClusterYet;
+
+#[async_trait]
+impl SwitchGuard for NoClusterYet {
+    fn drains(&self) -> bool {
+        true
+    }
+    async fn before_switch(&self, _journal: &Journal) -> Result<(), SeamError> {
+        Err(SeamError::transient(anyhow::anyhow!(
+            "the node must be drained before its old side stops, and the cluster is not reached yet"
+        )))
+    }
+    async fn after(&self, _journal: &Journal, _finished: bool) {}
+}
+
 /// Runs the repave in `journal` from its phase; returns the new daemon state.
 pub async fn run(
     ops: &dyn NodeOps,
+    guard: &dyn SwitchGuard,
     stores: &Stores,
     state: &DaemonState,
     mut journal: Journal,
@@ -348,6 +421,7 @@ pub async fn run(
                 }
                 saved
             }
+            Step::Drain => guard.before_switch(&journal).await,
             Step::Provision(m) => ops.provision(m, &journal.kubernetes_version).await,
             Step::Stop(m) => ops.stop(m).await,
             Step::Start(m) => ops.start(m).await,
@@ -365,12 +439,17 @@ pub async fn run(
                 error,
             },
             Recovery::Rollback => match rollback(ops, stores, &journal).await {
-                Ok(()) => RepaveError::RolledBack {
-                    step: name,
-                    phase,
-                    source_machine: journal.source.clone(),
-                    error,
-                },
+                Ok(()) => {
+                    if phase != Phase::Preparing {
+                        guard.after(&journal, false).await;
+                    }
+                    RepaveError::RolledBack {
+                        step: name,
+                        phase,
+                        source_machine: journal.source.clone(),
+                        error,
+                    }
+                }
                 Err(rb) => RepaveError::RollbackFailed {
                     step: name,
                     phase,
@@ -381,6 +460,7 @@ pub async fn run(
             },
         });
     }
+    guard.after(&journal, true).await;
     Ok(next)
 }
 
@@ -468,6 +548,7 @@ async fn load_journal(ops: &dyn NodeOps, stores: &Stores) -> Result<Option<Journ
 /// unreadable journal is recovered from first).
 pub async fn apply_goal_state(
     ops: &dyn NodeOps,
+    guard: &dyn SwitchGuard,
     stores: &Stores,
     state: &DaemonState,
     goal: &GoalState,
@@ -481,16 +562,16 @@ pub async fn apply_goal_state(
         Some(j) => {
             // A repave to another goal was interrupted: finish or undo it first.
             tracing::warn!(pending_settings = %j.settings_version, "resuming an interrupted repave to another goal first");
-            let st = match run(ops, stores, state, j).await {
+            let st = match run(ops, guard, stores, state, j).await {
                 Ok(s) => s,
                 Err(RepaveError::RolledBack { .. }) => state.clone(),
                 Err(e) => return Err(e),
             };
-            return Box::pin(apply_goal_state(ops, stores, &st, goal)).await;
+            return Box::pin(apply_goal_state(ops, guard, stores, &st, goal)).await;
         }
-        None => begin(state, goal)?,
+        None => begin(state, goal, guard.drains())?,
     };
-    run(ops, stores, state, journal).await
+    run(ops, guard, stores, state, journal).await
 }
 
 /// Resumes a journaled repave at daemon start, if there is one; returns the resulting state.
@@ -498,6 +579,7 @@ pub async fn apply_goal_state(
 /// `Ok(None)` (no repave was resumed).
 pub async fn resume_pending(
     ops: &dyn NodeOps,
+    guard: &dyn SwitchGuard,
     stores: &Stores,
 ) -> Result<Option<DaemonState>, RepaveError> {
     let Some(j) = load_journal(ops, stores).await? else {
@@ -515,7 +597,7 @@ pub async fn resume_pending(
     } else {
         state
     };
-    run(ops, stores, &base, j).await.map(Some)
+    run(ops, guard, stores, &base, j).await.map(Some)
 }
 
 pub mod local;

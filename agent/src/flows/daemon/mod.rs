@@ -174,13 +174,18 @@ impl Daemon {
                 node_name: config.agent.node_name.clone(),
                 stores: Stores::new(host.fs.clone()),
                 host,
-                kube,
+                kube: kube.clone(),
                 machines,
                 ops,
                 timings: Timings::default(),
                 operations: None,
                 node_state: None,
                 metrics: Arc::new(DaemonMetrics::default()),
+                drain: Arc::new(crate::flows::drain::NodeDrain::new(
+                    kube.clone(),
+                    &config.agent.node_name,
+                    config.agent.drain.policy(),
+                )),
             },
             interval,
             backoff: DAEMON_BACKOFF,
@@ -188,6 +193,12 @@ impl Daemon {
             reports: None,
             proven: None,
         }
+    }
+
+    /// Drains through another seam (tests).
+    pub fn with_drain(mut self, drain: crate::flows::drain::NodeDrain) -> Self {
+        self.ctx.drain = Arc::new(drain);
+        self
     }
 
     /// Plugs in the MachineOperation reconciler.
@@ -255,6 +266,7 @@ impl Daemon {
         );
         if !resume_interrupted_repave(
             ctx.ops.as_ref(),
+            ctx.drain.as_ref(),
             &ctx.stores,
             &ctx.host.fs,
             &shutdown,
@@ -265,6 +277,7 @@ impl Daemon {
             tracing::info!("daemon shutting down before it was ready");
             return Ok(());
         }
+        release_stale_cordon(&ctx).await;
 
         let mut queue = WorkQueue::new(backoff);
         let sender = queue.sender();
@@ -468,6 +481,7 @@ pub(crate) async fn work_lock(
 /// `false`: `shutdown` came first.
 pub(crate) async fn resume_interrupted_repave(
     ops: &dyn NodeOps,
+    guard: &dyn crate::flows::repave::SwitchGuard,
     stores: &Stores,
     fs: &flex_host::fs::HostFs,
     shutdown: &CancellationToken,
@@ -477,7 +491,7 @@ pub(crate) async fn resume_interrupted_repave(
         return false;
     };
     let started = Instant::now();
-    let resumed = crate::flows::repave::resume_pending(ops, stores).await;
+    let resumed = crate::flows::repave::resume_pending(ops, guard, stores).await;
     // Counted when there was a repave to resume (or a journal to recover from that failed).
     if !matches!(resumed, Ok(None)) {
         metrics.repave_finished(&resumed, started.elapsed());
@@ -495,6 +509,29 @@ pub(crate) async fn resume_interrupted_repave(
         ),
     }
     true
+}
+
+/// Lifts, before any work, a cordon this agent made for work that no longer runs
+/// ([`crate::flows::drain::NodeDrain::release_stale`]): a MachineOperation without a record at
+/// `claiming` or `executing` (a drain cut short resumes with its reconcile and keeps its
+/// cordon), a repave without a journal, the deletion's reset of a node that joined again.
+async fn release_stale_cordon(ctx: &Ctx) {
+    use crate::flows::operations::{RecordStore, Stage};
+    let records = RecordStore::new(ctx.host.fs.clone());
+    let journal = !matches!(ctx.stores.journal.load(), Ok(None));
+    let running = move |owner: &str| {
+        if owner.starts_with("repave/") {
+            return journal;
+        }
+        matches!(
+            records.load(owner),
+            Ok(Some(crate::flows::operations::Record {
+                stage: Stage::Claiming | Stage::Executing,
+                ..
+            })) | Err(_)
+        )
+    };
+    ctx.drain.release_stale(&running).await;
 }
 
 /// Runs the daemon for `config` on the real host until `shutdown`: [`run_with`] with the
@@ -755,7 +792,16 @@ pub async fn run_with_ops(
     // needs only the node, and a node that cannot reach its cluster (a disconnected site, the
     // offline harness) must not stay half-repaved meanwhile.
     let stores = Stores::new(host.fs.clone());
-    if !resume_interrupted_repave(ops.as_ref(), &stores, &host.fs, &shutdown, &metrics).await {
+    if !resume_interrupted_repave(
+        ops.as_ref(),
+        &crate::flows::repave::NoClusterYet,
+        &stores,
+        &host.fs,
+        &shutdown,
+        &metrics,
+    )
+    .await
+    {
         tracing::info!("daemon shutting down before it was ready");
         return Ok(());
     }

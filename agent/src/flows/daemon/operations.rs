@@ -207,9 +207,6 @@ impl Operations for ClusterOperations {
     async fn watch(&self, queue: QueueSender, shutdown: CancellationToken) -> anyhow::Result<()> {
         let mut clients = self.kube.clone();
         let machine = &self.machine_name;
-        self.reconciler
-            .release_stale_cordon(clients.current())
-            .await;
         loop {
             let stream = watch_stream(clients.current(), machine.clone());
             let mut stream = std::pin::pin!(stream);

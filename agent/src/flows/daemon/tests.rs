@@ -289,6 +289,10 @@ struct Setup {
     /// Hold the node's work lock (a real `flock` on the fake host's root) before the daemon
     /// starts, as a node-local request would, until the test drops [`Harness::work_lock`].
     hold_work_lock: bool,
+    /// The pods bound to the node, as the drain's fake seam shows them.
+    pods: Vec<k8s_openapi::api::core::v1::Pod>,
+    /// The Node is cordoned, by this agent for this owner (the drain's fake seam).
+    cordoned_by: Option<&'static str>,
 }
 
 /// A [`NodeStatePublisher`] that logs each write into the sequence (`node <state> <reason>
@@ -366,11 +370,15 @@ impl Default for Setup {
             proven: None,
             node_state: None,
             hold_work_lock: false,
+            pods: Vec::new(),
+            cordoned_by: None,
         }
     }
 }
 
 struct Harness {
+    /// The drain's seam, faked (a Ready node with no pods unless a test adds some).
+    drain: crate::flows::drain::fakes::FakeNodeDrain,
     /// The daemon's metrics (real, rendered as the endpoint would).
     metrics: Arc<DaemonMetrics>,
     fake: FakeHost,
@@ -476,6 +484,26 @@ fn start(setup: Setup) -> Harness {
     .with_rng(|| 1.0)
     .with_reports(tx)
     .with_metrics(metrics.clone());
+    // The drain's seam (the Node and its pods) is faked: a Ready node with no pods.
+    let drain = crate::flows::drain::fakes::FakeNodeDrain::new(
+        crate::flows::drain::fakes::node(NODE, setup.cordoned_by.is_some(), setup.cordoned_by),
+        setup.pods.clone(),
+    );
+    daemon = daemon.with_drain(
+        crate::flows::drain::NodeDrain::new(
+            KubeClients::fixed(client.clone()),
+            NODE,
+            Default::default(),
+        )
+        .with_api(
+            drain.factory(),
+            crate::flows::drain::DrainTimings {
+                ready_timeout: Duration::from_millis(200),
+                ready_poll: Duration::from_millis(10),
+                ..Default::default()
+            },
+        ),
+    );
     if let Some(o) = setup.operations {
         daemon = daemon.with_operations(o);
     }
@@ -503,6 +531,7 @@ fn start(setup: Setup) -> Harness {
     let shutdown = CancellationToken::new();
     let run = tokio::spawn(daemon.run(shutdown.clone()));
     Harness {
+        drain,
         metrics,
         work_lock,
         fake,
@@ -933,6 +962,7 @@ async fn a_restart_in_the_middle_of_a_repave_resumes_it_before_any_event() {
             settings_version: "etag-2".into(),
             kubernetes_version: "1.35.3".into(),
             phase: Phase::Starting,
+            drain: false,
         }),
         machine: Some(machine("etag-2", "1.35.3")),
         ..Default::default()
@@ -969,6 +999,7 @@ async fn an_interrupted_repave_is_resumed_before_the_cluster_is_reached() {
             settings_version: "local-2".into(),
             kubernetes_version: "1.35.0".into(),
             phase: Phase::Starting,
+            drain: false,
         })
         .unwrap();
     let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -1021,6 +1052,7 @@ async fn the_daemon_waits_for_a_node_local_request_holding_the_work_lock() {
         settings_version: "etag-2".into(),
         kubernetes_version: "1.35.3".into(),
         phase: Phase::Starting,
+        drain: false,
     };
     for (journal, machine, want_calls) in [
         (None, machine("etag-1", "1.35.0"), vec![]),
@@ -1051,6 +1083,7 @@ async fn deletion_taint_and_machine_gone_reset_the_node_and_uninstall_the_servic
     let mut h = start(Setup {
         machine: None,
         node: Some(node_json(true)),
+        pods: vec![crate::flows::drain::fakes::pod("default", "web")],
         ..Default::default()
     });
     let fs = h.fake.host.fs.clone();
@@ -1088,6 +1121,12 @@ async fn deletion_taint_and_machine_gone_reset_the_node_and_uninstall_the_servic
     );
     // Reset ran first: machines, runtime directories.
     assert!(systemd[..uninstall].contains(&"daemon-reload".to_string()));
+    // Before it, the node was cordoned and drained; it stays cordoned (it leaves the cluster).
+    assert!(h.drain.calls().contains(&"evict default/web".to_string()));
+    assert_eq!(
+        h.drain.cordon(),
+        (true, Some(crate::flows::drain::DELETION_OWNER.into()))
+    );
     assert!(!h.fake.runner.calls().is_empty());
     assert!(!fs.exists(Path::new("/etc/aks-flex-node")));
     assert!(!fs.exists(Path::new(crate::systemd::AGENT_UNIT_PATH)));
@@ -1095,6 +1134,22 @@ async fn deletion_taint_and_machine_gone_reset_the_node_and_uninstall_the_servic
     assert!(seen(&h.log).iter().all(|r| r.method == "GET"));
     assert!(h.patches().is_empty());
     assert!(h.calls().is_empty());
+}
+
+#[tokio::test]
+async fn the_daemon_lifts_a_cordon_of_work_that_no_longer_runs_before_its_first_reconcile() {
+    let mut h = start(Setup {
+        cordoned_by: Some("uid-of-an-operation-long-finished"),
+        ..Default::default()
+    });
+    h.until(is(Action::ReportSucceeded)).await;
+    assert_eq!(h.drain.cordon(), (false, None));
+    assert_eq!(
+        h.drain.calls()[..2],
+        ["node".to_string(), "node".to_string()],
+        "read, then read again by the release"
+    );
+    h.stop().await;
 }
 
 #[tokio::test]

@@ -46,6 +46,8 @@ pub(crate) struct Ctx {
     pub operations: Option<Arc<dyn Operations>>,
     pub node_state: Option<Arc<super::Reporter>>,
     pub metrics: Arc<crate::flows::metrics::DaemonMetrics>,
+    /// Cordon and drain around the repave's switch and before the deletion's reset.
+    pub drain: Arc<crate::flows::drain::NodeDrain>,
 }
 
 /// What happens after an item succeeded.
@@ -165,9 +167,14 @@ impl Ctx {
                 SeamError::transient(anyhow!("report machine status {RECONCILING}: {e}"))
             })?;
         let started = tokio::time::Instant::now();
-        let applied =
-            crate::flows::repave::apply_goal_state(self.ops.as_ref(), &self.stores, &state, goal)
-                .await;
+        let applied = crate::flows::repave::apply_goal_state(
+            self.ops.as_ref(),
+            self.drain.as_ref(),
+            &self.stores,
+            &state,
+            goal,
+        )
+        .await;
         self.metrics.repave_finished(&applied, started.elapsed());
         match applied {
             Ok(next) => {
@@ -200,10 +207,12 @@ impl Ctx {
         }
     }
 
-    /// `ResetDelete`: reset the node (stage 1), then uninstall the agent's own service
-    /// (stage 2; under systemd this stops the daemon). The Node object is left to whoever
-    /// deletes the machine.
+    /// `ResetDelete`: cordon and drain the node (a drain that does not complete fails the item,
+    /// retried with backoff: nothing is reset), reset the node (stage 1), then uninstall the
+    /// agent's own service (stage 2; under systemd this stops the daemon). The Node object is
+    /// left, cordoned, to whoever deletes the machine.
     async fn reset_delete(&self) -> Result<(), SeamError> {
+        self.drain.before_deletion_reset().await?;
         tracing::warn!(node = %self.node_name, "node deletion: resetting the node");
         crate::flows::reset::reset_node(&self.host, self.timings)
             .await

@@ -22,6 +22,7 @@ pub(crate) mod fakes;
 #[cfg(test)]
 mod tests;
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -31,7 +32,9 @@ use kube::api::{ListParams, Patch, PatchParams};
 use kube::{Api, Client};
 use serde_json::json;
 
-use crate::kubeclient::describe;
+use crate::flows::repave::{Journal, SwitchGuard};
+use crate::kubeclient::{KubeClients, describe};
+use crate::machine::seams::SeamError;
 pub use flex_api::drain::{
     CORDONED_BY, Cordon, DrainPolicy, DrainRequest, Eviction, OnTimeout, PodRef, Release,
     classify_eviction, cordon_plan, plan, ready, release_plan,
@@ -517,4 +520,168 @@ pub async fn wait_ready(
         },
     )
     .await
+}
+
+/// Makes the drain's seam from a client and the node's name (real: [`KubeNodeDrain`]).
+pub type DrainApiFactory = Arc<dyn Fn(Client, &str) -> Arc<dyn NodeDrainApi> + Send + Sync>;
+
+/// The real factory: [`KubeNodeDrain`] over the client.
+pub fn kube_drain_api() -> DrainApiFactory {
+    Arc::new(|client, node| Arc::new(KubeNodeDrain::new(client, node)))
+}
+
+/// The cordon owner of a repave (the [`CORDONED_BY`] value): its goal's settings version.
+pub fn repave_owner(settings_version: &str) -> String {
+    format!("repave/{settings_version}")
+}
+
+/// The cordon owner of the reset that follows the node's deletion.
+pub const DELETION_OWNER: &str = "node-deletion";
+
+/// The drain as the daemon's own flows use it (the repave's switch, the reset after the node's
+/// deletion, the sweep at start), with the daemon's current client, the node's policy
+/// (`agent.drain`) and timings. MachineOperations drain through their reconciler, which adds
+/// their parameters.
+pub struct NodeDrain {
+    api: DrainApiFactory,
+    kube: KubeClients,
+    node: String,
+    policy: DrainPolicy,
+    timings: DrainTimings,
+    /// When the last drain of a repave began (the heartbeat after the switch must be newer).
+    switch_began: Mutex<Option<Timestamp>>,
+}
+
+impl NodeDrain {
+    /// The drain of `node` through `kube`, with `policy`.
+    pub fn new(kube: KubeClients, node: &str, policy: DrainPolicy) -> Self {
+        Self {
+            api: kube_drain_api(),
+            kube,
+            node: node.to_string(),
+            policy,
+            timings: DrainTimings::default(),
+            switch_began: Mutex::new(None),
+        }
+    }
+
+    /// The same with another seam and timings (tests).
+    pub fn with_api(mut self, api: DrainApiFactory, timings: DrainTimings) -> Self {
+        self.api = api;
+        self.timings = timings;
+        self
+    }
+
+    fn api(&self) -> Arc<dyn NodeDrainApi> {
+        (self.api)(self.kube.current(), &self.node)
+    }
+
+    async fn drain(&self, owner: &str) -> Result<Drained, SeamError> {
+        tracing::info!(node = %self.node, owner, timeout = ?self.policy.timeout, "cordoning and draining the node");
+        cordon_and_drain(
+            self.api().as_ref(),
+            &self.node,
+            owner,
+            self.policy,
+            self.timings,
+        )
+        .await
+        .map_err(|e| {
+            let permanent = matches!(&e, DrainError::Refused { .. })
+                || matches!(&e, DrainError::Api(a) if a.permanent);
+            let e = anyhow::anyhow!("drain: {e}");
+            if permanent {
+                SeamError::permanent(e)
+            } else {
+                SeamError::transient(e)
+            }
+        })
+    }
+
+    async fn release_logged(&self, api: &dyn NodeDrainApi, owner: &str) {
+        if let Err(e) = release(api, &self.node, Some(owner)).await {
+            tracing::warn!(error = %e, owner, "could not uncordon the node; the daemon tries again when it starts");
+        }
+    }
+
+    /// Before the reset that follows the node's deletion: cordon and drain. The cordon stays
+    /// (the node leaves the cluster).
+    pub async fn before_deletion_reset(&self) -> Result<(), SeamError> {
+        self.drain(DELETION_OWNER).await.map(drop)
+    }
+
+    /// At the daemon's start, before any work: lifts a cordon this agent made whose owner no
+    /// longer runs (`running(owner)` false: no MachineOperation record at `claiming` or
+    /// `executing`, no repave journal), when the Node is Ready. A cordon a restart cut short
+    /// the release of, or one left on a node that was reset and joined again. An
+    /// administrator's cordon is never touched. Failures are logged.
+    pub async fn release_stale(&self, running: &(dyn Fn(&str) -> bool + Sync)) {
+        let api = self.api();
+        let node = match api.node().await {
+            Ok(Some(n)) => n,
+            Ok(None) => return,
+            Err(e) => {
+                tracing::warn!(error = %e, "could not read the node for a stale cordon");
+                return;
+            }
+        };
+        let (_, Some(owner)) = flex_api::drain::cordon_state(&node) else {
+            return;
+        };
+        if running(&owner) {
+            return;
+        }
+        if !ready(&node).is_some_and(|(r, _)| r) {
+            tracing::warn!(owner = %owner, "the node is not Ready; the cordon of work that no longer runs stays");
+            return;
+        }
+        tracing::info!(owner = %owner, "lifting the cordon of work that no longer runs");
+        self.release_logged(api.as_ref(), &owner).await;
+    }
+}
+
+#[async_trait]
+impl SwitchGuard for NodeDrain {
+    fn drains(&self) -> bool {
+        true
+    }
+
+    async fn before_switch(&self, journal: &Journal) -> Result<(), SeamError> {
+        *self.switch_began.lock().unwrap_or_else(|e| e.into_inner()) = Some(Timestamp::now());
+        // The daemon repaves after its Node was deleted (the repave's trigger, as upstream's):
+        // there is nothing to cordon, and the pods bound to the deleted Node are the pod
+        // garbage collector's. A Node that exists again is cordoned and drained.
+        match self.api().node().await {
+            Ok(None) => {
+                tracing::info!(node = %self.node, "the Node is gone (the repave's trigger): nothing to cordon or drain");
+                return Ok(());
+            }
+            Ok(Some(_)) => {}
+            Err(e) => {
+                return Err(SeamError::transient(anyhow::anyhow!("drain: {e}")));
+            }
+        }
+        self.drain(&repave_owner(&journal.settings_version))
+            .await
+            .map(drop)
+    }
+
+    async fn after(&self, journal: &Journal, finished: bool) {
+        let owner = repave_owner(&journal.settings_version);
+        let api = self.api();
+        if finished {
+            // A repave resumed after a restart did not see its drain begin: any heartbeat then.
+            let since = self
+                .switch_began
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take()
+                .unwrap_or(Timestamp::UNIX_EPOCH);
+            if let Err(e) = wait_ready(api.as_ref(), since, self.timings).await {
+                tracing::warn!(error = %e, "the node is not Ready after the repave; it stays cordoned");
+                return;
+            }
+        }
+        self.release_logged(api.as_ref(), &owner).await;
+    }
 }

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use super::fakes::{FakeNodeDrain, daemonset_pod, node, pod, transient};
 use super::*;
+use crate::flows::repave::Journal;
 
 const N: &str = "node1";
 const UID: &str = "op-uid-1";
@@ -232,4 +233,115 @@ async fn ready_means_a_heartbeat_after_the_reboot() {
     wait_ready(&f, before, t).await.unwrap();
     let e = wait_ready(&f, after, t).await.unwrap_err();
     assert!(e.to_string().contains("before the reboot"), "{e}");
+}
+
+/// The daemon's drain over the fake seam (its client is never used: the factory hands out the
+/// fake).
+fn node_drain(f: &FakeNodeDrain) -> NodeDrain {
+    let (service, _handle) = tower_test::mock::pair::<
+        http::Request<kube::client::Body>,
+        http::Response<kube::client::Body>,
+    >();
+    let client = kube::Client::new(service, "default");
+    NodeDrain::new(KubeClients::fixed(client), N, policy(30, OnTimeout::Fail)).with_api(
+        f.factory(),
+        DrainTimings {
+            ready_timeout: Duration::from_millis(100),
+            ready_poll: Duration::from_millis(10),
+            ..DrainTimings::default()
+        },
+    )
+}
+
+#[tokio::test]
+async fn the_daemon_lifts_at_start_only_a_stale_cordon_of_its_own() {
+    let nothing_runs = |_: &str| false;
+    // A cordon of work that no longer runs here: lifted.
+    let f = FakeNodeDrain::new(node(N, true, Some("gone-op")), vec![]);
+    node_drain(&f).release_stale(&nothing_runs).await;
+    assert_eq!(f.cordon(), (false, None));
+    // One whose work still runs (a drain cut short, resumed by its reconcile): kept.
+    let f = FakeNodeDrain::new(node(N, true, Some("uid-op")), vec![]);
+    node_drain(&f).release_stale(&|o: &str| o == "uid-op").await;
+    assert_eq!(f.cordon(), (true, Some("uid-op".into())));
+    // An administrator's: kept, not even asked about.
+    let f = FakeNodeDrain::new(node(N, true, None), vec![]);
+    node_drain(&f)
+        .release_stale(&|_: &str| panic!("an administrator's cordon has no owner to ask about"))
+        .await;
+    assert_eq!(f.cordon(), (true, None));
+    // Ours, but the node is not Ready: kept.
+    let mut n = node(N, true, Some("gone-op"));
+    n.status.as_mut().unwrap().conditions.as_mut().unwrap()[0].status = "False".into();
+    let f = FakeNodeDrain::new(n, vec![]);
+    node_drain(&f).release_stale(&nothing_runs).await;
+    assert_eq!(f.cordon(), (true, Some("gone-op".into())));
+}
+
+fn repave_journal() -> Journal {
+    Journal {
+        version: 1,
+        source: "kube1".into(),
+        target: "kube2".into(),
+        settings_version: "v2".into(),
+        kubernetes_version: "1.33.0".into(),
+        phase: crate::flows::repave::Phase::Switching,
+        drain: true,
+    }
+}
+
+#[tokio::test]
+async fn a_repave_drains_under_its_own_name_and_uncordons_once_ready() {
+    let f = FakeNodeDrain::new(node(N, false, None), vec![pod("default", "web")]);
+    let d = node_drain(&f);
+    d.before_switch(&repave_journal()).await.unwrap();
+    assert_eq!(f.cordon(), (true, Some("repave/v2".into())));
+    assert!(f.state().pods.is_empty());
+    d.after(&repave_journal(), true).await;
+    assert_eq!(f.cordon(), (false, None));
+}
+
+#[tokio::test]
+async fn a_repave_whose_node_is_not_ready_after_the_switch_stays_cordoned() {
+    let mut n = node(N, false, None);
+    n.status.as_mut().unwrap().conditions.as_mut().unwrap()[0].status = "False".into();
+    let f = FakeNodeDrain::new(n, vec![]);
+    let d = node_drain(&f);
+    d.before_switch(&repave_journal()).await.unwrap();
+    d.after(&repave_journal(), true).await;
+    assert_eq!(f.cordon(), (true, Some("repave/v2".into())));
+    // Rolled back instead: lifted at once, Ready or not.
+    d.after(&repave_journal(), false).await;
+    assert_eq!(f.cordon(), (false, None));
+}
+
+#[tokio::test]
+async fn a_repave_drain_that_times_out_is_a_transient_failure_a_refusal_a_permanent_one() {
+    let f = FakeNodeDrain::new(node(N, false, None), vec![pod("default", "web")]);
+    f.state()
+        .blocked
+        .insert("web".into(), "The disruption budget web-pdb".into());
+    let d = NodeDrain {
+        policy: policy(1, OnTimeout::Fail),
+        ..node_drain(&f)
+    };
+    let e = d.before_switch(&repave_journal()).await.unwrap_err();
+    assert!(!e.is_permanent());
+    assert!(e.to_string().contains("web-pdb"), "{e}");
+    let f = FakeNodeDrain::new(node(N, false, None), vec![pod("default", "web")]);
+    f.state().answers.insert(
+        "web".into(),
+        [Eviction::Refused("403: forbidden".into())].into(),
+    );
+    let e = node_drain(&f).before_deletion_reset().await.unwrap_err();
+    assert!(e.is_permanent(), "{e}");
+    assert_eq!(f.cordon(), (true, Some(DELETION_OWNER.into())));
+}
+
+#[tokio::test]
+async fn a_repave_after_the_nodes_deletion_has_nothing_to_drain() {
+    let f = FakeNodeDrain::default();
+    let d = node_drain(&f);
+    d.before_switch(&repave_journal()).await.unwrap();
+    assert_eq!(f.calls(), ["node"]);
 }

@@ -42,6 +42,7 @@ pub use flex_api::operations::{
     NODE_NOT_READY, OperationResult, SUCCEEDED, UNKNOWN_KIND, UNSUPPORTED_OPERATION, decide,
 };
 
+pub use crate::flows::drain::DrainApiFactory;
 pub use decide::{Action, Decision, Facts, Failure, Resume, UpgradeRequest};
 #[cfg(test)]
 pub(crate) use fakes::RecordingHandlers;
@@ -50,8 +51,8 @@ pub use handlers::{
     render_result, run_local,
 };
 pub use reconcile::{
-    DrainApiFactory, MACHINE_REF_FIELD, Outcome, ReconcileError, Reconciler, ReconcilerConfig,
-    Taken, WatchScope, field_selectors, watch_stream,
+    MACHINE_REF_FIELD, Outcome, ReconcileError, Reconciler, ReconcilerConfig, Taken, WatchScope,
+    field_selectors, watch_stream,
 };
 pub use record::{RECORDS_DIR, Record, RecordStore, Stage};
 

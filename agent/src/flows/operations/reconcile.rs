@@ -33,8 +33,8 @@ use super::handlers::{Executed, Handlers, execute, stops_daemon};
 use super::record::{Record, RecordStore, Stage};
 use super::{DRAIN_FAILED, DRAIN_TIMED_OUT, IN_PROGRESS, NODE_NOT_READY, OperationResult};
 use crate::flows::drain::{
-    DrainError, DrainPolicy, DrainTimings, Drained, KubeNodeDrain, NodeDrainApi, Release,
-    cordon_and_drain, ready, release, wait_ready,
+    DrainApiFactory, DrainError, DrainPolicy, DrainTimings, Drained, NodeDrainApi, Release,
+    cordon_and_drain, kube_drain_api, ready, release, wait_ready,
 };
 use crate::flows::metrics::DaemonMetrics;
 use crate::flows::upgrade::{OperationRef, Resumed};
@@ -65,9 +65,6 @@ pub struct ReconcilerConfig {
     /// (`agent.drain`).
     pub drain: DrainPolicy,
 }
-
-/// Makes the drain's seam from the client of a reconcile (real: [`KubeNodeDrain`]).
-pub type DrainApiFactory = Arc<dyn Fn(Client, &str) -> Arc<dyn NodeDrainApi> + Send + Sync>;
 
 /// What one reconcile did.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -220,7 +217,7 @@ impl Reconciler {
             clock: Arc::new(Timestamp::now),
             memory: Mutex::new(HashMap::new()),
             metrics: Arc::new(DaemonMetrics::default()),
-            drain_api: Arc::new(|client, node| Arc::new(KubeNodeDrain::new(client, node))),
+            drain_api: kube_drain_api(),
             drain_timings: DrainTimings::default(),
         }
     }
@@ -596,43 +593,6 @@ impl Reconciler {
             }
             Ok(_) => tracing::warn!(operation = uid, "the node is not Ready; its cordon stays"),
             Err(e) => tracing::warn!(error = %e, "could not read the node; its cordon stays"),
-        }
-    }
-
-    /// At the daemon's start: lifts a cordon this agent made for an operation that no longer
-    /// runs here (no record at `claiming` or `executing`: the release was cut short, or the
-    /// node was reset and joined again), when the Node is Ready. An administrator's cordon is
-    /// never touched.
-    pub async fn release_stale_cordon(&self, client: Client) {
-        let api = (self.drain_api)(client, &self.cfg.node_name);
-        let node = match api.node().await {
-            Ok(Some(n)) => n,
-            Ok(None) => return,
-            Err(e) => {
-                tracing::warn!(error = %e, "could not read the node for a stale cordon");
-                return;
-            }
-        };
-        let (_, Some(by)) = flex_api::drain::cordon_state(&node) else {
-            return;
-        };
-        let running = matches!(
-            self.cfg.records.load(&by),
-            Ok(Some(Record {
-                stage: Stage::Claiming | Stage::Executing,
-                ..
-            })) | Err(_)
-        );
-        if running {
-            return;
-        }
-        if !ready(&node).is_some_and(|(r, _)| r) {
-            tracing::warn!(operation = %by, "the node is not Ready; the cordon of a finished operation stays");
-            return;
-        }
-        tracing::info!(operation = %by, "lifting the cordon of an operation that no longer runs");
-        if let Err(e) = release(api.as_ref(), &self.cfg.node_name, Some(&by)).await {
-            tracing::warn!(error = %e, "could not uncordon the node");
         }
     }
 

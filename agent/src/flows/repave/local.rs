@@ -252,7 +252,8 @@ pub async fn request(
         kubernetes_version = %goal.kubernetes_version,
         "node-local repave requested"
     );
-    let after = super::apply_goal_state(ops, stores, &before, &goal)
+    // No cluster to drain through: a node-local repave is the operator's, as a reboot is.
+    let after = super::apply_goal_state(ops, &super::Unguarded, stores, &before, &goal)
         .await
         .map_err(LocalRepaveError::Repave)?;
     Ok(Repaved { before, after })

@@ -13,6 +13,7 @@ fn journal(phase: Phase) -> Journal {
         settings_version: "etag-2".into(),
         kubernetes_version: "1.35.3".into(),
         phase,
+        drain: true,
     }
 }
 
@@ -29,6 +30,7 @@ fn plan_table() {
                 Record(Preparing),
                 Provision(k2()),
                 Record(Switching),
+                Drain,
                 Stop(k1()),
                 Record(Starting),
                 Start(k2()),
@@ -43,6 +45,7 @@ fn plan_table() {
             Switching,
             vec![
                 Record(Switching),
+                Drain,
                 Stop(k1()),
                 Record(Starting),
                 Start(k2()),
@@ -80,6 +83,12 @@ fn plan_table() {
     for (phase, want) in cases {
         assert_eq!(plan(&journal(phase)), want, "{phase:?}");
     }
+    // A repave that does not drain (node-local, or journaled before drains existed).
+    let local = Journal {
+        drain: false,
+        ..journal(Switching)
+    };
+    assert_eq!(&plan(&local)[..2], [Record(Switching), Stop(k1())]);
 }
 
 #[test]
@@ -104,7 +113,7 @@ fn begin_and_next_state() {
         settings_version: "etag-9".into(),
         ..Default::default()
     };
-    let j = begin(&st, &goal).unwrap();
+    let j = begin(&st, &goal, false).unwrap();
     assert_eq!((j.source.as_str(), j.target.as_str()), ("kube2", "kube1"));
     assert_eq!(j.phase, Phase::Preparing);
     let n = next_state(&st, &j);
@@ -112,7 +121,7 @@ fn begin_and_next_state() {
     assert_eq!(n.previous_settings_version, "1.35.0");
     assert_eq!(n.applied_settings_version, "etag-9");
     let bad = DaemonState::default();
-    assert!(begin(&bad, &goal).is_err());
+    assert!(begin(&bad, &goal, false).is_err());
 }
 
 fn setup() -> (tempfile::TempDir, Stores, DaemonState, GoalState) {
@@ -137,7 +146,9 @@ fn setup() -> (tempfile::TempDir, Stores, DaemonState, GoalState) {
 async fn repave_success() {
     let (_d, stores, st, goal) = setup();
     let ops = RecordingOps::default();
-    let next = apply_goal_state(&ops, &stores, &st, &goal).await.unwrap();
+    let next = apply_goal_state(&ops, &Unguarded, &stores, &st, &goal)
+        .await
+        .unwrap();
     assert_eq!(
         ops.calls(),
         vec![
@@ -183,7 +194,7 @@ async fn failure_before_switch_rolls_back_and_keeps_state() {
     ] {
         let (_d, stores, st, goal) = setup();
         let ops = RecordingOps::failing(fail);
-        let e = apply_goal_state(&ops, &stores, &st, &goal)
+        let e = apply_goal_state(&ops, &Unguarded, &stores, &st, &goal)
             .await
             .unwrap_err();
         assert!(matches!(e, RepaveError::RolledBack { .. }), "{fail}: {e}");
@@ -214,7 +225,7 @@ async fn only_a_rolled_back_permanent_failure_is_permanent() {
         let (_d, stores, st, goal) = setup();
         let ops = RecordingOps::failing_each(fails);
         let ops = if permanent { ops.permanently() } else { ops };
-        let e = apply_goal_state(&ops, &stores, &st, &goal)
+        let e = apply_goal_state(&ops, &Unguarded, &stores, &st, &goal)
             .await
             .unwrap_err();
         assert_eq!(
@@ -230,7 +241,7 @@ async fn failed_rollback_is_reported() {
     let (_d, stores, st, goal) = setup();
     // The target does not start, and the rollback's restart of kube1 fails too.
     let ops = RecordingOps::failing_each(&["start kube2", "start kube1"]);
-    let e = apply_goal_state(&ops, &stores, &st, &goal)
+    let e = apply_goal_state(&ops, &Unguarded, &stores, &st, &goal)
         .await
         .unwrap_err();
     assert!(matches!(e, RepaveError::RollbackFailed { .. }), "{e}");
@@ -241,7 +252,7 @@ async fn failed_rollback_is_reported() {
 async fn cleanup_failure_after_switch_resumes_later() {
     let (_d, stores, st, goal) = setup();
     let ops = RecordingOps::failing("cleanup kube1");
-    let e = apply_goal_state(&ops, &stores, &st, &goal)
+    let e = apply_goal_state(&ops, &Unguarded, &stores, &st, &goal)
         .await
         .unwrap_err();
     assert!(matches!(e, RepaveError::AfterSwitch { .. }), "{e}");
@@ -253,7 +264,10 @@ async fn cleanup_failure_after_switch_resumes_later() {
     );
     // The next daemon start finishes the cleanup.
     let ops = RecordingOps::default();
-    let resumed = resume_pending(&ops, &stores).await.unwrap().unwrap();
+    let resumed = resume_pending(&ops, &Unguarded, &stores)
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(ops.calls(), vec!["cleanup kube1"]);
     assert_eq!(resumed, saved);
     assert_eq!(stores.journal.load().unwrap(), None);
@@ -263,25 +277,33 @@ async fn cleanup_failure_after_switch_resumes_later() {
 #[tokio::test]
 async fn interrupted_repave_resumes_from_its_phase() {
     let (_d, stores, st, goal) = setup();
-    let mut j = begin(&st, &goal).unwrap();
+    let mut j = begin(&st, &goal, false).unwrap();
     j.phase = Phase::Starting; // the daemon died after stopping kube1
     stores.journal.save(&j).unwrap();
     let ops = RecordingOps::default();
-    let next = resume_pending(&ops, &stores).await.unwrap().unwrap();
+    let next = resume_pending(&ops, &Unguarded, &stores)
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(ops.calls(), vec!["start kube2", "cleanup kube1"]);
     assert_eq!(next.active_machine, "kube2");
     assert_eq!(next.previous_settings_version, "1.35.0");
-    assert_eq!(resume_pending(&ops, &stores).await.unwrap(), None);
+    assert_eq!(
+        resume_pending(&ops, &Unguarded, &stores).await.unwrap(),
+        None
+    );
 }
 
 #[tokio::test]
 async fn apply_resumes_a_journal_for_the_same_goal() {
     let (_d, stores, st, goal) = setup();
-    let mut j = begin(&st, &goal).unwrap();
+    let mut j = begin(&st, &goal, false).unwrap();
     j.phase = Phase::Switching;
     stores.journal.save(&j).unwrap();
     let ops = RecordingOps::default();
-    apply_goal_state(&ops, &stores, &st, &goal).await.unwrap();
+    apply_goal_state(&ops, &Unguarded, &stores, &st, &goal)
+        .await
+        .unwrap();
     assert_eq!(
         ops.calls(),
         vec!["stop kube1", "start kube2", "cleanup kube1"]
@@ -349,12 +371,15 @@ async fn resume_with_an_unreadable_journal_starts_the_machine_the_state_names() 
     // Real: the state and journal files (temporary root). Faked: the machines (recording ops;
     // kube1 was disabled and stopped by the interrupted repave, kube2 never enabled).
     let (d, stores, st, goal) = setup();
-    let mut j = begin(&st, &goal).unwrap();
+    let mut j = begin(&st, &goal, false).unwrap();
     j.phase = Phase::Starting;
     write_torn_legacy_journal(&d, &j);
     assert!(stores.journal.load().unwrap_err().is_unreadable());
     let ops = RecordingOps::default();
-    assert_eq!(resume_pending(&ops, &stores).await.unwrap(), None);
+    assert_eq!(
+        resume_pending(&ops, &Unguarded, &stores).await.unwrap(),
+        None
+    );
     assert_eq!(
         ops.calls(),
         vec!["stop kube2", "cleanup kube2", "start kube1"]
@@ -365,7 +390,9 @@ async fn resume_with_an_unreadable_journal_starts_the_machine_the_state_names() 
     assert_eq!(stores.journal.load().unwrap(), None);
     assert_eq!(stores.state.load().unwrap(), Some(st.clone()));
     let ops = RecordingOps::default().with_enabled(&["kube1"]);
-    let next = apply_goal_state(&ops, &stores, &st, &goal).await.unwrap();
+    let next = apply_goal_state(&ops, &Unguarded, &stores, &st, &goal)
+        .await
+        .unwrap();
     assert_eq!(next.active_machine, "kube2");
 }
 
@@ -373,7 +400,7 @@ async fn resume_with_an_unreadable_journal_starts_the_machine_the_state_names() 
 async fn apply_with_a_corrupt_journal_recovers_then_repaves() {
     // Real: state and journal files, the journal with a flipped byte. Faked: the machines.
     let (d, stores, st, goal) = setup();
-    let mut j = begin(&st, &goal).unwrap();
+    let mut j = begin(&st, &goal, false).unwrap();
     j.phase = Phase::Saving;
     stores.journal.save(&j).unwrap();
     let real = HostFs::new(d.path()).path(std::path::Path::new(JOURNAL_PATH));
@@ -382,7 +409,9 @@ async fn apply_with_a_corrupt_journal_recovers_then_repaves() {
         .replace("saving", "savinh");
     std::fs::write(&real, bytes).unwrap();
     let ops = RecordingOps::default().with_enabled(&["kube2"]);
-    let next = apply_goal_state(&ops, &stores, &st, &goal).await.unwrap();
+    let next = apply_goal_state(&ops, &Unguarded, &stores, &st, &goal)
+        .await
+        .unwrap();
     assert_eq!(
         ops.calls(),
         vec![
@@ -403,7 +432,7 @@ async fn apply_with_a_corrupt_journal_recovers_then_repaves() {
 async fn unreadable_journal_and_state_start_the_enabled_machine() {
     // Real: both files damaged. Faked: the machines, kube2 enabled.
     let (d, stores, st, goal) = setup();
-    let j = begin(&st, &goal).unwrap();
+    let j = begin(&st, &goal, false).unwrap();
     write_torn_legacy_journal(&d, &j);
     let fs = HostFs::new(d.path());
     fs.write_atomic(
@@ -413,7 +442,10 @@ async fn unreadable_journal_and_state_start_the_enabled_machine() {
     )
     .unwrap();
     let ops = RecordingOps::default().with_enabled(&["kube2"]);
-    assert_eq!(resume_pending(&ops, &stores).await.unwrap(), None);
+    assert_eq!(
+        resume_pending(&ops, &Unguarded, &stores).await.unwrap(),
+        None
+    );
     assert_eq!(
         ops.calls(),
         vec![
@@ -430,12 +462,12 @@ async fn unreadable_journal_and_state_start_the_enabled_machine() {
 async fn unreadable_journal_with_nothing_to_decide_on_touches_nothing() {
     // Real: both files damaged. Faked: the machines, none enabled.
     let (d, stores, st, goal) = setup();
-    write_torn_legacy_journal(&d, &begin(&st, &goal).unwrap());
+    write_torn_legacy_journal(&d, &begin(&st, &goal, false).unwrap());
     HostFs::new(d.path())
         .remove_file(std::path::Path::new(crate::state::STATE_PATH))
         .unwrap();
     let ops = RecordingOps::default();
-    let e = resume_pending(&ops, &stores).await.unwrap_err();
+    let e = resume_pending(&ops, &Unguarded, &stores).await.unwrap_err();
     assert!(matches!(e, RepaveError::UnreadableJournal { .. }), "{e}");
     assert!(
         e.to_string().starts_with(
@@ -451,16 +483,19 @@ async fn unreadable_journal_with_nothing_to_decide_on_touches_nothing() {
 #[tokio::test]
 async fn a_failed_recovery_start_keeps_the_journal_for_the_next_attempt() {
     let (d, stores, st, goal) = setup();
-    write_torn_legacy_journal(&d, &begin(&st, &goal).unwrap());
+    write_torn_legacy_journal(&d, &begin(&st, &goal, false).unwrap());
     let ops = RecordingOps::failing("start kube1");
-    let e = resume_pending(&ops, &stores).await.unwrap_err();
+    let e = resume_pending(&ops, &Unguarded, &stores).await.unwrap_err();
     assert_eq!(
         e.to_string(),
         "repave journal is unreadable; starting kube1 failed: injected failure of start kube1"
     );
     assert!(stores.journal.load().is_err(), "the journal stays");
     let ops = RecordingOps::default();
-    assert_eq!(resume_pending(&ops, &stores).await.unwrap(), None);
+    assert_eq!(
+        resume_pending(&ops, &Unguarded, &stores).await.unwrap(),
+        None
+    );
     assert_eq!(stores.journal.load().unwrap(), None);
 }
 
@@ -516,7 +551,7 @@ async fn only_an_unreadable_journal_is_recovered_from_not_a_read_error() {
     for (name, journal, state, want) in rows {
         let (d, stores, st, goal) = setup();
         let fs = HostFs::new(d.path());
-        let mut j = begin(&st, &goal).unwrap();
+        let mut j = begin(&st, &goal, false).unwrap();
         j.phase = Phase::Starting;
         for (damage, path) in [
             (journal, std::path::Path::new(JOURNAL_PATH)),
@@ -536,7 +571,7 @@ async fn only_an_unreadable_journal_is_recovered_from_not_a_read_error() {
             }
         }
         let ops = RecordingOps::default().with_enabled(&["kube1"]);
-        let got = resume_pending(&ops, &stores).await;
+        let got = resume_pending(&ops, &Unguarded, &stores).await;
         match want {
             Some(calls) => {
                 assert_eq!(got.unwrap(), None, "{name}");
@@ -555,4 +590,105 @@ async fn only_an_unreadable_journal_is_recovered_from_not_a_read_error() {
             }
         }
     }
+}
+
+/// A recording [`SwitchGuard`] (test code): what the machine steps had done when the drain
+/// was asked for, and how each repave ended for it; `fail` makes the drain fail.
+#[derive(Default)]
+struct RecordingGuard {
+    ops: Option<RecordingOps>,
+    fail: bool,
+    log: std::sync::Mutex<Vec<String>>,
+}
+
+#[async_trait::async_trait]
+impl SwitchGuard for RecordingGuard {
+    fn drains(&self) -> bool {
+        true
+    }
+    async fn before_switch(&self, j: &Journal) -> Result<(), SeamError> {
+        let done = self.ops.as_ref().map(|o| o.calls()).unwrap_or_default();
+        self.log
+            .lock()
+            .unwrap()
+            .push(format!("drain {} after {done:?}", j.settings_version));
+        if self.fail {
+            return Err(SeamError::transient(anyhow::anyhow!(
+                "drain timed out after 5m0s with 1 pod(s) left (default/web)"
+            )));
+        }
+        Ok(())
+    }
+    async fn after(&self, j: &Journal, finished: bool) {
+        self.log
+            .lock()
+            .unwrap()
+            .push(format!("after {} finished={finished}", j.settings_version));
+    }
+}
+
+#[tokio::test]
+async fn the_node_is_drained_after_the_target_is_provisioned_and_before_the_old_side_stops() {
+    let (_d, stores, st, goal) = setup();
+    let ops = RecordingOps::default();
+    let guard = RecordingGuard {
+        ops: Some(ops.clone()),
+        ..Default::default()
+    };
+    apply_goal_state(&ops, &guard, &stores, &st, &goal)
+        .await
+        .unwrap();
+    assert_eq!(
+        *guard.log.lock().unwrap(),
+        [
+            "drain etag-2 after [\"provision kube2 1.35.3\"]",
+            "after etag-2 finished=true"
+        ]
+    );
+}
+
+#[tokio::test]
+async fn a_drain_that_does_not_complete_rolls_back_without_stopping_anything() {
+    let (_d, stores, st, goal) = setup();
+    let ops = RecordingOps::default();
+    let guard = RecordingGuard {
+        ops: Some(ops.clone()),
+        fail: true,
+        ..Default::default()
+    };
+    let e = apply_goal_state(&ops, &guard, &stores, &st, &goal)
+        .await
+        .unwrap_err();
+    assert!(
+        e.to_string().starts_with(
+            "apply machine goal state: drain failed, rolled back to kube1: drain timed out"
+        ),
+        "{e}"
+    );
+    // The old side never stopped (its start in the rollback finds it running).
+    assert_eq!(
+        ops.calls(),
+        [
+            "provision kube2 1.35.3",
+            "stop kube2",
+            "cleanup kube2",
+            "start kube1"
+        ]
+    );
+    assert_eq!(
+        guard.log.lock().unwrap().last().unwrap(),
+        "after etag-2 finished=false"
+    );
+    assert_eq!(stores.state.load().unwrap(), Some(st));
+}
+
+#[tokio::test]
+async fn a_repave_that_fails_before_the_switch_phase_asks_nothing_of_the_guard() {
+    let (_d, stores, st, goal) = setup();
+    let ops = RecordingOps::failing("provision kube2 1.35.3");
+    let guard = RecordingGuard::default();
+    apply_goal_state(&ops, &guard, &stores, &st, &goal)
+        .await
+        .unwrap_err();
+    assert!(guard.log.lock().unwrap().is_empty());
 }

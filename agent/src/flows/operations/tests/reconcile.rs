@@ -1128,37 +1128,6 @@ async fn a_reboot_cut_short_by_a_restart_is_interrupted_and_its_cordon_lifted_on
     assert_eq!(rig.drain.cordon(), (false, None));
 }
 
-#[tokio::test(start_paused = true)]
-async fn the_daemon_lifts_at_start_only_a_stale_cordon_of_its_own() {
-    // A cordon of an operation that no longer runs here: lifted.
-    let rig = rig_with(node(ME, true, Some("gone-op")), vec![]);
-    rig.reconciler()
-        .release_stale_cordon(rig.api.client())
-        .await;
-    assert_eq!(rig.drain.cordon(), (false, None));
-    // One whose record says it runs (a drain cut short, resumed by its reconcile): kept.
-    let rig = rig_with(node(ME, true, Some("uid-op")), vec![]);
-    seed(&rig, Stage::Claiming, "2027-01-15T07:59:30Z", None);
-    rig.reconciler()
-        .release_stale_cordon(rig.api.client())
-        .await;
-    assert_eq!(rig.drain.cordon(), (true, Some("uid-op".into())));
-    // An administrator's: kept.
-    let rig = rig_with(node(ME, true, None), vec![]);
-    rig.reconciler()
-        .release_stale_cordon(rig.api.client())
-        .await;
-    assert_eq!(rig.drain.cordon(), (true, None));
-    // Ours, but the node is not Ready: kept.
-    let mut n = node(ME, true, Some("gone-op"));
-    n.status.as_mut().unwrap().conditions.as_mut().unwrap()[0].status = "False".into();
-    let rig = rig_with(n, vec![]);
-    rig.reconciler()
-        .release_stale_cordon(rig.api.client())
-        .await;
-    assert_eq!(rig.drain.cordon(), (true, Some("gone-op".into())));
-}
-
 #[tokio::test]
 async fn an_agent_upgrade_neither_cordons_nor_drains() {
     let rig = rig_with(node(ME, false, None), vec![pod("default", "web")]);

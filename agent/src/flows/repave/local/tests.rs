@@ -24,6 +24,7 @@ fn journal() -> Journal {
         settings_version: "etag-2".into(),
         kubernetes_version: "1.35.3".into(),
         phase: Phase::Switching,
+        drain: false,
     }
 }
 
