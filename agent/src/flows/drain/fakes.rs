@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use async_trait::async_trait;
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
 use serde_json::json;
 
 use super::{CORDONED_BY, DrainApiError, Eviction, NodeDrainApi, PodRef};
@@ -26,6 +26,8 @@ pub struct State {
     pub terminating: BTreeMap<String, u32>,
     /// Lists an evicted pod shows terminating in (default 1).
     pub grace_lists: u32,
+    /// Events recorded: `<Kind>/<name> <Normal|Warning> <reason>: <note>`.
+    pub events: Vec<String>,
     rv: u64,
 }
 
@@ -92,6 +94,10 @@ impl FakeNodeDrain {
 
     pub fn calls(&self) -> Vec<String> {
         self.state().calls.clone()
+    }
+
+    pub fn events(&self) -> Vec<String> {
+        self.state().events.clone()
     }
 
     /// `(unschedulable, cordoned-by)` of the Node now.
@@ -202,6 +208,15 @@ impl NodeDrainApi for FakeNodeDrain {
             st.terminating.insert(name, lists);
         }
         answer
+    }
+
+    async fn event(&self, regarding: &ObjectReference, warning: bool, reason: &str, note: &str) {
+        self.state().events.push(format!(
+            "{}/{} {} {reason}: {note}",
+            regarding.kind.as_deref().unwrap_or("?"),
+            regarding.name.as_deref().unwrap_or("?"),
+            if warning { "Warning" } else { "Normal" }
+        ));
     }
 }
 

@@ -26,9 +26,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{Event as CoreEvent, Node, ObjectReference, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{ListParams, Patch, PatchParams};
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::json;
 
@@ -87,6 +88,65 @@ pub trait NodeDrainApi: Send + Sync {
     async fn pods(&self) -> Result<Vec<Pod>, DrainApiError>;
     /// Asks the Eviction API to evict `pod` (its UID a precondition); the answer classified.
     async fn evict(&self, pod: &PodRef) -> Eviction;
+    /// Records a Kubernetes Event about `regarding` (a `Warning` when `warning`); a failure is
+    /// logged, never passed on: an Event is for people, the drain does not depend on it.
+    async fn event(&self, regarding: &ObjectReference, warning: bool, reason: &str, note: &str);
+}
+
+/// What a drain is for: the owner its cordon records ([`CORDONED_BY`]), the work in words for
+/// Events and logs, and the object Events are also recorded on (the MachineOperation).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Subject {
+    /// The cordon's owner: the operation's UID, `repave/<settings version>`, `node-deletion`.
+    pub owner: String,
+    /// The work, in words (`MachineOperation reboot-1 (NodeReboot)`).
+    pub what: String,
+    /// Events about the drain are also recorded on this object.
+    pub related: Option<ObjectReference>,
+}
+
+/// The reasons of the Events a drain records.
+pub mod reasons {
+    /// The Node was marked unschedulable.
+    pub const CORDONED: &str = "Cordoned";
+    /// The Node was already unschedulable, not by this agent: it stays so.
+    pub const CORDON_KEPT: &str = "CordonKept";
+    /// Every pod to evict is gone.
+    pub const DRAINED: &str = "Drained";
+    /// A PodDisruptionBudget refused an eviction (once per pod and drain).
+    pub const EVICTION_BLOCKED: &str = "EvictionBlocked";
+    /// The drain timed out.
+    pub const DRAIN_TIMED_OUT: &str = "DrainTimedOut";
+    /// The drain could not be carried out.
+    pub const DRAIN_FAILED: &str = "DrainFailed";
+    /// The cordon was lifted.
+    pub const UNCORDONED: &str = "Uncordoned";
+}
+
+/// The Node as Events name it.
+fn node_ref(node: &Node) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Node".into()),
+        name: node.metadata.name.clone(),
+        uid: node.metadata.uid.clone(),
+        ..ObjectReference::default()
+    }
+}
+
+/// Records an Event on the Node and on the subject's related object.
+async fn tell(
+    api: &dyn NodeDrainApi,
+    node: &ObjectReference,
+    subject: &Subject,
+    warning: bool,
+    reason: &str,
+    note: &str,
+) {
+    api.event(node, warning, reason, note).await;
+    if let Some(r) = &subject.related {
+        api.event(r, warning, reason, note).await;
+    }
 }
 
 /// [`NodeDrainApi`] over a kube client, for node `node`. With the daemon's identity
@@ -190,7 +250,48 @@ impl NodeDrainApi for KubeNodeDrain {
             Err(e) => Eviction::Retry(describe(&e)),
         }
     }
+
+    async fn event(&self, regarding: &ObjectReference, warning: bool, reason: &str, note: &str) {
+        // A core/v1 Event, which a node may create (the Node authorizer's rules); the
+        // events.k8s.io API would need a role of its own.
+        let now = Timestamp::now();
+        let base = regarding.name.as_deref().unwrap_or("aks-flex-node");
+        let ns = regarding
+            .namespace
+            .clone()
+            .unwrap_or_else(|| "default".into());
+        let ev = CoreEvent {
+            metadata: kube::api::ObjectMeta {
+                name: Some(format!("{base}.{:x}", now.as_nanosecond())),
+                namespace: Some(ns.clone()),
+                ..Default::default()
+            },
+            involved_object: regarding.clone(),
+            reason: Some(reason.to_string()),
+            message: Some(note.to_string()),
+            type_: Some(if warning { "Warning" } else { "Normal" }.to_string()),
+            source: Some(k8s_openapi::api::core::v1::EventSource {
+                component: Some(EVENT_COMPONENT.into()),
+                host: Some(self.node.clone()),
+            }),
+            first_timestamp: Some(Time(now)),
+            last_timestamp: Some(Time(now)),
+            count: Some(1),
+            reporting_component: Some(EVENT_COMPONENT.into()),
+            reporting_instance: Some(self.node.clone()),
+            ..Default::default()
+        };
+        if let Err(e) = Api::<CoreEvent>::namespaced(self.client.clone(), &ns)
+            .create(&PostParams::default(), &ev)
+            .await
+        {
+            tracing::warn!(reason, error = %describe(&e), "could not record an Event");
+        }
+    }
 }
+
+/// The component Events name as their source.
+pub const EVENT_COMPONENT: &str = "aks-flex-node";
 
 /// How often a drain looks again, and how long a NodeReboot waits for the Node to be Ready.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -292,11 +393,12 @@ pub enum DrainError {
     Api(DrainApiError),
 }
 
-/// Cordons the node for operation `uid` and evicts its pods, within `policy`'s timeout.
+/// Cordons the node for `subject` and evicts its pods, within `policy`'s timeout; each step is
+/// an Event on the Node and on the subject's related object.
 pub async fn cordon_and_drain(
     api: &dyn NodeDrainApi,
     node_name: &str,
-    uid: &str,
+    subject: &Subject,
     policy: DrainPolicy,
     timings: DrainTimings,
 ) -> Result<Drained, DrainError> {
@@ -306,17 +408,47 @@ pub async fn cordon_and_drain(
     let mut attempt: u32 = 0;
     let mut last: Option<String> = None;
     // The cordon, first: until it is in place, the scheduler may put pods back.
-    loop {
-        match cordon(api, node_name, uid).await {
-            Ok(theirs) => {
-                out.cordon_theirs = theirs;
-                break;
+    let node = loop {
+        match cordon(api, node_name, &subject.owner).await {
+            Ok((cordon, node)) => {
+                out.cordon_theirs = cordon == Cordon::Theirs;
+                let (reason, note) = match cordon {
+                    Cordon::Theirs => (
+                        reasons::CORDON_KEPT,
+                        format!(
+                            "already unschedulable, not by {EVENT_COMPONENT}: draining for {} without lifting it afterwards",
+                            subject.what
+                        ),
+                    ),
+                    Cordon::Ours => (
+                        reasons::CORDONED,
+                        format!(
+                            "cordoned for {} (a drain resumed after a restart)",
+                            subject.what
+                        ),
+                    ),
+                    Cordon::Cordon | Cordon::TakeOver(_) => (
+                        reasons::CORDONED,
+                        format!("cordoned by {EVENT_COMPONENT} for {}", subject.what),
+                    ),
+                };
+                tell(api, &node, subject, false, reason, &note).await;
+                break node;
             }
             Err(DrainError::Api(e)) if !e.permanent => {
                 tracing::warn!(node = node_name, error = %e, "cordon failed; trying again");
                 last = Some(e.to_string());
             }
-            Err(e) => return Err(e),
+            Err(e) => {
+                let node = ObjectReference {
+                    api_version: Some("v1".into()),
+                    kind: Some("Node".into()),
+                    name: Some(node_name.into()),
+                    ..ObjectReference::default()
+                };
+                failed(api, &node, subject, &e).await;
+                return Err(e);
+            }
         }
         attempt += 1;
         if tokio::time::Instant::now() >= deadline {
@@ -328,17 +460,30 @@ pub async fn cordon_and_drain(
             });
         }
         sleep_until_or(deadline, timings.backoff.delay(attempt, None)).await;
-    }
+    };
     attempt = 0;
     // The pods left at the last round that could list them.
     let mut left: Option<Vec<PodRef>> = None;
+    let mut told_blocked: std::collections::BTreeSet<PodRef> = Default::default();
     loop {
         let moved = match round(api, &mut out, &mut last).await {
-            Ok(None) => {
+            Ok(Round::Drained) => {
                 tracing::info!(node = node_name, evicted = out.evicted, "node drained");
+                let note = format!("evicted {} pod(s) for {}", out.evicted, subject.what);
+                tell(api, &node, subject, false, reasons::DRAINED, &note).await;
                 return Ok(out);
             }
-            Ok(Some((moved, now_left))) => {
+            Ok(Round::Left {
+                moved,
+                left: now_left,
+                blocked,
+            }) => {
+                for (pod, why) in blocked {
+                    if told_blocked.insert(pod.clone()) {
+                        let note = format!("eviction of {pod} refused: {why}");
+                        tell(api, &node, subject, true, reasons::EVICTION_BLOCKED, &note).await;
+                    }
+                }
                 left = Some(now_left);
                 moved
             }
@@ -347,18 +492,26 @@ pub async fn cordon_and_drain(
                 last = Some(e.to_string());
                 false
             }
-            Err(e) => return Err(e),
+            Err(e) => {
+                failed(api, &node, subject, &e).await;
+                return Err(e);
+            }
         };
         if tokio::time::Instant::now() >= deadline {
+            let words = timed_out(policy.timeout, left.as_deref(), last.as_deref());
             return match policy.on_timeout {
-                OnTimeout::Fail => Err(DrainError::TimedOut {
-                    timeout: policy.timeout,
-                    left,
-                    blocked: last,
-                }),
+                OnTimeout::Fail => {
+                    tell(api, &node, subject, true, reasons::DRAIN_TIMED_OUT, &words).await;
+                    Err(DrainError::TimedOut {
+                        timeout: policy.timeout,
+                        left,
+                        blocked: last,
+                    })
+                }
                 OnTimeout::Proceed => {
-                    let words = timed_out(policy.timeout, left.as_deref(), last.as_deref());
                     tracing::warn!(node = node_name, drain = %words, "drain timed out; proceeding as onDrainTimeout asks");
+                    let note = format!("{words}; proceeding as onDrainTimeout asks");
+                    tell(api, &node, subject, true, reasons::DRAIN_TIMED_OUT, &note).await;
                     out.timed_out = Some(words);
                     Ok(out)
                 }
@@ -369,14 +522,23 @@ pub async fn cordon_and_drain(
     }
 }
 
+async fn failed(api: &dyn NodeDrainApi, node: &ObjectReference, subject: &Subject, e: &DrainError) {
+    let note = format!("drain for {} failed: {e}", subject.what);
+    tell(api, node, subject, true, reasons::DRAIN_FAILED, &note).await;
+}
+
 async fn sleep_until_or(deadline: tokio::time::Instant, wait: Duration) {
     let until = (tokio::time::Instant::now() + wait).min(deadline);
     tokio::time::sleep_until(until).await;
 }
 
-/// Cordons for `uid` as [`cordon_plan`] says; `Ok(true)` when the cordon is an
-/// administrator's. A conflict (the Node changed since it was read) reads it again.
-async fn cordon(api: &dyn NodeDrainApi, node_name: &str, uid: &str) -> Result<bool, DrainError> {
+/// Cordons for `owner` as [`cordon_plan`] says; returns what the plan was and the Node's
+/// reference. A conflict (the Node changed since it was read) reads it again.
+async fn cordon(
+    api: &dyn NodeDrainApi,
+    node_name: &str,
+    owner: &str,
+) -> Result<(Cordon, ObjectReference), DrainError> {
     for _ in 0..5 {
         let node = api
             .node()
@@ -384,26 +546,24 @@ async fn cordon(api: &dyn NodeDrainApi, node_name: &str, uid: &str) -> Result<bo
             .map_err(DrainError::Api)?
             .ok_or_else(|| DrainError::NoNode(node_name.to_string()))?;
         let rv = node.metadata.resource_version.clone().unwrap_or_default();
-        match cordon_plan(&node, uid) {
-            Cordon::Ours => return Ok(false),
+        let plan = cordon_plan(&node, owner);
+        match &plan {
+            Cordon::Ours => {}
             Cordon::Theirs => {
                 tracing::info!(
                     node = node_name,
                     "node already cordoned by someone else; it stays cordoned after the operation"
                 );
-                return Ok(true);
             }
             Cordon::Cordon | Cordon::TakeOver(_) => {
-                match api.set_cordon(&rv, true, Some(uid)).await {
-                    Ok(()) => {
-                        tracing::info!(node = node_name, operation = uid, "node cordoned");
-                        return Ok(false);
-                    }
+                match api.set_cordon(&rv, true, Some(owner)).await {
+                    Ok(()) => tracing::info!(node = node_name, owner, "node cordoned"),
                     Err(e) if e.conflict => continue,
                     Err(e) => return Err(DrainError::Api(e)),
                 }
             }
         }
+        return Ok((plan, node_ref(&node)));
     }
     Err(DrainError::Api(DrainApiError {
         action: format!("cordon node {node_name}"),
@@ -413,19 +573,34 @@ async fn cordon(api: &dyn NodeDrainApi, node_name: &str, uid: &str) -> Result<bo
     }))
 }
 
-/// One round: lists the pods, evicts those to evict. `Ok(None)` when the node is drained,
-/// else whether anything moved and the pods left.
+/// How a round ended, when the drain goes on.
+enum Round {
+    /// Nothing is left to evict or wait for.
+    Drained,
+    /// Pods are left.
+    Left {
+        /// Whether a pod left since the last round (an eviction accepted, a pod gone).
+        moved: bool,
+        /// The pods left (to evict, or terminating).
+        left: Vec<PodRef>,
+        /// The evictions a budget refused this round, with its words.
+        blocked: Vec<(PodRef, String)>,
+    },
+}
+
+/// One round: lists the pods, evicts those to evict.
 async fn round(
     api: &dyn NodeDrainApi,
     out: &mut Drained,
     last: &mut Option<String>,
-) -> Result<Option<(bool, Vec<PodRef>)>, DrainError> {
+) -> Result<Round, DrainError> {
     let pods = api.pods().await.map_err(DrainError::Api)?;
     let p = plan(&pods);
     if p.done() {
-        return Ok(None);
+        return Ok(Round::Drained);
     }
     let mut moved = false;
+    let mut blocked = Vec::new();
     for pod in &p.evict {
         match api.evict(pod).await {
             Eviction::Accepted => {
@@ -436,6 +611,7 @@ async fn round(
             Eviction::Gone => moved = true,
             Eviction::Blocked(why) => {
                 tracing::info!(pod = %pod, reason = %why, "eviction refused by a disruption budget; trying again");
+                blocked.push((pod.clone(), why.clone()));
                 *last = Some(why);
             }
             Eviction::Retry(why) => {
@@ -453,7 +629,11 @@ async fn round(
     let mut left = p.evict;
     left.extend(p.terminating);
     left.sort();
-    Ok(Some((moved, left)))
+    Ok(Round::Left {
+        moved,
+        left,
+        blocked,
+    })
 }
 
 /// Lifts operation `uid`'s cordon (`None`: any cordon this agent made), as [`release_plan`]
@@ -477,6 +657,12 @@ pub async fn release(
         match res {
             Ok(()) => {
                 tracing::info!(node = node_name, "node uncordoned");
+                if what == Release::Uncordon {
+                    let by = flex_api::drain::cordon_state(&node).1.unwrap_or_default();
+                    let note = format!("uncordoned by {EVENT_COMPONENT} (its cordon for {by})");
+                    api.event(&node_ref(&node), false, reasons::UNCORDONED, &note)
+                        .await;
+                }
                 return Ok(what);
             }
             Err(e) if e.conflict => continue,
@@ -576,12 +762,17 @@ impl NodeDrain {
         (self.api)(self.kube.current(), &self.node)
     }
 
-    async fn drain(&self, owner: &str) -> Result<Drained, SeamError> {
+    async fn drain(&self, owner: &str, what: &str) -> Result<Drained, SeamError> {
         tracing::info!(node = %self.node, owner, timeout = ?self.policy.timeout, "cordoning and draining the node");
+        let subject = Subject {
+            owner: owner.to_string(),
+            what: what.to_string(),
+            related: None,
+        };
         cordon_and_drain(
             self.api().as_ref(),
             &self.node,
-            owner,
+            &subject,
             self.policy,
             self.timings,
         )
@@ -607,7 +798,9 @@ impl NodeDrain {
     /// Before the reset that follows the node's deletion: cordon and drain. The cordon stays
     /// (the node leaves the cluster).
     pub async fn before_deletion_reset(&self) -> Result<(), SeamError> {
-        self.drain(DELETION_OWNER).await.map(drop)
+        self.drain(DELETION_OWNER, "the reset after the node's deletion")
+            .await
+            .map(drop)
     }
 
     /// At the daemon's start, before any work: lifts a cordon this agent made whose owner no
@@ -661,7 +854,11 @@ impl SwitchGuard for NodeDrain {
                 return Err(SeamError::transient(anyhow::anyhow!("drain: {e}")));
             }
         }
-        self.drain(&repave_owner(&journal.settings_version))
+        let what = format!(
+            "the repave to settings version {} ({} to {})",
+            journal.settings_version, journal.source, journal.target
+        );
+        self.drain(&repave_owner(&journal.settings_version), &what)
             .await
             .map(drop)
     }

@@ -20,8 +20,16 @@ fn policy(secs: u64, on_timeout: OnTimeout) -> DrainPolicy {
     }
 }
 
+fn subject() -> Subject {
+    Subject {
+        owner: UID.into(),
+        what: "MachineOperation op (NodeReboot)".into(),
+        related: None,
+    }
+}
+
 async fn drain(f: &FakeNodeDrain, p: DrainPolicy) -> Result<Drained, DrainError> {
-    cordon_and_drain(f, N, UID, p, DrainTimings::default()).await
+    cordon_and_drain(f, N, &subject(), p, DrainTimings::default()).await
 }
 
 #[tokio::test(start_paused = true)]
@@ -48,6 +56,44 @@ async fn cordons_evicts_and_waits_for_the_pods_leaving_daemonset_pods() {
         ]
     );
     assert_eq!(f.cordon(), (true, Some(UID.into())));
+    assert_eq!(
+        f.events(),
+        [
+            "Node/node1 Normal Cordoned: cordoned by aks-flex-node for MachineOperation op (NodeReboot)",
+            "Node/node1 Normal Drained: evicted 1 pod(s) for MachineOperation op (NodeReboot)",
+        ]
+    );
+    assert_eq!(release(&f, N, Some(UID)).await.unwrap(), Release::Uncordon);
+    assert_eq!(
+        f.events().last().unwrap(),
+        "Node/node1 Normal Uncordoned: uncordoned by aks-flex-node (its cordon for op-uid-1)"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn events_are_recorded_on_the_related_object_too() {
+    let f = FakeNodeDrain::new(node(N, false, None), vec![]);
+    let s = Subject {
+        related: Some(ObjectReference {
+            kind: Some("MachineOperation".into()),
+            name: Some("op".into()),
+            namespace: Some("default".into()),
+            ..ObjectReference::default()
+        }),
+        ..subject()
+    };
+    cordon_and_drain(&f, N, &s, DrainPolicy::default(), DrainTimings::default())
+        .await
+        .unwrap();
+    let on = |prefix: &str| {
+        f.events()
+            .iter()
+            .filter(|e| e.starts_with(prefix))
+            .map(|e| e.split_once(' ').unwrap().1.to_string())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(on("Node/node1 ").len(), 2, "{:?}", f.events());
+    assert_eq!(on("Node/node1 "), on("MachineOperation/op "));
 }
 
 #[tokio::test(start_paused = true)]
@@ -66,6 +112,19 @@ async fn a_budget_that_never_allows_fails_the_drain_naming_it() {
     // Tried again with backoff (1 s doubling to 10 s), not once and not in a busy loop.
     let evictions = f.calls().iter().filter(|c| c.starts_with("evict")).count();
     assert!((6..=12).contains(&evictions), "{evictions} evictions");
+    // One Warning per blocked pod, not one per refused attempt; then the timeout's.
+    let events = f.events();
+    assert_eq!(events.len(), 3, "{events:?}");
+    assert_eq!(
+        events[1],
+        format!("Node/node1 Warning EvictionBlocked: eviction of default/web refused: {PDB}")
+    );
+    assert!(
+        events[2].starts_with(
+            "Node/node1 Warning DrainTimedOut: drain timed out after 60s with 1 pod(s) left"
+        ),
+        "{events:?}"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -84,6 +143,14 @@ async fn proceed_after_the_timeout_when_asked_and_say_so() {
              proceeded as onDrainTimeout asks"
         )
     );
+    assert!(
+        f.events()
+            .last()
+            .unwrap()
+            .ends_with("; proceeding as onDrainTimeout asks"),
+        "{:?}",
+        f.events()
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -95,6 +162,15 @@ async fn an_administrators_cordon_is_neither_recorded_nor_lifted() {
     assert_eq!(release(&f, N, Some(UID)).await.unwrap(), Release::Nothing);
     assert_eq!(release(&f, N, None).await.unwrap(), Release::Nothing);
     assert_eq!(f.cordon(), (true, None));
+    let events = f.events();
+    assert!(
+        events[0].starts_with("Node/node1 Normal CordonKept: already unschedulable"),
+        "{events:?}"
+    );
+    assert!(
+        !events.iter().any(|e| e.contains("Uncordoned")),
+        "{events:?}"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -184,6 +260,13 @@ async fn an_eviction_refused_for_good_ends_the_drain() {
         e.to_string()
             .contains("eviction of default/web refused: 403"),
         "{e}"
+    );
+    assert!(
+        f.events().last().unwrap().starts_with(
+            "Node/node1 Warning DrainFailed: drain for MachineOperation op (NodeReboot) failed"
+        ),
+        "{:?}",
+        f.events()
     );
 }
 

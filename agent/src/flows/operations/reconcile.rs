@@ -16,13 +16,13 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use futures::{Stream, StreamExt};
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Node, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
-use kube::{Api, Client, ResourceExt};
+use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
 
 use super::decide::{
@@ -34,7 +34,7 @@ use super::record::{Record, RecordStore, Stage};
 use super::{DRAIN_FAILED, DRAIN_TIMED_OUT, IN_PROGRESS, NODE_NOT_READY, OperationResult};
 use crate::flows::drain::{
     DrainApiFactory, DrainError, DrainPolicy, DrainTimings, Drained, NodeDrainApi, Release,
-    cordon_and_drain, kube_drain_api, ready, release, wait_ready,
+    Subject, cordon_and_drain, kube_drain_api, ready, release, wait_ready,
 };
 use crate::flows::metrics::DaemonMetrics;
 use crate::flows::upgrade::{OperationRef, Resumed};
@@ -473,10 +473,21 @@ impl Reconciler {
         if let Some(policy) = policy {
             // The record stays `claiming` while the drain runs: a restart drains again.
             tracing::info!(operation = %rec.name, kind = %kind, timeout = ?policy.timeout, on_timeout = policy.on_timeout.as_str(), "cordoning and draining the node");
+            let subject = Subject {
+                owner: rec.uid.clone(),
+                what: format!("MachineOperation {} ({kind})", rec.name),
+                related: Some(ObjectReference {
+                    api_version: Some(MachineOperation::api_version(&()).into_owned()),
+                    kind: Some(MachineOperation::kind(&()).into_owned()),
+                    name: Some(rec.name.clone()),
+                    uid: Some(rec.uid.clone()),
+                    ..ObjectReference::default()
+                }),
+            };
             match cordon_and_drain(
                 apis.drain.as_ref(),
                 &self.cfg.node_name,
-                &rec.uid,
+                &subject,
                 policy,
                 self.drain_timings,
             )

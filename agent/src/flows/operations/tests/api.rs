@@ -58,6 +58,8 @@ pub struct State {
     pub pods: Vec<Value>,
     /// Eviction answers by pod name, in order (then 201 Created, and the pod is gone).
     pub evictions: BTreeMap<String, Vec<(StatusCode, Value)>>,
+    /// core/v1 Events created.
+    pub events: Vec<Value>,
 }
 
 impl State {
@@ -270,6 +272,13 @@ fn route(
             }
             _ => not_found(name),
         };
+    }
+    if let Some(rest) = path.strip_prefix("/api/v1/namespaces/")
+        && rest.ends_with("/events")
+        && *method == Method::POST
+    {
+        st.events.push(body.clone());
+        return (StatusCode::CREATED, body.clone());
     }
     if path == "/api/v1/pods" && *method == Method::GET {
         let query = decode(query);

@@ -997,6 +997,17 @@ async fn a_node_reboot_drains_before_the_restart_and_uncordons_once_ready() {
     // Schedulable again once Ready, the annotation gone.
     assert_eq!(rig.drain.cordon(), (false, None));
     assert!(rig.drain.calls().contains(&"evict default/web".to_string()));
+    // Each step is an Event on the Node and on the MachineOperation (`kubectl describe`).
+    assert_eq!(
+        rig.drain.events(),
+        [
+            "Node/node1 Normal Cordoned: cordoned by aks-flex-node for MachineOperation op (NodeReboot)",
+            "MachineOperation/op Normal Cordoned: cordoned by aks-flex-node for MachineOperation op (NodeReboot)",
+            "Node/node1 Normal Drained: evicted 1 pod(s) for MachineOperation op (NodeReboot)",
+            "MachineOperation/op Normal Drained: evicted 1 pod(s) for MachineOperation op (NodeReboot)",
+            "Node/node1 Normal Uncordoned: uncordoned by aks-flex-node (its cordon for uid-op)",
+        ]
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -1173,10 +1184,15 @@ async fn the_kube_adapter_drains_through_the_eviction_api() {
     let k = KubeNodeDrain::new(api.client(), ME);
 
     // One budget refusal, then the eviction goes through; the other node's pod is not touched.
+    let subject = crate::flows::drain::Subject {
+        owner: "uid-op".into(),
+        what: "MachineOperation op (NodeReboot)".into(),
+        related: None,
+    };
     let d = cordon_and_drain(
         &k,
         ME,
-        "uid-op",
+        &subject,
         DrainPolicy::default(),
         DrainTimings::default(),
     )
@@ -1184,19 +1200,49 @@ async fn the_kube_adapter_drains_through_the_eviction_api() {
     .unwrap();
     assert_eq!(d.evicted, 1);
     let lines = api.lines();
+    let events = "POST /api/v1/namespaces/default/events".to_string();
     assert_eq!(
         lines,
         [
             format!("GET /api/v1/nodes/{ME}"),
             format!("PATCH /api/v1/nodes/{ME}"),
+            events.clone(),
+            "GET /api/v1/pods".into(),
+            "POST /api/v1/namespaces/default/pods/web/eviction".into(),
+            events.clone(),
             "GET /api/v1/pods".into(),
             "POST /api/v1/namespaces/default/pods/web/eviction".into(),
             "GET /api/v1/pods".into(),
-            "POST /api/v1/namespaces/default/pods/web/eviction".into(),
-            "GET /api/v1/pods".into(),
+            events.clone(),
         ]
     );
     let seen = api.state().seen.clone();
+    // core/v1 Events on the Node, as `kubectl describe node` lists them.
+    let reasons: Vec<(String, String, String)> = api
+        .state()
+        .events
+        .iter()
+        .map(|e| {
+            (
+                e["involvedObject"]["kind"].as_str().unwrap().to_string(),
+                e["type"].as_str().unwrap().to_string(),
+                e["reason"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        reasons,
+        [
+            ("Node".into(), "Normal".into(), "Cordoned".into()),
+            ("Node".into(), "Warning".into(), "EvictionBlocked".into()),
+            ("Node".into(), "Normal".into(), "Drained".into()),
+        ]
+    );
+    assert_eq!(
+        api.state().events[0]["source"]["component"],
+        "aks-flex-node"
+    );
+    assert_eq!(api.state().events[0]["involvedObject"]["name"], ME);
     assert_eq!(seen[1].body["spec"]["unschedulable"], true);
     assert_eq!(
         seen[1].body["metadata"]["annotations"][CORDONED_BY],
@@ -1204,14 +1250,14 @@ async fn the_kube_adapter_drains_through_the_eviction_api() {
     );
     assert_eq!(seen[1].body["metadata"]["resourceVersion"], "1");
     assert!(
-        seen[2]
+        seen[3]
             .query
             .split('&')
             .any(|kv| kv == format!("fieldSelector=spec.nodeName={ME}"))
     );
-    assert_eq!(seen[3].body["kind"], "Eviction");
+    assert_eq!(seen[4].body["kind"], "Eviction");
     assert_eq!(
-        seen[3].body["deleteOptions"]["preconditions"]["uid"],
+        seen[4].body["deleteOptions"]["preconditions"]["uid"],
         "uid-web"
     );
     assert_eq!(api.state().pods.len(), 1, "the other node's pod stays");
@@ -1221,6 +1267,11 @@ async fn the_kube_adapter_drains_through_the_eviction_api() {
     let node = api.state().nodes[ME].clone();
     assert_eq!(node["spec"]["unschedulable"], false);
     assert!(node["metadata"]["annotations"].get(CORDONED_BY).is_none());
+    assert_eq!(
+        api.state().events.last().unwrap()["reason"],
+        "Uncordoned",
+        "the release is recorded too"
+    );
 
     // Answers read: a PDB's 429 names the budget, 403 is for good, 404 is gone.
     let web = PodRef {
