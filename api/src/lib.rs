@@ -7,6 +7,7 @@
 //! - [`arm`]: the ARM machine model (the machine resource's JSON) and its parser;
 //! - [`bootstrap_env`]: `bootstrap.env`'s grammar (data, never evaluated) and the input names;
 //! - [`image`]: image references and digests (operation parameters, the goal's image);
+//! - [`budget`]: the cluster-wide disruption budget's slots (one ConfigMap, pure decisions);
 //! - [`duration`]: Go durations as the config and the controller's flags write them;
 //! - [`operations`]: MachineOperation results and reasons, the local record's data and the
 //!   decision layer (pure, table-tested);
@@ -23,6 +24,7 @@
 
 pub mod arm;
 pub mod bootstrap_env;
+pub mod budget;
 pub mod drain;
 pub mod duration;
 pub mod goal;

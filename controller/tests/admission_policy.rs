@@ -15,14 +15,41 @@ use cel_interpreter::extractors::This;
 use cel_interpreter::{Context, Program, Value as Cel};
 use serde_json::{Value, json};
 
-fn policy() -> Value {
-    let path =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy/controller/admission.yaml");
+fn policy_in(file: &str) -> Value {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../deploy/controller")
+        .join(file);
     let docs: Vec<Value> =
         serde_saphyr::from_multiple(&std::fs::read_to_string(path).unwrap()).unwrap();
     docs.into_iter()
         .find(|d| d["kind"] == "ValidatingAdmissionPolicy")
         .unwrap()
+}
+
+fn policy() -> Value {
+    policy_in("admission.yaml")
+}
+
+/// A variable's value back as JSON, for the next expressions (strings, booleans, integers,
+/// and maps of them: what the policies' variables hold).
+fn to_json(v: &Cel) -> Option<Value> {
+    match v {
+        Cel::String(s) => Some(json!(**s)),
+        Cel::Bool(b) => Some(json!(b)),
+        Cel::Int(i) => Some(json!(i)),
+        Cel::Null => Some(Value::Null),
+        Cel::Map(m) => {
+            let mut out = serde_json::Map::new();
+            for (k, v) in m.map.iter() {
+                let cel_interpreter::objects::Key::String(k) = k else {
+                    return None;
+                };
+                out.insert(k.to_string(), to_json(v)?);
+            }
+            Some(Value::Object(out))
+        }
+        _ => None,
+    }
 }
 
 fn substring(This(s): This<Arc<String>>, start: i64) -> String {
@@ -37,7 +64,10 @@ fn eval(expr: &str, ctx: &Context) -> Result<Cel, String> {
 /// The policy's verdict on one request: `Ok` when admitted (or not matched), else the messages
 /// of the failed validations.
 fn admit(request: Value, object: Value, old: Value) -> Result<(), Vec<String>> {
-    let p = policy();
+    admit_by(&policy(), request, object, old)
+}
+
+fn admit_by(p: &Value, request: Value, object: Value, old: Value) -> Result<(), Vec<String>> {
     let spec = &p["spec"];
     let mut ctx = Context::default();
     ctx.add_function("substring", substring);
@@ -53,8 +83,12 @@ fn admit(request: Value, object: Value, old: Value) -> Result<(), Vec<String>> {
     for v in spec["variables"].as_array().unwrap() {
         ctx.add_variable("variables", Value::Object(vars.clone()))
             .unwrap();
-        if let Ok(Cel::String(s)) = eval(v["expression"].as_str().unwrap(), &ctx) {
-            vars.insert(v["name"].as_str().unwrap().into(), json!(*s));
+        if let Some(value) = eval(v["expression"].as_str().unwrap(), &ctx)
+            .ok()
+            .as_ref()
+            .and_then(to_json)
+        {
+            vars.insert(v["name"].as_str().unwrap().into(), value);
         }
     }
     ctx.add_variable("variables", Value::Object(vars)).unwrap();
@@ -196,4 +230,112 @@ fn a_daemon_deletes_only_its_own_finished_operations() {
     );
     assert!(del(N1, mop("n2", json!({"phase": "Complete"}))).is_err());
     assert!(del(N1, mop("", json!({"phase": "Complete"}))).is_err());
+}
+
+// ---- deploy/controller/disruption.yaml: a node's daemon changes only its own slot.
+
+fn budget_cm(data: &[(&str, &str)]) -> Value {
+    let data: serde_json::Map<String, Value> = data
+        .iter()
+        .map(|(k, v)| (k.to_string(), json!(v)))
+        .collect();
+    json!({"metadata": {"name": "aks-flex-node-disruption", "namespace": "kube-system"},
+           "data": data})
+}
+
+fn budget_update(user: &str, old: Value, new: Value) -> Result<(), Vec<String>> {
+    admit_by(
+        &policy_in("disruption.yaml"),
+        req("UPDATE", "", user, true),
+        new,
+        old,
+    )
+}
+
+#[test]
+fn a_daemon_takes_renews_and_frees_only_its_own_slot() {
+    let base = budget_cm(&[("maxUnavailable", "1"), ("holder.n2", "{\"owner\":\"x\"}")]);
+    let taken = budget_cm(&[
+        ("maxUnavailable", "1"),
+        ("holder.n2", "{\"owner\":\"x\"}"),
+        ("holder.n1", "{\"owner\":\"op\"}"),
+    ]);
+    let renewed = budget_cm(&[
+        ("maxUnavailable", "1"),
+        ("holder.n2", "{\"owner\":\"x\"}"),
+        ("holder.n1", "{\"owner\":\"op\",\"renewed\":\"later\"}"),
+    ]);
+    assert_eq!(
+        budget_update(N1, base.clone(), taken.clone()),
+        Ok(()),
+        "take"
+    );
+    assert_eq!(
+        budget_update(N1, taken.clone(), renewed.clone()),
+        Ok(()),
+        "renew"
+    );
+    assert_eq!(budget_update(N1, renewed, base.clone()), Ok(()), "free");
+    // The budget on an empty ConfigMap (no data at all).
+    assert_eq!(
+        budget_update(
+            N1,
+            json!({"metadata": {"name": "aks-flex-node-disruption"}}),
+            budget_cm(&[("holder.n1", "{}")])
+        ),
+        Ok(())
+    );
+    let own = ["node n1 may change only its own slot of the disruption budget (data.holder.n1)"];
+    // Another node's slot: neither freed (even expired), nor written, nor taken in its name.
+    assert_eq!(
+        budget_update(N1, base.clone(), budget_cm(&[("maxUnavailable", "1")])).unwrap_err(),
+        own
+    );
+    assert_eq!(
+        budget_update(
+            N1,
+            base.clone(),
+            budget_cm(&[("maxUnavailable", "1"), ("holder.n2", "{}")])
+        )
+        .unwrap_err(),
+        own
+    );
+    assert_eq!(
+        budget_update(
+            N1,
+            base.clone(),
+            budget_cm(&[
+                ("maxUnavailable", "1"),
+                ("holder.n2", "{\"owner\":\"x\"}"),
+                ("holder.n3", "{}")
+            ])
+        )
+        .unwrap_err(),
+        own
+    );
+    // K and the lease are the administrator's.
+    assert_eq!(
+        budget_update(
+            N1,
+            base.clone(),
+            budget_cm(&[("maxUnavailable", "9"), ("holder.n2", "{\"owner\":\"x\"}")])
+        )
+        .unwrap_err(),
+        own
+    );
+    // Not a node user at all, though in the group.
+    assert!(budget_update("mallory", base.clone(), taken).is_err());
+    // Neither created nor deleted by a daemon; administrators are not matched.
+    let p = policy_in("disruption.yaml");
+    let e = admit_by(&p, req("DELETE", "", N1, true), Value::Null, base.clone()).unwrap_err();
+    assert!(
+        e.iter()
+            .any(|m| m == "node daemons neither create nor delete the disruption budget"),
+        "{e:?}"
+    );
+    assert!(admit_by(&p, req("CREATE", "", N1, true), base.clone(), Value::Null).is_err());
+    assert_eq!(
+        admit_by(&p, req("UPDATE", "", "admin", false), budget_cm(&[]), base),
+        Ok(())
+    );
 }

@@ -39,7 +39,7 @@ fn find<'a>(objs: &'a [Value], kind: &str, name: &str) -> &'a Value {
 #[test]
 fn every_object_is_named_and_placed() {
     let objs = objects();
-    assert_eq!(objs.len(), 18);
+    assert_eq!(objs.len(), 23);
     for o in &objs {
         let kind = o["kind"].as_str().unwrap();
         assert!(o["apiVersion"].is_string(), "{o}");
@@ -358,4 +358,48 @@ fn the_admission_policy_confines_daemons_to_their_operations() {
             .iter()
             .any(|r| r.contains("claimedBy") || r.contains("newClaimer"))
     );
+}
+
+/// `disruption.yaml` agrees with `flex_api::budget`: the ConfigMap the daemons read (its data
+/// parses: K = 1, a 5-minute lease), the Role that lets them read and patch only it, and the
+/// policy that matches only it. The policy's expressions are evaluated in
+/// `admission_policy.rs`.
+#[test]
+fn the_disruption_budget_is_the_one_the_daemons_read() {
+    use flex_api::budget;
+    let objs = objects();
+    let cm = find(&objs, "ConfigMap", budget::CONFIGMAP);
+    assert_eq!(cm["metadata"]["namespace"], budget::NAMESPACE);
+    let data: budget::Data = serde_json::from_value(cm["data"].clone()).unwrap();
+    let b = budget::parse(&data).unwrap();
+    assert_eq!((b.max_unavailable, b.lease.as_secs()), (1, 300));
+    let role = find(&objs, "Role", "aks-flex-node-disruption-budget");
+    assert_eq!(
+        role["rules"],
+        serde_json::json!([{"apiGroups": [""], "resources": ["configmaps"],
+            "resourceNames": [budget::CONFIGMAP], "verbs": ["get", "patch"]}])
+    );
+    let binding = find(&objs, "RoleBinding", "aks-flex-node-disruption-budget");
+    assert_eq!(
+        binding["subjects"][0]["name"],
+        flex_api::machina::DAEMON_GROUP
+    );
+    let p = find(
+        &objs,
+        "ValidatingAdmissionPolicy",
+        "aks-flex-node-daemon-disruption-budget",
+    );
+    let rule = &p["spec"]["matchConstraints"]["resourceRules"][0];
+    assert_eq!(
+        rule["resourceNames"],
+        serde_json::json!([budget::CONFIGMAP])
+    );
+    assert_eq!(rule["resources"], serde_json::json!(["configmaps"]));
+    assert_eq!(p["spec"]["failurePolicy"], "Fail");
+    let b = find(
+        &objs,
+        "ValidatingAdmissionPolicyBinding",
+        "aks-flex-node-daemon-disruption-budget",
+    );
+    assert_eq!(b["spec"]["validationActions"], serde_json::json!(["Deny"]));
 }

@@ -59,6 +59,11 @@ const TIMERS: &[(&str, usize, &str)] = &[
         "ARM's long-running PUT: its first look is the PUT's own answer, then a GET every poll interval (Azure's provisioning protocol)",
     ),
     (
+        "agent/src/flows/drain/budget.rs",
+        1,
+        "the disruption slot's renewal schedule (every third of its lease while the work runs): a timer, aborted when the work ends",
+    ),
+    (
         "controller/src/server.rs",
         1,
         "the graceful shutdown's drain pause, not a wait for a condition",

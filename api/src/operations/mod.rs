@@ -61,6 +61,9 @@ pub const DRAIN_FAILED: &str = "DrainFailed";
 /// Reason of a NodeReboot after which the Node did not report Ready in time; it stays
 /// cordoned.
 pub const NODE_NOT_READY: &str = "NodeNotReady";
+/// Reason of an operation not run because the cluster's disruption budget (`flex_api::budget`)
+/// does not parse; the field is named.
+pub const DISRUPTION_BUDGET_INVALID: &str = "DisruptionBudgetInvalid";
 /// Reason of the `Completed` condition while an operation runs.
 pub const IN_PROGRESS: &str = "InProgress";
 

@@ -28,6 +28,13 @@ pub struct State {
     pub grace_lists: u32,
     /// Events recorded: `<Kind>/<name> <Normal|Warning> <reason>: <note>`.
     pub events: Vec<String>,
+    /// The disruption budget's ConfigMap: its resourceVersion and data (`None`: absent).
+    pub budget: Option<(u64, flex_api::budget::Data)>,
+    /// The budget's calls: `budget`, `set_budget <key>=<value|->…`.
+    pub budget_calls: Vec<String>,
+    /// Yield to other tasks after each read of the budget, so racing nodes interleave between
+    /// their read and their write.
+    pub yield_after_read: bool,
     rv: u64,
 }
 
@@ -98,6 +105,28 @@ impl FakeNodeDrain {
 
     pub fn events(&self) -> Vec<String> {
         self.state().events.clone()
+    }
+
+    /// A budget ConfigMap with `data` (resourceVersion 1).
+    pub fn with_budget(self, data: &[(&str, &str)]) -> Self {
+        self.state().budget = Some((
+            1,
+            data.iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        ));
+        self
+    }
+
+    /// The budget's data now (`None`: absent).
+    pub fn budget_data(&self) -> Option<flex_api::budget::Data> {
+        self.state().budget.as_ref().map(|(_, d)| d.clone())
+    }
+
+    /// The budget's holder of `node`, parsed.
+    pub fn holder(&self, node: &str) -> Option<flex_api::budget::Holder> {
+        let d = self.budget_data()?;
+        serde_json::from_str(d.get(&format!("holder.{node}"))?).ok()
     }
 
     /// `(unschedulable, cordoned-by)` of the Node now.
@@ -208,6 +237,67 @@ impl NodeDrainApi for FakeNodeDrain {
             st.terminating.insert(name, lists);
         }
         answer
+    }
+
+    async fn budget(&self) -> Result<Option<(String, flex_api::budget::Data)>, DrainApiError> {
+        let (read, yield_now) = {
+            let mut st = self.state();
+            st.budget_calls.push("budget".into());
+            if let Some(e) = Self::fail(&mut st, "budget") {
+                return Err(e);
+            }
+            (
+                st.budget
+                    .as_ref()
+                    .map(|(rv, d)| (rv.to_string(), d.clone())),
+                st.yield_after_read,
+            )
+        };
+        if yield_now {
+            tokio::task::yield_now().await;
+        }
+        Ok(read)
+    }
+
+    async fn set_budget(
+        &self,
+        resource_version: &str,
+        changes: &flex_api::budget::Changes,
+    ) -> Result<(), DrainApiError> {
+        let mut st = self.state();
+        let keys: Vec<String> = changes
+            .iter()
+            .map(|(k, v)| format!("{k}={}", if v.is_some() { "set" } else { "-" }))
+            .collect();
+        st.budget_calls
+            .push(format!("set_budget {}", keys.join(" ")));
+        if let Some(e) = Self::fail(&mut st, "set_budget") {
+            return Err(e);
+        }
+        let Some((rv, data)) = st.budget.as_mut() else {
+            return Err(DrainApiError {
+                action: "set_budget".into(),
+                cause: "404 Not Found".into(),
+                permanent: true,
+                conflict: false,
+            });
+        };
+        if resource_version != rv.to_string() {
+            return Err(DrainApiError {
+                action: "set_budget".into(),
+                cause: "409 Conflict".into(),
+                permanent: false,
+                conflict: true,
+            });
+        }
+        *rv += 1;
+        for (k, v) in changes {
+            match v {
+                Some(v) => data.insert(k.clone(), v.clone()),
+                None => data.remove(k),
+            };
+        }
+        Ok(())
     }
 
     async fn event(&self, regarding: &ObjectReference, warning: bool, reason: &str, note: &str) {

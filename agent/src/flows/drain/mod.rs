@@ -17,6 +17,7 @@
 //! that dies mid-drain drains again when it restarts: the cordon it finds is its own
 //! (`Cordon::Ours`), the pods already evicted are terminating or gone.
 
+pub mod budget;
 #[cfg(test)]
 pub(crate) mod fakes;
 #[cfg(test)]
@@ -26,7 +27,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use k8s_openapi::api::core::v1::{Event as CoreEvent, Node, ObjectReference, Pod};
+use k8s_openapi::api::core::v1::{ConfigMap, Event as CoreEvent, Node, ObjectReference, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
@@ -91,6 +92,16 @@ pub trait NodeDrainApi: Send + Sync {
     /// Records a Kubernetes Event about `regarding` (a `Warning` when `warning`); a failure is
     /// logged, never passed on: an Event is for people, the drain does not depend on it.
     async fn event(&self, regarding: &ObjectReference, warning: bool, reason: &str, note: &str);
+    /// The disruption budget's ConfigMap ([`flex_api::budget`]): its `resourceVersion` and
+    /// data; `None` when it does not exist.
+    async fn budget(&self) -> Result<Option<(String, flex_api::budget::Data)>, DrainApiError>;
+    /// Changes the budget's data (a merge patch of the keys given), failing with a conflict if
+    /// the ConfigMap changed since `resource_version`.
+    async fn set_budget(
+        &self,
+        resource_version: &str,
+        changes: &flex_api::budget::Changes,
+    ) -> Result<(), DrainApiError>;
 }
 
 /// What a drain is for: the owner its cordon records ([`CORDONED_BY`]), the work in words for
@@ -135,7 +146,7 @@ fn node_ref(node: &Node) -> ObjectReference {
 }
 
 /// Records an Event on the Node and on the subject's related object.
-async fn tell(
+pub(crate) async fn tell(
     api: &dyn NodeDrainApi,
     node: &ObjectReference,
     subject: &Subject,
@@ -287,6 +298,43 @@ impl NodeDrainApi for KubeNodeDrain {
         {
             tracing::warn!(reason, error = %describe(&e), "could not record an Event");
         }
+    }
+
+    async fn budget(&self) -> Result<Option<(String, flex_api::budget::Data)>, DrainApiError> {
+        use flex_api::budget::{CONFIGMAP, NAMESPACE};
+        Api::<ConfigMap>::namespaced(self.client.clone(), NAMESPACE)
+            .get_opt(CONFIGMAP)
+            .await
+            .map(|cm| {
+                cm.map(|cm| {
+                    (
+                        cm.metadata.resource_version.unwrap_or_default(),
+                        cm.data.unwrap_or_default(),
+                    )
+                })
+            })
+            .map_err(|e| {
+                DrainApiError::from_kube(format!("get configmap {NAMESPACE}/{CONFIGMAP}"), &e)
+            })
+    }
+
+    async fn set_budget(
+        &self,
+        resource_version: &str,
+        changes: &flex_api::budget::Changes,
+    ) -> Result<(), DrainApiError> {
+        use flex_api::budget::{CONFIGMAP, NAMESPACE};
+        let body = json!({
+            "metadata": {"resourceVersion": resource_version},
+            "data": changes,
+        });
+        Api::<ConfigMap>::namespaced(self.client.clone(), NAMESPACE)
+            .patch(CONFIGMAP, &PatchParams::default(), &Patch::Merge(&body))
+            .await
+            .map(|_| ())
+            .map_err(|e| {
+                DrainApiError::from_kube(format!("patch configmap {NAMESPACE}/{CONFIGMAP}"), &e)
+            })
     }
 }
 
@@ -812,24 +860,65 @@ impl NodeDrain {
         let api = self.api();
         let node = match api.node().await {
             Ok(Some(n)) => n,
-            Ok(None) => return,
+            Ok(None) => {
+                self.free_stale_slot(api.as_ref(), running, true).await;
+                return;
+            }
             Err(e) => {
                 tracing::warn!(error = %e, "could not read the node for a stale cordon");
                 return;
             }
         };
+        let is_ready = ready(&node).is_some_and(|(r, _)| r);
+        self.free_stale_slot(api.as_ref(), running, is_ready).await;
         let (_, Some(owner)) = flex_api::drain::cordon_state(&node) else {
             return;
         };
         if running(&owner) {
             return;
         }
-        if !ready(&node).is_some_and(|(r, _)| r) {
+        if !is_ready {
             tracing::warn!(owner = %owner, "the node is not Ready; the cordon of work that no longer runs stays");
             return;
         }
         tracing::info!(owner = %owner, "lifting the cordon of work that no longer runs");
         self.release_logged(api.as_ref(), &owner).await;
+    }
+
+    /// Frees this node's slot of the disruption budget when the work that took it no longer
+    /// runs and the node is Ready (or gone): a release a restart cut short, or a `stuck` slot
+    /// whose node is Ready again.
+    async fn free_stale_slot(
+        &self,
+        api: &dyn NodeDrainApi,
+        running: &(dyn Fn(&str) -> bool + Sync),
+        is_ready: bool,
+    ) {
+        let data = match api.budget().await {
+            Ok(Some((_, d))) => d,
+            Ok(None) => return,
+            Err(e) => {
+                tracing::warn!(error = %e, "could not read the disruption budget for a stale slot");
+                return;
+            }
+        };
+        let owner = match flex_api::budget::parse(&data) {
+            Ok(b) => flex_api::budget::owner(&b, &self.node),
+            Err(_) => None,
+        };
+        let Some(owner) = owner else { return };
+        if running(&owner) {
+            return;
+        }
+        if !is_ready {
+            tracing::warn!(owner = %owner, "the node is not Ready; its disruption slot stays");
+            return;
+        }
+        tracing::info!(owner = %owner, "freeing the disruption slot of work that no longer runs");
+        if let Err(e) = budget::change(api, &self.node, Some(&owner), budget::Change::Release).await
+        {
+            tracing::warn!(error = %e, "could not free the disruption slot");
+        }
     }
 }
 

@@ -8,6 +8,7 @@ use std::time::Duration;
 use super::fakes::{FakeNodeDrain, daemonset_pod, node, pod, transient};
 use super::*;
 use crate::flows::repave::Journal;
+use k8s_openapi::api::core::v1::Node;
 
 const N: &str = "node1";
 const UID: &str = "op-uid-1";
@@ -427,4 +428,276 @@ async fn a_repave_after_the_nodes_deletion_has_nothing_to_drain() {
     let d = node_drain(&f);
     d.before_switch(&repave_journal()).await.unwrap();
     assert_eq!(f.calls(), ["node"]);
+}
+
+// ---- The disruption budget (`budget`), over the same fake: its ConfigMap in `State.budget`.
+
+fn fresh_holder(owner: &str) -> String {
+    let now = k8s_openapi::jiff::Timestamp::now().to_string();
+    serde_json::to_string(&flex_api::budget::Holder {
+        owner: owner.into(),
+        acquired: now.clone(),
+        renewed: now,
+        stuck: false,
+    })
+    .unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_free_slot_is_taken_with_an_event_and_only_the_nodes_key_written() {
+    let f =
+        FakeNodeDrain::new(node(N, false, None), vec![]).with_budget(&[("maxUnavailable", "2")]);
+    let slot = budget::acquire(&f, N, &subject(), budget::BudgetTimings::default())
+        .await
+        .unwrap();
+    assert_eq!(
+        slot,
+        budget::Slot::Held {
+            lease: Duration::from_secs(300)
+        }
+    );
+    assert_eq!(f.holder(N).unwrap().owner, UID);
+    assert_eq!(
+        f.state().budget_calls,
+        ["budget", "set_budget holder.node1=set"]
+    );
+    assert_eq!(
+        f.events(),
+        [
+            "Node/node1 Normal DisruptionSlotAcquired: took one of 2 disruption slot(s) for MachineOperation op (NodeReboot)"
+        ]
+    );
+    // Freed by its owner only.
+    budget::change(&f, N, Some("another-op"), budget::Change::Release)
+        .await
+        .unwrap();
+    assert!(f.holder(N).is_some());
+    budget::change(&f, N, Some(UID), budget::Change::Release)
+        .await
+        .unwrap();
+    assert!(f.holder(N).is_none());
+    assert_eq!(f.budget_data().unwrap().len(), 1, "maxUnavailable stays");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_held_slot_is_waited_for_with_one_event_naming_the_holder_until_it_is_freed() {
+    let f = FakeNodeDrain::new(node(N, false, None), vec![]).with_budget(&[
+        ("maxUnavailable", "1"),
+        ("holder.node2", &fresh_holder("op-2")),
+    ]);
+    let other = f.clone();
+    let freer = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_secs(120)).await;
+        budget::change(&other, "node2", None, budget::Change::Release)
+            .await
+            .unwrap();
+    });
+    let started = tokio::time::Instant::now();
+    budget::acquire(&f, N, &subject(), budget::BudgetTimings::default())
+        .await
+        .unwrap();
+    freer.await.unwrap();
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_secs(120) && waited <= Duration::from_secs(150),
+        "{waited:?}"
+    );
+    assert_eq!(
+        f.events(),
+        [
+            "Node/node1 Normal WaitingForDisruptionSlot: MachineOperation op (NodeReboot) waits for one of 1 disruption slot(s), held by node2",
+            "Node/node1 Normal DisruptionSlotAcquired: took one of 1 disruption slot(s) for MachineOperation op (NodeReboot)",
+        ]
+    );
+    // Looked again with backoff (2 s doubling to 30 s), not in a busy loop.
+    let reads = f
+        .state()
+        .budget_calls
+        .iter()
+        .filter(|c| *c == "budget")
+        .count();
+    assert!((5..=12).contains(&reads), "{reads} reads");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_holder_that_stopped_renewing_frees_its_slot_after_the_lease() {
+    let stale = serde_json::to_string(&flex_api::budget::Holder {
+        owner: "op-2".into(),
+        acquired: "2026-01-01T00:00:00Z".into(),
+        renewed: "2026-01-01T00:00:00Z".into(),
+        stuck: false,
+    })
+    .unwrap();
+    let f =
+        FakeNodeDrain::new(node(N, false, None), vec![]).with_budget(&[("holder.node2", &stale)]);
+    budget::acquire(&f, N, &subject(), budget::BudgetTimings::default())
+        .await
+        .unwrap();
+    // The dead holder's key is left alone (a node writes only its own), just not counted.
+    assert_eq!(f.budget_data().unwrap()["holder.node2"], stale);
+    assert!(f.holder(N).is_some());
+}
+
+#[tokio::test(start_paused = true)]
+async fn two_nodes_racing_for_the_last_slot_one_wins_the_other_waits() {
+    let f =
+        FakeNodeDrain::new(node(N, false, None), vec![]).with_budget(&[("maxUnavailable", "1")]);
+    // Both read the free slot before either writes (the fake yields after each read): the
+    // second write carries a stale resourceVersion and conflicts; its node reads again.
+    f.state().yield_after_read = true;
+    let racer = f.clone();
+    let a = tokio::spawn({
+        let f = f.clone();
+        async move { budget::acquire(&f, N, &subject(), budget::BudgetTimings::default()).await }
+    });
+    let b = tokio::spawn(async move {
+        budget::acquire(
+            &racer,
+            "node2",
+            &subject(),
+            budget::BudgetTimings::default(),
+        )
+        .await
+    });
+    // Whichever wrote first holds the slot; the other waits (for ever, here: abort it).
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    let holders: Vec<String> = f
+        .budget_data()
+        .unwrap()
+        .keys()
+        .filter(|k| k.starts_with("holder."))
+        .cloned()
+        .collect();
+    assert_eq!(holders.len(), 1, "{holders:?}");
+    assert_eq!(u8::from(a.is_finished()) + u8::from(b.is_finished()), 1);
+    let calls = f.state().budget_calls.clone();
+    let mut writes = calls[2..4].to_vec();
+    writes.sort();
+    assert_eq!(
+        calls[..2],
+        ["budget", "budget"],
+        "both read first: {calls:?}"
+    );
+    assert_eq!(
+        writes,
+        ["set_budget holder.node1=set", "set_budget holder.node2=set"],
+        "then both wrote: {calls:?}"
+    );
+    assert_eq!(
+        f.state().budget.as_ref().unwrap().0,
+        2,
+        "one write accepted"
+    );
+    a.abort();
+    b.abort();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_write_conflict_reads_again_and_takes_the_slot_if_it_is_still_free() {
+    let f =
+        FakeNodeDrain::new(node(N, false, None), vec![]).with_budget(&[("maxUnavailable", "2")]);
+    f.state().failures.insert(
+        "set_budget",
+        [DrainApiError {
+            action: "set_budget".into(),
+            cause: "409 Conflict".into(),
+            permanent: false,
+            conflict: true,
+        }]
+        .into(),
+    );
+    budget::acquire(&f, N, &subject(), budget::BudgetTimings::default())
+        .await
+        .unwrap();
+    assert_eq!(
+        f.state().budget_calls,
+        [
+            "budget",
+            "set_budget holder.node1=set",
+            "budget",
+            "set_budget holder.node1=set"
+        ]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn no_budget_goes_on_with_a_warning_a_bad_one_stops_naming_the_field() {
+    let f = FakeNodeDrain::new(node(N, false, None), vec![]);
+    let slot = budget::acquire(&f, N, &subject(), budget::BudgetTimings::default())
+        .await
+        .unwrap();
+    assert!(matches!(slot, budget::Slot::NoBudget(_)), "{slot:?}");
+    assert!(
+        f.events()[0].starts_with(
+            "Node/node1 Warning NoDisruptionBudget: no disruption budget (ConfigMap kube-system/aks-flex-node-disruption: it does not exist)"
+        ),
+        "{:?}",
+        f.events()
+    );
+    let f =
+        FakeNodeDrain::new(node(N, false, None), vec![]).with_budget(&[("maxUnavailable", "one")]);
+    let e = budget::acquire(&f, N, &subject(), budget::BudgetTimings::default())
+        .await
+        .unwrap_err();
+    let budget::AcquireError::Invalid(e) = e else {
+        panic!("{e}")
+    };
+    assert_eq!(e.field, "maxUnavailable");
+    assert!(
+        f.events()[0].contains("DisruptionBudgetInvalid"),
+        "{:?}",
+        f.events()
+    );
+    assert!(f.holder(N).is_none());
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_keeper_renews_every_third_of_the_lease_until_dropped() {
+    let f =
+        FakeNodeDrain::new(node(N, false, None), vec![]).with_budget(&[("leaseDuration", "90s")]);
+    let slot = budget::acquire(&f, N, &subject(), budget::BudgetTimings::default())
+        .await
+        .unwrap();
+    let first = f.holder(N).unwrap();
+    let keeper = budget::Keeper::start(std::sync::Arc::new(f.clone()), N, &slot);
+    tokio::time::sleep(Duration::from_secs(95)).await;
+    let writes = |f: &FakeNodeDrain| {
+        f.state()
+            .budget_calls
+            .iter()
+            .filter(|c| c.starts_with("set_budget"))
+            .count()
+    };
+    assert_eq!(writes(&f), 1 + 3, "taken, then renewed at 30, 60 and 90 s");
+    assert_eq!(f.holder(N).unwrap().acquired, first.acquired);
+    drop(keeper);
+    tokio::time::sleep(Duration::from_secs(300)).await;
+    assert_eq!(writes(&f), 4, "no renewal after the drop");
+    // Stuck: kept for good.
+    budget::change(&f, N, Some(UID), budget::Change::Stuck)
+        .await
+        .unwrap();
+    assert!(f.holder(N).unwrap().stuck);
+}
+
+#[tokio::test]
+async fn the_daemon_frees_at_start_only_a_stale_slot_of_its_own_on_a_ready_node() {
+    let nothing_runs = |_: &str| false;
+    let budget = |owner: &str| [("holder.node1".to_string(), fresh_holder(owner))];
+    let with = |n: Node, owner: &str| {
+        let f = FakeNodeDrain::new(n, vec![]);
+        f.state().budget = Some((1, budget(owner).into_iter().collect()));
+        f
+    };
+    let f = with(node(N, false, None), "gone-op");
+    node_drain(&f).release_stale(&nothing_runs).await;
+    assert!(f.holder(N).is_none(), "freed");
+    let f = with(node(N, false, None), "uid-op");
+    node_drain(&f).release_stale(&|o: &str| o == "uid-op").await;
+    assert!(f.holder(N).is_some(), "its work still runs");
+    let mut n = node(N, false, None);
+    n.status.as_mut().unwrap().conditions.as_mut().unwrap()[0].status = "False".into();
+    let f = with(n, "gone-op");
+    node_drain(&f).release_stale(&nothing_runs).await;
+    assert!(f.holder(N).is_some(), "not Ready: kept");
 }

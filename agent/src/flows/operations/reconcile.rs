@@ -31,7 +31,11 @@ use super::decide::{
 };
 use super::handlers::{Executed, Handlers, execute, stops_daemon};
 use super::record::{Record, RecordStore, Stage};
-use super::{DRAIN_FAILED, DRAIN_TIMED_OUT, IN_PROGRESS, NODE_NOT_READY, OperationResult};
+use super::{
+    DISRUPTION_BUDGET_INVALID, DRAIN_FAILED, DRAIN_TIMED_OUT, IN_PROGRESS, NODE_NOT_READY,
+    OperationResult,
+};
+use crate::flows::drain::budget::{self, BudgetTimings, Change, Keeper};
 use crate::flows::drain::{
     DrainApiFactory, DrainError, DrainPolicy, DrainTimings, Drained, NodeDrainApi, Release,
     Subject, cordon_and_drain, kube_drain_api, ready, release, wait_ready,
@@ -206,6 +210,7 @@ pub struct Reconciler {
     metrics: Arc<DaemonMetrics>,
     drain_api: DrainApiFactory,
     drain_timings: DrainTimings,
+    budget_timings: BudgetTimings,
 }
 
 impl Reconciler {
@@ -219,6 +224,7 @@ impl Reconciler {
             metrics: Arc::new(DaemonMetrics::default()),
             drain_api: kube_drain_api(),
             drain_timings: DrainTimings::default(),
+            budget_timings: BudgetTimings::default(),
         }
     }
 
@@ -470,6 +476,8 @@ impl Reconciler {
             Action::AgentUpgrade(_) => None,
         };
         let mut drained = Drained::default();
+        // Renews the budget's slot while the work runs; dropped when it is done.
+        let mut keeper: Option<Keeper> = None;
         if let Some(policy) = policy {
             // The record stays `claiming` while the drain runs: a restart drains again.
             tracing::info!(operation = %rec.name, kind = %kind, timeout = ?policy.timeout, on_timeout = policy.on_timeout.as_str(), "cordoning and draining the node");
@@ -484,6 +492,37 @@ impl Reconciler {
                     ..ObjectReference::default()
                 }),
             };
+            // A slot of the cluster's disruption budget first (still `claiming`: a restart
+            // asks again and finds the slot its own).
+            let slot = match budget::acquire(
+                apis.drain.as_ref(),
+                &self.cfg.node_name,
+                &subject,
+                self.budget_timings,
+            )
+            .await
+            {
+                Ok(slot) => slot,
+                Err(e) => {
+                    tracing::warn!(operation = %rec.name, kind = %kind, error = %e, "no disruption slot; the operation is not run");
+                    let reason = match e {
+                        budget::AcquireError::Invalid(_) => DISRUPTION_BUDGET_INVALID,
+                        budget::AcquireError::GaveUp(_) => DRAIN_FAILED,
+                    };
+                    rec.stage = Stage::Finished;
+                    rec.result = Some(OperationResult::failed(
+                        reason,
+                        format!("{kind} not run: {e}"),
+                    ));
+                    self.save_record(&rec, true)?;
+                    return Ok(None);
+                }
+            };
+            keeper = Some(Keeper::start(
+                apis.drain.clone(),
+                &self.cfg.node_name,
+                &slot,
+            ));
             match cordon_and_drain(
                 apis.drain.as_ref(),
                 &self.cfg.node_name,
@@ -500,6 +539,8 @@ impl Reconciler {
                         _ => DRAIN_FAILED,
                     };
                     let released = self.release(apis, &rec.uid).await;
+                    drop(keeper.take());
+                    self.slot(apis, &rec.uid, Change::Release).await;
                     tracing::warn!(operation = %rec.name, kind = %kind, error = %e, "drain did not complete; the operation is not run");
                     rec.stage = Stage::Finished;
                     rec.result = Some(OperationResult::failed(
@@ -530,6 +571,15 @@ impl Reconciler {
             result = self
                 .after_disruption(apis, &rec, &kind, result, since)
                 .await;
+            drop(keeper.take());
+            // Not Ready after the disruption: the slot is kept for good and the rollout stops
+            // until someone looks (or the node is Ready again and its daemon starts).
+            let slot = if result.reason == NODE_NOT_READY {
+                Change::Stuck
+            } else {
+                Change::Release
+            };
+            self.slot(apis, &rec.uid, slot).await;
             if result.succeeded()
                 && let Some(d) = drained.detail()
             {
@@ -596,11 +646,23 @@ impl Reconciler {
         }
     }
 
-    /// Lifts operation `uid`'s cordon if the Node is Ready (an operation a restart cut short).
+    /// Renews as stuck or frees operation `uid`'s slot of the disruption budget; a failure is
+    /// logged (a slot not freed lapses after its lease; the daemon frees it when it starts).
+    async fn slot(&self, apis: &Apis, uid: &str, what: Change) {
+        if let Err(e) =
+            budget::change(apis.drain.as_ref(), &self.cfg.node_name, Some(uid), what).await
+        {
+            tracing::warn!(error = %e, change = ?what, "could not change the disruption slot");
+        }
+    }
+
+    /// Lifts operation `uid`'s cordon and frees its slot if the Node is Ready (an operation a
+    /// restart cut short).
     async fn release_when_ready(&self, apis: &Apis, uid: &str) {
         match apis.drain.node().await {
             Ok(Some(n)) if ready(&n).is_some_and(|(r, _)| r) => {
                 self.release(apis, uid).await;
+                self.slot(apis, uid, Change::Release).await;
             }
             Ok(_) => tracing::warn!(operation = uid, "the node is not Ready; its cordon stays"),
             Err(e) => tracing::warn!(error = %e, "could not read the node; its cordon stays"),

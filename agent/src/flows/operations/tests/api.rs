@@ -60,6 +60,9 @@ pub struct State {
     pub evictions: BTreeMap<String, Vec<(StatusCode, Value)>>,
     /// core/v1 Events created.
     pub events: Vec<Value>,
+    /// ConfigMaps by `<namespace>/<name>` (GET; merge PATCH with a resourceVersion
+    /// precondition): the disruption budget.
+    pub configmaps: BTreeMap<String, Value>,
 }
 
 impl State {
@@ -269,6 +272,34 @@ fn route(
                 n["metadata"]["resourceVersion"] = json!((rv + 1).to_string());
                 st.rv += 1;
                 (StatusCode::OK, st.nodes[name].clone())
+            }
+            _ => not_found(name),
+        };
+    }
+    if let Some(rest) = path.strip_prefix("/api/v1/namespaces/")
+        && let Some((ns, name)) = rest.split_once("/configmaps/")
+    {
+        let key = format!("{ns}/{name}");
+        let rv = st.rv;
+        return match st.configmaps.get_mut(&key) {
+            Some(c) if *method == Method::GET => (StatusCode::OK, c.clone()),
+            Some(c) if *method == Method::PATCH => {
+                let want = body["metadata"]["resourceVersion"].as_str();
+                if want.is_some_and(|w| Some(w) != c["metadata"]["resourceVersion"].as_str()) {
+                    return status(
+                        StatusCode::CONFLICT,
+                        "Conflict",
+                        "the object has been modified",
+                    );
+                }
+                let mut patch = body.clone();
+                if let Some(m) = patch["metadata"].as_object_mut() {
+                    m.remove("resourceVersion");
+                }
+                merge(c, &patch);
+                c["metadata"]["resourceVersion"] = json!((rv + 1).to_string());
+                st.rv += 1;
+                (StatusCode::OK, st.configmaps[&key].clone())
             }
             _ => not_found(name),
         };

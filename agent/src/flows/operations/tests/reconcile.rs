@@ -971,8 +971,88 @@ fn rig_with(
     pods: Vec<k8s_openapi::api::core::v1::Pod>,
 ) -> Rig {
     let mut rig = Rig::new();
-    rig.drain = FakeNodeDrain::new(node, pods);
+    // The cluster's disruption budget as deployed: one slot, free.
+    rig.drain = FakeNodeDrain::new(node, pods).with_budget(&[("maxUnavailable", "1")]);
     rig
+}
+
+fn fresh_holder(owner: &str) -> String {
+    let now = k8s_openapi::jiff::Timestamp::now().to_string();
+    serde_json::to_string(&flex_api::budget::Holder {
+        owner: owner.into(),
+        acquired: now.clone(),
+        renewed: now,
+        stuck: false,
+    })
+    .unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_node_reboot_waits_for_the_slot_another_node_holds_then_proceeds() {
+    let rig = rig_with(node(ME, false, None), vec![pod("default", "web")]);
+    rig.drain
+        .state()
+        .budget
+        .as_mut()
+        .unwrap()
+        .1
+        .insert("holder.node2".into(), fresh_holder("op-2"));
+    rig.api.put_op(&op("op", "NodeReboot", ME));
+    let other = rig.drain.clone();
+    let freer = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_secs(90)).await;
+        // Nothing ran on this node while node2 held the only slot.
+        assert!(other.calls().is_empty(), "{:?}", other.calls());
+        other
+            .state()
+            .budget
+            .as_mut()
+            .unwrap()
+            .1
+            .remove("holder.node2");
+    });
+    // Longer than `reconcile`'s own 5 s limit: the wait is the point (tokio's clock paused).
+    let out = tokio::time::timeout(
+        Duration::from_secs(300),
+        rig.reconciler().reconcile(rig.api.client(), "op"),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    freer.await.unwrap();
+    assert!(finished(&out).succeeded(), "{:?}", finished(&out));
+    assert_eq!(rig.handlers.calls(), ["node_reboot"]);
+    let events = rig.drain.events();
+    assert_eq!(
+        events[1],
+        "MachineOperation/op Normal WaitingForDisruptionSlot: MachineOperation op (NodeReboot) \
+         waits for one of 1 disruption slot(s), held by node2"
+    );
+    assert!(
+        events[3].starts_with("MachineOperation/op Normal DisruptionSlotAcquired"),
+        "{events:?}"
+    );
+    assert!(rig.drain.holder(ME).is_none(), "freed after the uncordon");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_disruption_budget_that_does_not_parse_fails_the_operation_naming_the_field() {
+    let rig = rig_with(node(ME, false, None), vec![pod("default", "web")]);
+    rig.drain.state().budget = Some((
+        1,
+        [("maxUnavailable".to_string(), "all".to_string())].into(),
+    ));
+    rig.api.put_op(&op("op", "NodeReboot", ME));
+    let out = rig.reconcile("op").await.unwrap();
+    let r = finished(&out);
+    assert_eq!(r.reason, "DisruptionBudgetInvalid");
+    assert_eq!(
+        r.message,
+        "NodeReboot not run: ConfigMap kube-system/aks-flex-node-disruption: \
+         data.maxUnavailable: \"all\" is not a whole number of nodes (0 or more)"
+    );
+    assert!(rig.handlers.calls().is_empty());
+    assert!(rig.drain.calls().is_empty(), "neither cordoned nor drained");
 }
 
 #[tokio::test(start_paused = true)]
@@ -998,9 +1078,12 @@ async fn a_node_reboot_drains_before_the_restart_and_uncordons_once_ready() {
     assert_eq!(rig.drain.cordon(), (false, None));
     assert!(rig.drain.calls().contains(&"evict default/web".to_string()));
     // Each step is an Event on the Node and on the MachineOperation (`kubectl describe`).
+    assert!(rig.drain.holder(ME).is_none(), "the slot is freed");
     assert_eq!(
         rig.drain.events(),
         [
+            "Node/node1 Normal DisruptionSlotAcquired: took one of 1 disruption slot(s) for MachineOperation op (NodeReboot)",
+            "MachineOperation/op Normal DisruptionSlotAcquired: took one of 1 disruption slot(s) for MachineOperation op (NodeReboot)",
             "Node/node1 Normal Cordoned: cordoned by aks-flex-node for MachineOperation op (NodeReboot)",
             "MachineOperation/op Normal Cordoned: cordoned by aks-flex-node for MachineOperation op (NodeReboot)",
             "Node/node1 Normal Drained: evicted 1 pod(s) for MachineOperation op (NodeReboot)",
@@ -1032,6 +1115,7 @@ async fn a_budget_that_allows_no_disruption_fails_the_operation_and_nothing_rest
     );
     assert!(rig.handlers.calls().is_empty(), "never rebooted");
     assert_eq!(rig.drain.cordon(), (false, None));
+    assert!(rig.drain.holder(ME).is_none(), "the slot is freed");
     assert_eq!(
         rig.records().load("uid-op").unwrap().unwrap().stage,
         Stage::Finished
@@ -1080,6 +1164,8 @@ async fn a_node_not_ready_after_the_reboot_stays_cordoned_and_the_operation_says
     );
     assert_eq!(rig.handlers.calls(), ["node_reboot"]);
     assert_eq!(rig.drain.cordon(), (true, Some("uid-op".into())));
+    // Its slot is kept for good: the rollout stops here until someone looks.
+    assert!(rig.drain.holder(ME).unwrap().stuck);
 }
 
 #[tokio::test(start_paused = true)]
@@ -1158,6 +1244,58 @@ async fn an_agent_upgrade_neither_cordons_nor_drains() {
 /// UID as precondition, a merge patch of the Node carrying its resourceVersion) and how it reads
 /// the answers (a PodDisruptionBudget's 429 with its cause, a 403, a 404).
 #[tokio::test(start_paused = true)]
+async fn the_kube_adapter_reads_and_patches_the_disruption_budget_under_its_resource_version() {
+    use crate::flows::drain::{KubeNodeDrain, NodeDrainApi};
+    let api = FakeApi::new();
+    let k = KubeNodeDrain::new(api.client(), ME);
+    // Absent: None (the operation then runs without a budget).
+    assert_eq!(k.budget().await.unwrap(), None);
+    api.state().configmaps.insert(
+        "kube-system/aks-flex-node-disruption".into(),
+        json!({"apiVersion": "v1", "kind": "ConfigMap",
+               "metadata": {"name": "aks-flex-node-disruption", "namespace": "kube-system",
+                            "resourceVersion": "7", "labels": {"app": "x"}},
+               "data": {"maxUnavailable": "1", "holder.node2": "{}"}}),
+    );
+    let (rv, data) = k.budget().await.unwrap().unwrap();
+    assert_eq!(rv, "7");
+    assert_eq!(data["maxUnavailable"], "1");
+    let set: flex_api::budget::Changes = [
+        (
+            format!("holder.{ME}"),
+            Some("{\"owner\":\"op\"}".to_string()),
+        ),
+        ("holder.node2".to_string(), None),
+    ]
+    .into();
+    k.set_budget("7", &set).await.unwrap();
+    let seen = api.state().seen.last().unwrap().clone();
+    assert_eq!(seen.method, http::Method::PATCH);
+    assert_eq!(
+        seen.path,
+        "/api/v1/namespaces/kube-system/configmaps/aks-flex-node-disruption"
+    );
+    // A merge patch of the keys alone, with the precondition; null removes a key.
+    assert_eq!(
+        seen.body,
+        json!({"metadata": {"resourceVersion": "7"},
+               "data": {format!("holder.{ME}"): "{\"owner\":\"op\"}", "holder.node2": null}})
+    );
+    let cm = api.state().configmaps["kube-system/aks-flex-node-disruption"].clone();
+    assert_eq!(
+        cm["data"],
+        json!({"maxUnavailable": "1", format!("holder.{ME}"): "{\"owner\":\"op\"}"})
+    );
+    assert_eq!(
+        cm["metadata"]["labels"]["app"], "x",
+        "the rest is left alone"
+    );
+    // The same resourceVersion again: 409, read as a conflict.
+    let e = k.set_budget("7", &set).await.unwrap_err();
+    assert!(e.conflict && !e.permanent, "{e:?}");
+}
+
+#[tokio::test]
 async fn the_kube_adapter_drains_through_the_eviction_api() {
     use crate::flows::drain::{
         CORDONED_BY, DrainPolicy, DrainTimings, Eviction, KubeNodeDrain, NodeDrainApi, PodRef,
