@@ -9,13 +9,13 @@
 //!   duration, default `5m`);
 //! - `data["holder.<node>"]`: a node's slot, JSON: the owner (the operation's UID), when it was
 //!   taken, when it was last renewed, and whether the node is `stuck` (not Ready after the
-//!   disruption: the slot then never expires and the rollout stops until an administrator
-//!   removes the key or the node comes back).
+//!   disruption: the slot then never expires and the rollout stops until the node is Ready
+//!   again and its daemon frees it, or an administrator removes the key).
 //!
 //! Every write is an update carrying the ConfigMap's `resourceVersion`, so two nodes racing for
 //! the last slot cannot both win: the API server takes one update and answers the other with
 //! a conflict, and the loser reads again. A node writes only its own key (the admission policy
-//! in `deploy/controller/admission.yaml` refuses anything else); an expired holder is not
+//! in `deploy/controller/disruption.yaml` refuses anything else); an expired holder is not
 //! removed by others, only no longer counted.
 //!
 //! Why not Leases (one per slot, as some operators do): the daemons authenticate as
@@ -212,7 +212,9 @@ fn holder_json(owner: &str, acquired: &str, now: Timestamp, stuck: bool) -> Stri
 }
 
 /// Renews `node`'s slot at `now` (`stuck`: marks it so); `None` when the node holds none (an
-/// administrator removed it: the work goes on, the budget no longer counts it).
+/// administrator removed it: the work goes on, the budget no longer counts it) or its slot
+/// lapsed (the node was cut off from the API server for longer than the lease: another node
+/// may hold the slot now, so renewing would count one node too many).
 pub fn renew(
     data: &Data,
     budget: &Budget,
@@ -221,6 +223,9 @@ pub fn renew(
     stuck: bool,
 ) -> Option<Data> {
     let h = budget.holders.get(node)?.as_ref()?;
+    if !live(Some(h), budget.lease, now) {
+        return None;
+    }
     let mut out = data.clone();
     out.insert(
         key(node),

@@ -63,7 +63,8 @@ fn acquire_table() {
     let expired = holder("op-a", "2026-12-07T11:54:59Z", false); // over 5 min ago
     let stuck = holder("op-a", "2026-12-07T10:00:00Z", true);
     let ahead = holder("op-a", "2026-12-07T12:10:00Z", false); // a clock ahead
-    let cases: Vec<(&str, Data, Result<(), Vec<&str>>)> = vec![
+    type Case<'a> = (&'a str, Data, Result<(), Vec<&'a str>>);
+    let cases: Vec<Case> = vec![
         ("empty: K defaults to 1", data(&[]), Ok(())),
         ("one free slot", data(&[("maxUnavailable", "1")]), Ok(())),
         (
@@ -183,6 +184,10 @@ fn renew_and_release_touch_only_the_nodes_key() {
         None,
         "no slot: nothing to renew"
     );
+    // A slot that lapsed (cut off for longer than the lease) is not brought back.
+    let lapsed = holder("op-a", "2026-12-07T11:50:00Z", false);
+    let d2 = data(&[("holder.n1", &lapsed)]);
+    assert_eq!(renew(&d2, &parse(&d2).unwrap(), "n1", t(NOW), false), None);
     let gone = release(&d, "n1").unwrap();
     assert!(!gone.contains_key("holder.n1"));
     assert_eq!(gone.len(), 2);

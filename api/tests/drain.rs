@@ -2,6 +2,8 @@
 //! an eviction's answer means, whose cordon a Node carries and what releasing it does, and the
 //! operation parameters. Nothing is faked: the inputs are Kubernetes objects as JSON.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure
+
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -111,7 +113,8 @@ fn what_an_eviction_answer_means() {
         "DisruptionBudget".to_string(),
         "The disruption budget web-pdb needs 2 healthy pods and has 2 currently".to_string(),
     );
-    let cases: Vec<(u16, &str, Vec<(String, String)>, Eviction)> = vec![
+    type Case<'a> = (u16, &'a str, Vec<(String, String)>, Eviction);
+    let cases: Vec<Case> = vec![
         (201, "", vec![], Eviction::Accepted),
         (200, "", vec![], Eviction::Accepted),
         (404, "pods \"web\" not found", vec![], Eviction::Gone),

@@ -324,7 +324,12 @@ fn a_daemon_takes_renews_and_frees_only_its_own_slot() {
         own
     );
     // Not a node user at all, though in the group.
-    assert!(budget_update("mallory", base.clone(), taken).is_err());
+    let e = budget_update("mallory", base.clone(), taken).unwrap_err();
+    assert!(
+        e.iter()
+            .any(|m| m == "only a node's identity takes a disruption slot"),
+        "{e:?}"
+    );
     // Neither created nor deleted by a daemon; administrators are not matched.
     let p = policy_in("disruption.yaml");
     let e = admit_by(&p, req("DELETE", "", N1, true), Value::Null, base.clone()).unwrap_err();
@@ -333,9 +338,66 @@ fn a_daemon_takes_renews_and_frees_only_its_own_slot() {
             .any(|m| m == "node daemons neither create nor delete the disruption budget"),
         "{e:?}"
     );
-    assert!(admit_by(&p, req("CREATE", "", N1, true), base.clone(), Value::Null).is_err());
+    let e = admit_by(&p, req("CREATE", "", N1, true), base.clone(), Value::Null).unwrap_err();
+    assert!(
+        e.iter()
+            .any(|m| m == "node daemons neither create nor delete the disruption budget"),
+        "{e:?}"
+    );
     assert_eq!(
         admit_by(&p, req("UPDATE", "", "admin", false), budget_cm(&[]), base),
         Ok(())
+    );
+}
+
+#[test]
+fn a_daemon_changes_nothing_of_the_budget_but_its_slot() {
+    let base = budget_cm(&[("maxUnavailable", "1")]);
+    let with = |path: &str, v: Value| {
+        let mut o = budget_cm(&[("maxUnavailable", "1"), ("holder.n1", "{}")]);
+        let (first, rest) = path.split_once('.').unwrap_or((path, ""));
+        if rest.is_empty() {
+            o[first] = v;
+        } else {
+            o[first][rest] = v;
+        }
+        o
+    };
+    let meta = [
+        "a node's daemon changes only its slot in data, not the budget's metadata, binaryData or immutable",
+    ];
+    // An owner reference would let the garbage collector delete the budget.
+    let owned = with(
+        "metadata.ownerReferences",
+        json!([{"apiVersion": "v1", "kind": "Pod", "name": "gone", "uid": "0000"}]),
+    );
+    assert_eq!(budget_update(N1, base.clone(), owned).unwrap_err(), meta);
+    for (path, v) in [
+        ("metadata.finalizers", json!(["x/y"])),
+        ("metadata.labels", json!({"a": "b"})),
+        ("metadata.annotations", json!({"a": "b"})),
+        ("binaryData", json!({"k": "AAAA"})),
+        ("immutable", json!(true)),
+    ] {
+        assert_eq!(
+            budget_update(N1, base.clone(), with(path, v)).unwrap_err(),
+            meta,
+            "{path}"
+        );
+    }
+    // Unchanged metadata passes (labels the administrator set stay as they are).
+    let mut labelled = base.clone();
+    labelled["metadata"]["labels"] = json!({"app.kubernetes.io/name": "aks-flex-controller"});
+    let mut taken = with(
+        "metadata.labels",
+        json!({"app.kubernetes.io/name": "aks-flex-controller"}),
+    );
+    taken["data"]["holder.n1"] = json!("{\"owner\":\"op\"}");
+    assert_eq!(budget_update(N1, labelled, taken), Ok(()));
+    // A slot's value is short.
+    let big = budget_cm(&[("maxUnavailable", "1"), ("holder.n1", &"x".repeat(513))]);
+    assert_eq!(
+        budget_update(N1, base, big).unwrap_err(),
+        ["a disruption slot's value is at most 512 bytes"]
     );
 }

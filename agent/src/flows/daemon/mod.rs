@@ -277,7 +277,7 @@ impl Daemon {
             tracing::info!("daemon shutting down before it was ready");
             return Ok(());
         }
-        release_stale_cordon(&ctx).await;
+        release_stale_cordon(&ctx, true).await;
 
         let mut queue = WorkQueue::new(backoff);
         let sender = queue.sender();
@@ -327,6 +327,12 @@ impl Daemon {
                     ctx.operation(name).await.map(|flow| (None, flow))
                 }
             };
+            if matches!(item, Item::Repave { .. }) {
+                // Each time the machine comes round (between items, under the work lock): a
+                // cordon or disruption slot kept while the node was not Ready is lifted once
+                // it is Ready again, without waiting for the daemon's next start.
+                release_stale_cordon(&ctx, false).await;
+            }
             let mut report = Report {
                 item: item.clone(),
                 at,
@@ -511,17 +517,21 @@ pub(crate) async fn resume_interrupted_repave(
     true
 }
 
-/// Lifts, before any work, a cordon this agent made for work that no longer runs
+/// Lifts a cordon this agent made, and frees its disruption slot, for work that no longer runs
 /// ([`crate::flows::drain::NodeDrain::release_stale`]): a MachineOperation without a record at
 /// `claiming` or `executing` (a drain cut short resumes with its reconcile and keeps its
-/// cordon), a repave without a journal, the deletion's reset of a node that joined again.
-async fn release_stale_cordon(ctx: &Ctx) {
+/// cordon), a repave without a journal, and, `at_start` only, the deletion's reset of a node
+/// that joined again (while the daemon runs on, that cordon is the reset's and stays).
+async fn release_stale_cordon(ctx: &Ctx, at_start: bool) {
     use crate::flows::operations::{RecordStore, Stage};
     let records = RecordStore::new(ctx.host.fs.clone());
     let journal = !matches!(ctx.stores.journal.load(), Ok(None));
     let running = move |owner: &str| {
         if owner.starts_with("repave/") {
             return journal;
+        }
+        if owner == crate::flows::drain::DELETION_OWNER {
+            return !at_start;
         }
         matches!(
             records.load(owner),

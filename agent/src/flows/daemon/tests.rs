@@ -293,6 +293,8 @@ struct Setup {
     pods: Vec<k8s_openapi::api::core::v1::Pod>,
     /// The Node is cordoned, by this agent for this owner (the drain's fake seam).
     cordoned_by: Option<&'static str>,
+    /// The Node is not Ready (the drain's fake seam).
+    not_ready: bool,
 }
 
 /// A [`NodeStatePublisher`] that logs each write into the sequence (`node <state> <reason>
@@ -372,6 +374,7 @@ impl Default for Setup {
             hold_work_lock: false,
             pods: Vec::new(),
             cordoned_by: None,
+            not_ready: false,
         }
     }
 }
@@ -485,10 +488,12 @@ fn start(setup: Setup) -> Harness {
     .with_reports(tx)
     .with_metrics(metrics.clone());
     // The drain's seam (the Node and its pods) is faked: a Ready node with no pods.
-    let drain = crate::flows::drain::fakes::FakeNodeDrain::new(
-        crate::flows::drain::fakes::node(NODE, setup.cordoned_by.is_some(), setup.cordoned_by),
-        setup.pods.clone(),
-    );
+    let mut fake_node =
+        crate::flows::drain::fakes::node(NODE, setup.cordoned_by.is_some(), setup.cordoned_by);
+    if setup.not_ready {
+        set_ready(&mut fake_node, false);
+    }
+    let drain = crate::flows::drain::fakes::FakeNodeDrain::new(fake_node, setup.pods.clone());
     daemon = daemon.with_drain(
         crate::flows::drain::NodeDrain::new(
             KubeClients::fixed(client.clone()),
@@ -1134,6 +1139,48 @@ async fn deletion_taint_and_machine_gone_reset_the_node_and_uninstall_the_servic
     assert!(seen(&h.log).iter().all(|r| r.method == "GET"));
     assert!(h.patches().is_empty());
     assert!(h.calls().is_empty());
+}
+
+fn set_ready(n: &mut k8s_openapi::api::core::v1::Node, ready: bool) {
+    n.status.as_mut().unwrap().conditions.as_mut().unwrap()[0].status =
+        if ready { "True" } else { "False" }.into();
+}
+
+/// A node not Ready after an operation keeps its cordon and its (stuck) disruption slot; once
+/// it is Ready, the next time the machine comes round lifts both, without a restart.
+#[tokio::test]
+async fn a_cordon_and_slot_kept_while_not_ready_are_lifted_when_the_machine_comes_round_ready() {
+    let mut h = start(Setup {
+        interval: Duration::from_millis(200),
+        cordoned_by: Some("uid-of-a-reboot-not-ready"),
+        not_ready: true,
+        ..Default::default()
+    });
+    let holder = serde_json::to_string(&flex_api::budget::Holder {
+        owner: "uid-of-a-reboot-not-ready".into(),
+        acquired: "2000-01-01T00:00:00Z".into(),
+        renewed: "2000-01-01T00:00:00Z".into(),
+        stuck: true,
+    })
+    .unwrap();
+    h.drain.state().budget = Some((1, [(format!("holder.{NODE}"), holder)].into()));
+    h.until(is(Action::ReportSucceeded)).await;
+    assert_eq!(
+        h.drain.cordon(),
+        (true, Some("uid-of-a-reboot-not-ready".into()))
+    );
+    assert!(h.drain.holder(NODE).is_some());
+    set_ready(h.drain.state().node.as_mut().unwrap(), true);
+    h.until(|r| {
+        r.item
+            == Item::Repave {
+                source: RepaveSource::Interval,
+            }
+    })
+    .await;
+    assert_eq!(h.drain.cordon(), (false, None));
+    assert!(h.drain.holder(NODE).is_none(), "the stuck slot is freed");
+    h.stop().await;
 }
 
 #[tokio::test]

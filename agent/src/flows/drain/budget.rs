@@ -11,7 +11,7 @@ use flex_host::retry::{Attempt, Backoff, retry};
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::jiff::Timestamp;
 
-use super::{DrainApiError, NodeDrainApi, Subject, tell};
+use super::{DrainApiError, NodeDrainApi, Subject, named_node, tell};
 
 /// The reasons of the Events the budget records.
 pub mod reasons {
@@ -23,24 +23,31 @@ pub mod reasons {
     pub const NO_BUDGET: &str = "NoDisruptionBudget";
     /// The budget's ConfigMap does not parse: the work is not run.
     pub const BUDGET_INVALID: &str = "DisruptionBudgetInvalid";
+    /// The API server refused the slot's write for good (403, 422): the work is not run.
+    pub const SLOT_REFUSED: &str = "DisruptionSlotRefused";
 }
 
-/// How often a wait for a slot looks again.
+/// How one [`acquire`] looks: a few times, briefly, then it gives the daemon back (the
+/// reconcile is requeued after [`SLOT_RECHECK`]), so a long wait for a slot never holds up the
+/// daemon's other work or its shutdown.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BudgetTimings {
-    /// Waits while every slot is held or the API server is unreachable: `initial` doubling to
-    /// `max`.
+    /// Looks while every slot is held or the API server is unreachable: `attempts` in all,
+    /// `initial` doubling to `max` between them.
     pub backoff: Backoff,
 }
 
 impl Default for BudgetTimings {
-    /// 2 s doubling to 30 s.
+    /// 4 looks, 2 s doubling to 8 s between them (14 s at most).
     fn default() -> Self {
         Self {
-            backoff: Backoff::new(u32::MAX, Duration::from_secs(2), Duration::from_secs(30)),
+            backoff: Backoff::new(4, Duration::from_secs(2), Duration::from_secs(8)),
         }
     }
 }
+
+/// How long an operation waiting for a slot is left before the next [`acquire`].
+pub const SLOT_RECHECK: Duration = Duration::from_secs(20);
 
 /// What [`acquire`] came to.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -56,37 +63,44 @@ pub enum Slot {
 }
 
 /// Why an attempt to take a slot did not: every slot is held, or the API server did not
-/// answer (both looked at again with the backoff), or the budget does not parse (final).
+/// answer (both looked at again with the backoff), or, final, the budget does not parse or
+/// the write was refused for good.
 #[derive(Debug)]
 enum NotYet {
     Held(String),
     Api(DrainApiError),
     Invalid(BudgetError),
+    Refused(DrainApiError),
 }
 
 impl std::fmt::Display for NotYet {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Self::Held(why) => f.write_str(why),
-            Self::Api(e) => write!(f, "{e}"),
+            Self::Api(e) | Self::Refused(e) => write!(f, "{e}"),
             Self::Invalid(e) => write!(f, "{e}"),
         }
     }
 }
 
-/// Takes a slot for `node` and `subject`'s work, waiting as long as every slot is held (the
-/// holders named in an Event each time they change) or the API server cannot be reached: each
-/// look is an attempt of [`flex_host::retry::retry`] with `timings.backoff`. A ConfigMap that
-/// does not parse is an error naming the field.
+/// The holders a [`acquire`] last named in a `WaitingForDisruptionSlot` Event, kept by the
+/// caller across its attempts so the Event is recorded once per change, not once per look.
+pub type Told = std::sync::Mutex<Option<Vec<String>>>;
+
+/// Takes a slot for `node` and `subject`'s work. Each look is an attempt of
+/// [`flex_host::retry::retry`] with `timings.backoff`; when every slot stays held (the holders
+/// named in an Event each time they change, as `told` remembers) or the API server cannot be
+/// reached, it ends [`AcquireError::Busy`] and the caller comes back later. A ConfigMap that
+/// does not parse, and a write refused for good, are final.
 pub async fn acquire(
     api: &dyn NodeDrainApi,
     node: &str,
     subject: &Subject,
     timings: BudgetTimings,
+    told: &Told,
 ) -> Result<Slot, AcquireError> {
-    let node_ref = node_ref(node);
-    let told: std::sync::Mutex<Option<Vec<String>>> = std::sync::Mutex::new(None);
-    let (node_ref, told) = (&node_ref, &told);
+    let node_ref = named_node(node);
+    let node_ref = &node_ref;
     let attempt = |_| async move {
         let (rv, data) = match api.budget().await {
             Ok(Some(r)) => r,
@@ -118,6 +132,14 @@ pub async fn acquire(
                     );
                     tell(api, node_ref, subject, false, reasons::SLOT_ACQUIRED, &note).await;
                     Ok(Slot::Held { lease: b.lease })
+                }
+                Err(e) if e.permanent && !e.conflict => {
+                    let note = format!(
+                        "{} not run: the disruption slot could not be written: {e}",
+                        subject.what
+                    );
+                    tell(api, node_ref, subject, true, reasons::SLOT_REFUSED, &note).await;
+                    Err(Attempt::Fatal(NotYet::Refused(e)))
                 }
                 // Another node wrote first (a conflict), or the API server did not answer:
                 // read again.
@@ -157,19 +179,23 @@ pub async fn acquire(
     match retry("take a disruption slot", timings.backoff, attempt).await {
         Ok(slot) => Ok(slot),
         Err(NotYet::Invalid(e)) => Err(AcquireError::Invalid(e)),
-        Err(e) => Err(AcquireError::GaveUp(e.to_string())),
+        Err(NotYet::Refused(e)) => Err(AcquireError::Refused(e)),
+        Err(e @ (NotYet::Held(_) | NotYet::Api(_))) => Err(AcquireError::Busy(e.to_string())),
     }
 }
 
 /// Why no slot was taken.
 #[derive(Debug, thiserror::Error)]
 pub enum AcquireError {
-    /// The budget does not parse; the field is named.
+    /// The budget does not parse; the field is named. Final.
     #[error(transparent)]
     Invalid(#[from] BudgetError),
-    /// The backoff's attempts ran out (the default's never do: it waits as long as it takes).
-    #[error("no disruption slot after every attempt: {0}")]
-    GaveUp(String),
+    /// The API server refused the write for good (403, 422). Final.
+    #[error("the disruption slot could not be written: {0}")]
+    Refused(DrainApiError),
+    /// Every slot is held, or the API server did not answer: ask again later.
+    #[error("{0}")]
+    Busy(String),
 }
 
 async fn no_budget(
@@ -189,15 +215,6 @@ async fn no_budget(
     Slot::NoBudget(why)
 }
 
-fn node_ref(node: &str) -> ObjectReference {
-    ObjectReference {
-        api_version: Some("v1".into()),
-        kind: Some("Node".into()),
-        name: Some(node.into()),
-        ..ObjectReference::default()
-    }
-}
-
 /// What a write of the node's key does to it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Change {
@@ -211,28 +228,32 @@ pub enum Change {
 }
 
 /// Renews, marks or frees `node`'s slot (a conflict reads again; nothing to do when the node
-/// holds none, or the budget is gone). `owner`: free only a slot this work holds.
+/// holds none, its slot lapsed, or the budget is gone). `owner`: change only a slot this work
+/// holds. Returns the lease the budget says now (`None`: no budget, or one that does not
+/// parse), so a renewal schedule follows an administrator's change of it.
 pub async fn change(
     api: &dyn NodeDrainApi,
     node: &str,
     owner: Option<&str>,
     what: Change,
-) -> Result<(), DrainApiError> {
+) -> Result<Option<Duration>, DrainApiError> {
     for _ in 0..5 {
         let Some((rv, data)) = api.budget().await? else {
-            return Ok(());
+            return Ok(None);
         };
         let Ok(b) = budget::parse(&data) else {
             // Only a release is still meaningful; the key is the node's own.
             if what != Change::Release {
-                return Ok(());
+                return Ok(None);
             }
-            return write(api, &rv, &data, budget::release(&data, node)).await;
+            return write(api, &rv, &data, budget::release(&data, node))
+                .await
+                .map(|()| None);
         };
         if let Some(o) = owner
             && budget::owner(&b, node).is_some_and(|held| held != o)
         {
-            return Ok(());
+            return Ok(Some(b.lease));
         }
         let new = match what {
             Change::Renew => budget::renew(&data, &b, node, Timestamp::now(), false),
@@ -241,7 +262,7 @@ pub async fn change(
         };
         match write(api, &rv, &data, new).await {
             Err(e) if e.conflict => continue,
-            other => return other,
+            other => return other.map(|()| Some(b.lease)),
         }
     }
     Err(DrainApiError {
@@ -275,13 +296,16 @@ impl Keeper {
         let Slot::Held { lease } = slot else {
             return Self(None);
         };
-        let every = *lease / 3;
+        let mut every = *lease / 3;
         let node = node.to_string();
         Self(Some(tokio::spawn(async move {
             loop {
                 tokio::time::sleep(every).await;
-                if let Err(e) = change(api.as_ref(), &node, None, Change::Renew).await {
-                    tracing::warn!(error = %e, "could not renew the disruption slot");
+                match change(api.as_ref(), &node, None, Change::Renew).await {
+                    // The lease as the budget says it now: an administrator may change it.
+                    Ok(Some(lease)) => every = lease / 3,
+                    Ok(None) => {}
+                    Err(e) => tracing::warn!(error = %e, "could not renew the disruption slot"),
                 }
             }
         })))

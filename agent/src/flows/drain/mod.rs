@@ -134,6 +134,16 @@ pub mod reasons {
     pub const UNCORDONED: &str = "Uncordoned";
 }
 
+/// A Node by name alone, as Events name it when it could not be read.
+fn named_node(name: &str) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Node".into()),
+        name: Some(name.into()),
+        ..ObjectReference::default()
+    }
+}
+
 /// The Node as Events name it.
 fn node_ref(node: &Node) -> ObjectReference {
     ObjectReference {
@@ -488,24 +498,22 @@ pub async fn cordon_and_drain(
                 last = Some(e.to_string());
             }
             Err(e) => {
-                let node = ObjectReference {
-                    api_version: Some("v1".into()),
-                    kind: Some("Node".into()),
-                    name: Some(node_name.into()),
-                    ..ObjectReference::default()
-                };
-                failed(api, &node, subject, &e).await;
+                failed(api, &named_node(node_name), subject, &e).await;
                 return Err(e);
             }
         }
         attempt += 1;
         if tokio::time::Instant::now() >= deadline {
             // Not even cordoned: nothing disruptive follows, whatever onDrainTimeout says.
-            return Err(DrainError::TimedOut {
+            let e = DrainError::TimedOut {
                 timeout: policy.timeout,
                 left: None,
                 blocked: last,
-            });
+            };
+            let note = format!("{e} (the Node could not be cordoned)");
+            let node = named_node(node_name);
+            tell(api, &node, subject, true, reasons::DRAIN_TIMED_OUT, &note).await;
+            return Err(e);
         }
         sleep_until_or(deadline, timings.backoff.delay(attempt, None)).await;
     };

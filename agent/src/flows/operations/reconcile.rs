@@ -94,6 +94,26 @@ pub enum Taken {
 /// daemon within seconds).
 pub const HANDOFF_RECHECK: Duration = Duration::from_secs(30);
 
+/// What running an operation came to.
+enum Ran {
+    /// It ran (or was finished without running); its record says how.
+    Done,
+    /// An AgentUpgrade handed over to the agent it restarts on.
+    HandedOff(String),
+    /// It waits for a slot of the disruption budget: nothing was done yet.
+    Deferred(String),
+}
+
+/// The outcome of an operation waiting for a disruption slot: looked at again after
+/// [`budget::SLOT_RECHECK`].
+fn deferred(why: String) -> Outcome {
+    Outcome {
+        requeue_after: Some(budget::SLOT_RECHECK),
+        taken: Taken::Ignored(format!("waiting for a disruption slot: {why}")),
+        stop_daemon: false,
+    }
+}
+
 /// The result of a reconcile: what was done, and what the caller does next.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Outcome {
@@ -211,6 +231,8 @@ pub struct Reconciler {
     drain_api: DrainApiFactory,
     drain_timings: DrainTimings,
     budget_timings: BudgetTimings,
+    /// The holders the last `WaitingForDisruptionSlot` Event named (one Event per change).
+    slot_told: budget::Told,
 }
 
 impl Reconciler {
@@ -225,6 +247,7 @@ impl Reconciler {
             drain_api: kube_drain_api(),
             drain_timings: DrainTimings::default(),
             budget_timings: BudgetTimings::default(),
+            slot_told: budget::Told::default(),
         }
     }
 
@@ -401,8 +424,10 @@ impl Reconciler {
                 }
                 Decision::Resume(Resume::Execute(action)) => {
                     let rec = record.unwrap_or_else(|| new_record(&op, Stage::Claiming, ""));
-                    if let Some(m) = self.run(&apis, &rec, &action).await? {
-                        return Ok(Outcome::done(Taken::HandedOff(m)));
+                    match self.run(&apis, &rec, &action).await? {
+                        Ran::Done => {}
+                        Ran::HandedOff(m) => return Ok(Outcome::done(Taken::HandedOff(m))),
+                        Ran::Deferred(why) => return Ok(deferred(why)),
                     }
                     current = Some(op);
                 }
@@ -425,8 +450,12 @@ impl Reconciler {
                     );
                     match patch_status(&apis, &op, &body).await {
                         Ok(patched) => {
-                            if let Some(m) = self.run(&apis, &rec, &action).await? {
-                                return Ok(Outcome::done(Taken::HandedOff(m)));
+                            match self.run(&apis, &rec, &action).await? {
+                                Ran::Done => {}
+                                Ran::HandedOff(m) => {
+                                    return Ok(Outcome::done(Taken::HandedOff(m)));
+                                }
+                                Ran::Deferred(why) => return Ok(deferred(why)),
                             }
                             current = Some(patched);
                         }
@@ -468,7 +497,7 @@ impl Reconciler {
         apis: &Apis,
         claim: &Record,
         action: &Action,
-    ) -> Result<Option<String>, ReconcileError> {
+    ) -> Result<Ran, ReconcileError> {
         let mut rec = claim.clone();
         let kind = action.kind();
         let policy = match action {
@@ -499,15 +528,22 @@ impl Reconciler {
                 &self.cfg.node_name,
                 &subject,
                 self.budget_timings,
+                &self.slot_told,
             )
             .await
             {
                 Ok(slot) => slot,
+                Err(budget::AcquireError::Busy(why)) => {
+                    // Back to the daemon; the record stays `claiming`, and the next reconcile
+                    // (after SLOT_RECHECK, or the operation's next change) asks again.
+                    tracing::info!(operation = %rec.name, kind = %kind, reason = %why, "waiting for a disruption slot");
+                    return Ok(Ran::Deferred(why));
+                }
                 Err(e) => {
                     tracing::warn!(operation = %rec.name, kind = %kind, error = %e, "no disruption slot; the operation is not run");
                     let reason = match e {
                         budget::AcquireError::Invalid(_) => DISRUPTION_BUDGET_INVALID,
-                        budget::AcquireError::GaveUp(_) => DRAIN_FAILED,
+                        _ => DRAIN_FAILED,
                     };
                     rec.stage = Stage::Finished;
                     rec.result = Some(OperationResult::failed(
@@ -515,7 +551,7 @@ impl Reconciler {
                         format!("{kind} not run: {e}"),
                     ));
                     self.save_record(&rec, true)?;
-                    return Ok(None);
+                    return Ok(Ran::Done);
                 }
             };
             keeper = Some(Keeper::start(
@@ -548,7 +584,7 @@ impl Reconciler {
                         format!("{kind} not run: {e}; {released}"),
                     ));
                     self.save_record(&rec, true)?;
-                    return Ok(None);
+                    return Ok(Ran::Done);
                 }
             }
         }
@@ -564,7 +600,7 @@ impl Reconciler {
             Executed::Finished(r) => r,
             Executed::HandedOff(m) => {
                 tracing::info!(operation = %rec.name, message = %m, "MachineOperation handed over to the restarted agent");
-                return Ok(Some(m));
+                return Ok(Ran::HandedOff(m));
             }
         };
         if policy.is_some() {
@@ -596,7 +632,7 @@ impl Reconciler {
             // The result is in memory; the next pass reports it.
             tracing::warn!(error = %e, "could not record the result of a MachineOperation");
         }
-        Ok(None)
+        Ok(Ran::Done)
     }
 
     /// The cordon after a drained operation ran: a completed NodeReboot waits for the Node to
@@ -664,7 +700,14 @@ impl Reconciler {
                 self.release(apis, uid).await;
                 self.slot(apis, uid, Change::Release).await;
             }
-            Ok(_) => tracing::warn!(operation = uid, "the node is not Ready; its cordon stays"),
+            Ok(_) => {
+                // Kept, as after a NodeReboot not Ready in time: the rollout stops here.
+                tracing::warn!(
+                    operation = uid,
+                    "the node is not Ready; its cordon and disruption slot stay"
+                );
+                self.slot(apis, uid, Change::Stuck).await;
+            }
             Err(e) => tracing::warn!(error = %e, "could not read the node; its cordon stays"),
         }
     }

@@ -998,28 +998,40 @@ async fn a_node_reboot_waits_for_the_slot_another_node_holds_then_proceeds() {
         .1
         .insert("holder.node2".into(), fresh_holder("op-2"));
     rig.api.put_op(&op("op", "NodeReboot", ME));
-    let other = rig.drain.clone();
-    let freer = tokio::spawn(async move {
-        tokio::time::sleep(Duration::from_secs(90)).await;
-        // Nothing ran on this node while node2 held the only slot.
-        assert!(other.calls().is_empty(), "{:?}", other.calls());
-        other
-            .state()
-            .budget
-            .as_mut()
-            .unwrap()
-            .1
-            .remove("holder.node2");
-    });
-    // Longer than `reconcile`'s own 5 s limit: the wait is the point (tokio's clock paused).
-    let out = tokio::time::timeout(
-        Duration::from_secs(300),
-        rig.reconciler().reconcile(rig.api.client(), "op"),
-    )
-    .await
-    .unwrap()
-    .unwrap();
-    freer.await.unwrap();
+    let r = rig.reconciler();
+    // Longer than `reconcile`'s own 5 s limit: the looks take 14 s (tokio's clock paused).
+    let run = || tokio::time::timeout(Duration::from_secs(60), r.reconcile(rig.api.client(), "op"));
+    // node2 holds the only slot: the daemon gets the reconcile back, to come again later.
+    let out = run().await.unwrap().unwrap();
+    assert_eq!(
+        out.requeue_after,
+        Some(crate::flows::drain::budget::SLOT_RECHECK)
+    );
+    assert_eq!(
+        out.taken,
+        Taken::Ignored(
+            "waiting for a disruption slot: MachineOperation op (NodeReboot) waits for one of 1 \
+             disruption slot(s), held by node2"
+                .into()
+        )
+    );
+    assert!(rig.drain.calls().is_empty(), "neither cordoned nor drained");
+    assert!(rig.handlers.calls().is_empty());
+    assert_eq!(
+        rig.records().load("uid-op").unwrap().unwrap().stage,
+        Stage::Claiming
+    );
+    // Still held at the next look: no second Event.
+    run().await.unwrap().unwrap();
+    // Freed: the next reconcile takes it and runs the operation.
+    rig.drain
+        .state()
+        .budget
+        .as_mut()
+        .unwrap()
+        .1
+        .remove("holder.node2");
+    let out = run().await.unwrap().unwrap();
     assert!(finished(&out).succeeded(), "{:?}", finished(&out));
     assert_eq!(rig.handlers.calls(), ["node_reboot"]);
     let events = rig.drain.events();
@@ -1033,6 +1045,37 @@ async fn a_node_reboot_waits_for_the_slot_another_node_holds_then_proceeds() {
         "{events:?}"
     );
     assert!(rig.drain.holder(ME).is_none(), "freed after the uncordon");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_slot_write_refused_for_good_fails_the_operation_with_an_event() {
+    let rig = rig_with(node(ME, false, None), vec![]);
+    rig.drain.state().failures.insert(
+        "set_budget",
+        [crate::flows::drain::DrainApiError {
+            action: "patch configmap".into(),
+            cause: "403: node1 may change only its own slot".into(),
+            permanent: true,
+            conflict: false,
+        }]
+        .into(),
+    );
+    rig.api.put_op(&op("op", "NodeReboot", ME));
+    let out = rig.reconcile("op").await.unwrap();
+    let r = finished(&out);
+    assert_eq!(r.reason, "DrainFailed");
+    assert!(
+        r.message
+            .contains("the disruption slot could not be written"),
+        "{}",
+        r.message
+    );
+    assert!(rig.handlers.calls().is_empty());
+    assert!(
+        rig.drain.events()[0].starts_with("Node/node1 Warning DisruptionSlotRefused"),
+        "{:?}",
+        rig.drain.events()
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -1219,10 +1262,46 @@ async fn a_reboot_cut_short_by_a_restart_is_interrupted_and_its_cordon_lifted_on
         None,
     ));
     seed(&rig, Stage::Executing, "2027-01-15T07:55:00Z", None);
+    rig.drain
+        .state()
+        .budget
+        .as_mut()
+        .unwrap()
+        .1
+        .insert(format!("holder.{ME}"), fresh_holder("uid-op"));
     let out = rig.reconcile("op").await.unwrap();
     assert_eq!(finished(&out).reason, "Interrupted");
     assert!(rig.handlers.calls().is_empty());
     assert_eq!(rig.drain.cordon(), (false, None));
+    assert!(rig.drain.holder(ME).is_none(), "its slot freed too");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_reboot_cut_short_on_a_node_not_ready_keeps_its_cordon_and_its_slot() {
+    let mut n = node(ME, true, Some("uid-op"));
+    n.status.as_mut().unwrap().conditions.as_mut().unwrap()[0].status = "False".into();
+    let rig = rig_with(n, vec![]);
+    rig.api.put_op(&with_status(
+        op("op", "NodeReboot", ME),
+        "InProgress",
+        Some(NOW - 300),
+        None,
+    ));
+    seed(&rig, Stage::Executing, "2027-01-15T07:55:00Z", None);
+    rig.drain
+        .state()
+        .budget
+        .as_mut()
+        .unwrap()
+        .1
+        .insert(format!("holder.{ME}"), fresh_holder("uid-op"));
+    let out = rig.reconcile("op").await.unwrap();
+    assert_eq!(finished(&out).reason, "Interrupted");
+    assert_eq!(rig.drain.cordon(), (true, Some("uid-op".into())));
+    assert!(
+        rig.drain.holder(ME).unwrap().stuck,
+        "kept for good, not left to lapse"
+    );
 }
 
 #[tokio::test]
@@ -1239,11 +1318,10 @@ async fn an_agent_upgrade_neither_cordons_nor_drains() {
     assert!(rig.drain.calls().is_empty());
 }
 
-/// The drain's adapter over a kube client ([`crate::flows::drain::KubeNodeDrain`]) against the
-/// fake API server: the requests it makes (a field-selected pod list, evictions with the pod's
-/// UID as precondition, a merge patch of the Node carrying its resourceVersion) and how it reads
-/// the answers (a PodDisruptionBudget's 429 with its cause, a 403, a 404).
-#[tokio::test(start_paused = true)]
+/// The budget's half of the drain's adapter over a kube client
+/// ([`crate::flows::drain::KubeNodeDrain`]) against the fake API server: the ConfigMap read, a
+/// merge patch of the keys alone under its resourceVersion, a stale one answered 409.
+#[tokio::test]
 async fn the_kube_adapter_reads_and_patches_the_disruption_budget_under_its_resource_version() {
     use crate::flows::drain::{KubeNodeDrain, NodeDrainApi};
     let api = FakeApi::new();
@@ -1295,7 +1373,11 @@ async fn the_kube_adapter_reads_and_patches_the_disruption_budget_under_its_reso
     assert!(e.conflict && !e.permanent, "{e:?}");
 }
 
-#[tokio::test]
+/// The drain's adapter over a kube client ([`crate::flows::drain::KubeNodeDrain`]) against the
+/// fake API server: the requests it makes (a field-selected pod list, evictions with the pod's
+/// UID as precondition, a merge patch of the Node carrying its resourceVersion) and how it reads
+/// the answers (a PodDisruptionBudget's 429 with its cause, a 403, a 404).
+#[tokio::test(start_paused = true)]
 async fn the_kube_adapter_drains_through_the_eviction_api() {
     use crate::flows::drain::{
         CORDONED_BY, DrainPolicy, DrainTimings, Eviction, KubeNodeDrain, NodeDrainApi, PodRef,
