@@ -66,6 +66,10 @@ pub const NODE_NOT_READY: &str = "NodeNotReady";
 pub const DISRUPTION_BUDGET_INVALID: &str = "DisruptionBudgetInvalid";
 /// Reason of the `Completed` condition while an operation runs.
 pub const IN_PROGRESS: &str = "InProgress";
+/// Reason (status and `Completed` condition) of an operation claimed and waiting for a slot of
+/// the cluster's disruption budget; its message names the holders. Back to [`IN_PROGRESS`]
+/// once it has one.
+pub const WAITING_FOR_DISRUPTION_SLOT: &str = "WaitingForDisruptionSlot";
 
 /// How an operation ended, as its status records it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

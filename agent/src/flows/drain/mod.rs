@@ -219,12 +219,24 @@ impl NodeDrainApi for KubeNodeDrain {
     }
 
     async fn pods(&self) -> Result<Vec<Pod>, DrainApiError> {
+        // Read as the drain's few fields rather than as `Pod`: the full type's deserializer
+        // (every field of a PodSpec) is hundreds of kilobytes of the agent's image, which has a
+        // size budget, for fields the drain never reads.
+        let action = || format!("list pods on {}", self.node);
         let lp = ListParams::default().fields(&format!("spec.nodeName={}", self.node));
-        Api::<Pod>::all(self.client.clone())
+        let req = kube::core::Request::new("/api/v1/pods")
             .list(&lp)
+            .map_err(|e| DrainApiError {
+                action: action(),
+                cause: e.to_string(),
+                permanent: true,
+                conflict: false,
+            })?;
+        self.client
+            .request::<DrainPodList>(req)
             .await
-            .map(|l| l.items)
-            .map_err(|e| DrainApiError::from_kube(format!("list pods on {}", self.node), &e))
+            .map(|l| l.items.into_iter().map(DrainPod::into_pod).collect())
+            .map_err(|e| DrainApiError::from_kube(action(), &e))
     }
 
     async fn evict(&self, pod: &PodRef) -> Eviction {
@@ -302,11 +314,26 @@ impl NodeDrainApi for KubeNodeDrain {
             reporting_instance: Some(self.node.clone()),
             ..Default::default()
         };
-        if let Err(e) = Api::<CoreEvent>::namespaced(self.client.clone(), &ns)
-            .create(&PostParams::default(), &ev)
-            .await
-        {
-            tracing::warn!(reason, error = %describe(&e), "could not record an Event");
+        // Posted, its answer not read back as an `Event` (that type's deserializer would be
+        // image size for nothing).
+        let posted = serde_json::to_vec(&ev)
+            .map_err(|e| e.to_string())
+            .and_then(|body| {
+                kube::core::Request::new(format!("/api/v1/namespaces/{ns}/events"))
+                    .create(&PostParams::default(), body)
+                    .map_err(|e| e.to_string())
+            });
+        let result = match posted {
+            Ok(req) => self
+                .client
+                .request::<serde::de::IgnoredAny>(req)
+                .await
+                .map(|_| ())
+                .map_err(|e| describe(&e)),
+            Err(e) => Err(e),
+        };
+        if let Err(e) = result {
+            tracing::warn!(reason, error = %e, "could not record an Event");
         }
     }
 
@@ -345,6 +372,42 @@ impl NodeDrainApi for KubeNodeDrain {
             .map_err(|e| {
                 DrainApiError::from_kube(format!("patch configmap {NAMESPACE}/{CONFIGMAP}"), &e)
             })
+    }
+}
+
+/// A pod list as the drain reads it.
+#[derive(serde::Deserialize)]
+struct DrainPodList {
+    #[serde(default)]
+    items: Vec<DrainPod>,
+}
+
+/// The fields of a pod the drain reads (`flex_api::drain::plan`): its metadata (name,
+/// namespace, UID, owners, the mirror annotation, deletion) and its phase.
+#[derive(serde::Deserialize)]
+struct DrainPod {
+    #[serde(default)]
+    metadata: kube::api::ObjectMeta,
+    #[serde(default)]
+    status: Option<DrainPodStatus>,
+}
+
+#[derive(serde::Deserialize)]
+struct DrainPodStatus {
+    #[serde(default)]
+    phase: Option<String>,
+}
+
+impl DrainPod {
+    fn into_pod(self) -> Pod {
+        Pod {
+            metadata: self.metadata,
+            status: self.status.map(|s| k8s_openapi::api::core::v1::PodStatus {
+                phase: s.phase,
+                ..Default::default()
+            }),
+            ..Pod::default()
+        }
     }
 }
 

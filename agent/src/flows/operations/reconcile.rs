@@ -47,6 +47,7 @@ use crate::state::StateError;
 use flex_api::machina::{
     CONDITION_COMPLETED, Machine, MachineOperation, OperationKind, OperationPhase,
 };
+use flex_api::operations::WAITING_FOR_DISRUPTION_SLOT;
 
 /// Conflicting writes in a row after which a reconcile gives up (the queue retries later).
 pub const MAX_CONFLICTS: usize = 5;
@@ -96,22 +97,18 @@ pub const HANDOFF_RECHECK: Duration = Duration::from_secs(30);
 
 /// What running an operation came to.
 enum Ran {
-    /// It ran (or was finished without running); its record says how.
-    Done,
+    /// It ran (or was finished without running); its record says how. The operation as a
+    /// status write during the run left it, if there was one.
+    Done(Option<Box<MachineOperation>>),
     /// An AgentUpgrade handed over to the agent it restarts on.
     HandedOff(String),
     /// It waits for a slot of the disruption budget: nothing was done yet.
     Deferred(String),
 }
 
-/// The outcome of an operation waiting for a disruption slot: looked at again after
-/// [`budget::SLOT_RECHECK`].
-fn deferred(why: String) -> Outcome {
-    Outcome {
-        requeue_after: Some(budget::SLOT_RECHECK),
-        taken: Taken::Ignored(format!("waiting for a disruption slot: {why}")),
-        stop_daemon: false,
-    }
+/// `op`'s status reason, if it has one.
+fn status_reason(op: &MachineOperation) -> Option<&str> {
+    op.status.as_ref().map(|s| s.reason.as_str())
 }
 
 /// The result of a reconcile: what was done, and what the caller does next.
@@ -424,12 +421,11 @@ impl Reconciler {
                 }
                 Decision::Resume(Resume::Execute(action)) => {
                     let rec = record.unwrap_or_else(|| new_record(&op, Stage::Claiming, ""));
-                    match self.run(&apis, &rec, &action).await? {
-                        Ran::Done => {}
+                    match self.run(&apis, &op, &rec, &action).await? {
+                        Ran::Done(fresher) => current = Some(fresher.map_or(op, |o| *o)),
                         Ran::HandedOff(m) => return Ok(Outcome::done(Taken::HandedOff(m))),
-                        Ran::Deferred(why) => return Ok(deferred(why)),
+                        Ran::Deferred(why) => return Ok(self.deferred(&apis, &op, why).await),
                     }
-                    current = Some(op);
                 }
                 Decision::Claim(action) => {
                     let started = op
@@ -449,16 +445,15 @@ impl Reconciler {
                         self.now(),
                     );
                     match patch_status(&apis, &op, &body).await {
-                        Ok(patched) => {
-                            match self.run(&apis, &rec, &action).await? {
-                                Ran::Done => {}
-                                Ran::HandedOff(m) => {
-                                    return Ok(Outcome::done(Taken::HandedOff(m)));
-                                }
-                                Ran::Deferred(why) => return Ok(deferred(why)),
+                        Ok(patched) => match self.run(&apis, &patched, &rec, &action).await? {
+                            Ran::Done(fresher) => current = Some(fresher.map_or(patched, |o| *o)),
+                            Ran::HandedOff(m) => {
+                                return Ok(Outcome::done(Taken::HandedOff(m)));
                             }
-                            current = Some(patched);
-                        }
+                            Ran::Deferred(why) => {
+                                return Ok(self.deferred(&apis, &patched, why).await);
+                            }
+                        },
                         Err(WriteError::Conflict) => {
                             // The claim was lost or raced: this agent did not claim it.
                             self.drop_record(&uid);
@@ -495,9 +490,12 @@ impl Reconciler {
     async fn run(
         &self,
         apis: &Apis,
+        op: &MachineOperation,
         claim: &Record,
         action: &Action,
     ) -> Result<Ran, ReconcileError> {
+        // The operation as the last status write left it, when this run wrote one.
+        let mut fresher: Option<Box<MachineOperation>> = None;
         let mut rec = claim.clone();
         let kind = action.kind();
         let policy = match action {
@@ -551,7 +549,7 @@ impl Reconciler {
                         format!("{kind} not run: {e}"),
                     ));
                     self.save_record(&rec, true)?;
-                    return Ok(Ran::Done);
+                    return Ok(Ran::Done(fresher));
                 }
             };
             keeper = Some(Keeper::start(
@@ -559,6 +557,13 @@ impl Reconciler {
                 &self.cfg.node_name,
                 &slot,
             ));
+            if status_reason(op) == Some(WAITING_FOR_DISRUPTION_SLOT) {
+                // It waited: its status says it runs again.
+                fresher = self
+                    .set_status(apis, op, IN_PROGRESS, action.in_progress_message())
+                    .await
+                    .map(Box::new);
+            }
             match cordon_and_drain(
                 apis.drain.as_ref(),
                 &self.cfg.node_name,
@@ -584,7 +589,7 @@ impl Reconciler {
                         format!("{kind} not run: {e}; {released}"),
                     ));
                     self.save_record(&rec, true)?;
-                    return Ok(Ran::Done);
+                    return Ok(Ran::Done(fresher));
                 }
             }
         }
@@ -632,7 +637,7 @@ impl Reconciler {
             // The result is in memory; the next pass reports it.
             tracing::warn!(error = %e, "could not record the result of a MachineOperation");
         }
-        Ok(Ran::Done)
+        Ok(Ran::Done(fresher))
     }
 
     /// The cordon after a drained operation ran: a completed NodeReboot waits for the Node to
@@ -680,6 +685,50 @@ impl Reconciler {
                 "the node could not be uncordoned (the daemon tries again when it starts)"
             }
         }
+    }
+
+    /// The outcome of operation `op` waiting for a disruption slot (looked at again after
+    /// [`budget::SLOT_RECHECK`]); its status says so, written only when what it says changes
+    /// (not at each look).
+    async fn deferred(&self, apis: &Apis, op: &MachineOperation, why: String) -> Outcome {
+        let said = op.status.as_ref().map(|s| s.message.as_str());
+        if status_reason(op) != Some(WAITING_FOR_DISRUPTION_SLOT) || said != Some(why.as_str()) {
+            self.set_status(apis, op, WAITING_FOR_DISRUPTION_SLOT, &why)
+                .await;
+        }
+        Outcome {
+            requeue_after: Some(budget::SLOT_RECHECK),
+            taken: Taken::Ignored(format!("waiting for a disruption slot: {why}")),
+            stop_daemon: false,
+        }
+    }
+
+    /// Sets the status reason and message of `op` in progress (and its `Completed`
+    /// condition's), under its resourceVersion; returns the operation as written. A failure is
+    /// logged: the status is for people, the next write puts it right.
+    async fn set_status(
+        &self,
+        apis: &Apis,
+        op: &MachineOperation,
+        reason: &str,
+        message: &str,
+    ) -> Option<MachineOperation> {
+        let body = json!({
+            "metadata": precondition(op),
+            "status": {
+                "reason": reason,
+                "message": message,
+                "conditions": with_completed(op, "False", reason, message, self.now()),
+            },
+        });
+        let error = match patch_status(apis, op, &body).await {
+            Ok(written) => return Some(written),
+            Err(WriteError::Conflict) => "it changed meanwhile".to_string(),
+            Err(WriteError::NotFound) => "it is gone".to_string(),
+            Err(WriteError::Other(e)) => describe(&e),
+        };
+        tracing::warn!(operation = %op.name_any(), reason, error = %error, "could not write the operation's status");
+        None
     }
 
     /// Renews as stuck or frees operation `uid`'s slot of the disruption budget; a failure is

@@ -1021,8 +1021,29 @@ async fn a_node_reboot_waits_for_the_slot_another_node_holds_then_proceeds() {
         rig.records().load("uid-op").unwrap().unwrap().stage,
         Stage::Claiming
     );
-    // Still held at the next look: no second Event.
+    // Its status says why it waits (the Completed condition too).
+    let status = rig.api.state().ops["op"]["status"].clone();
+    assert_eq!(status["phase"], "InProgress");
+    assert_eq!(status["reason"], "WaitingForDisruptionSlot");
+    assert_eq!(
+        status["message"],
+        "MachineOperation op (NodeReboot) waits for one of 1 disruption slot(s), held by node2"
+    );
+    assert_eq!(
+        status["conditions"][0]["reason"],
+        "WaitingForDisruptionSlot"
+    );
+    let status_writes = || {
+        rig.api
+            .lines()
+            .iter()
+            .filter(|l| l.starts_with("PATCH") && l.ends_with("/status"))
+            .count()
+    };
+    let writes = status_writes();
+    // Still held at the next look: no second Event, and no status write (it says the same).
     run().await.unwrap().unwrap();
+    assert_eq!(status_writes(), writes);
     // Freed: the next reconcile takes it and runs the operation.
     rig.drain
         .state()
@@ -1034,6 +1055,9 @@ async fn a_node_reboot_waits_for_the_slot_another_node_holds_then_proceeds() {
     let out = run().await.unwrap().unwrap();
     assert!(finished(&out).succeeded(), "{:?}", finished(&out));
     assert_eq!(rig.handlers.calls(), ["node_reboot"]);
+    // Back to InProgress when it got the slot, then finished.
+    assert_eq!(status_writes(), writes + 2, "no conflict on the way");
+    assert_eq!(rig.api.state().ops["op"]["status"]["phase"], "Complete");
     let events = rig.drain.events();
     assert_eq!(
         events[1],
