@@ -246,6 +246,7 @@ mod tests {
                 outcome,
                 duration: Duration::from_secs(1),
                 detail: None,
+                steps: Vec::new(),
                 journal: None,
             }],
         }

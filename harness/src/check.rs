@@ -5,11 +5,11 @@
 //! and a group ([`Group`]: name, description, what it needs, its checks and what it is in host
 //! mode ([`HostMode`]), defined once beside its checks).
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use flex_host::runner::{Output, Runner};
 
-use crate::report::Checked;
+use crate::report::{Checked, Step};
 use crate::ssh::{Guest, Ssh};
 use crate::state::State;
 
@@ -143,6 +143,70 @@ pub fn ensure(cond: bool, msg: impl FnOnce() -> String) -> anyhow::Result<()> {
     }
 }
 
+/// A check's stopwatch: each [`Laps::lap`] ends a step, named for what it did or waited for,
+/// and the steps go into the report with [`Checked::with_steps`] (the timing table lists them
+/// under the check), so where a check spends its time is on record, run by run.
+#[derive(Debug)]
+pub struct Laps {
+    last: Instant,
+    steps: Vec<Step>,
+}
+
+impl Laps {
+    /// Starts the first step now.
+    pub fn start() -> Self {
+        Self {
+            last: Instant::now(),
+            steps: Vec::new(),
+        }
+    }
+
+    /// Ends the current step as `name` and starts the next; returns the step's time.
+    pub fn lap(&mut self, name: impl Into<String>) -> Duration {
+        self.lap_at(name, Instant::now())
+    }
+
+    /// Ends the current step as `name` at `at` (an instant a wait noted, such as when it first
+    /// saw something; one before the step's start counts as its start) and starts the next
+    /// there; returns the step's time.
+    pub fn lap_at(&mut self, name: impl Into<String>, at: Instant) -> Duration {
+        let at = at.max(self.last);
+        let d = at.duration_since(self.last);
+        self.last = at;
+        self.steps.push(Step {
+            name: name.into(),
+            duration: d,
+        });
+        d
+    }
+
+    /// The steps so far.
+    pub fn steps(&self) -> &[Step] {
+        &self.steps
+    }
+
+    /// The steps, for [`Checked::with_steps`].
+    pub fn into_steps(self) -> Vec<Step> {
+        self.steps
+    }
+}
+
+/// How a polling wait went: `N looks, median X` (each look's own time, which is what a wait
+/// spends beside its interval).
+pub fn looks_note(looks: &[Duration]) -> String {
+    let mut sorted = looks.to_vec();
+    sorted.sort();
+    match sorted.get(sorted.len() / 2) {
+        Some(m) => format!(
+            "{} look{}, median {}",
+            sorted.len(),
+            if sorted.len() == 1 { "" } else { "s" },
+            secs(*m)
+        ),
+        None => "no look".into(),
+    }
+}
+
 /// A duration as the checks' details show it: `12.3s`.
 pub fn secs(d: Duration) -> String {
     format!("{:.1}s", d.as_secs_f64())
@@ -158,4 +222,36 @@ pub async fn failure_journal(r: &dyn Runner, ssh: &Ssh) -> String {
     .await
     .map(|o| o.stdout)
     .unwrap_or_else(|e| format!("(journal unavailable: {e})"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn laps_end_each_step_where_the_next_starts() {
+        let mut l = Laps::start();
+        let t0 = l.last;
+        let first = l.lap_at("first", t0 + Duration::from_millis(1500));
+        let second = l.lap_at("second", t0 + Duration::from_millis(4000));
+        // An instant before the current step's start counts as its start: zero, not negative.
+        let third = l.lap_at("third", t0);
+        assert_eq!(first, Duration::from_millis(1500));
+        assert_eq!(second, Duration::from_millis(2500));
+        assert_eq!(third, Duration::ZERO);
+        let names: Vec<&str> = l.steps().iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(names, ["first", "second", "third"]);
+        assert_eq!(l.into_steps().len(), 3);
+    }
+
+    #[test]
+    fn looks_are_counted_with_their_median() {
+        let ms = Duration::from_millis;
+        assert_eq!(looks_note(&[]), "no look");
+        assert_eq!(looks_note(&[ms(900)]), "1 look, median 0.9s");
+        assert_eq!(
+            looks_note(&[ms(3000), ms(1000), ms(1200)]),
+            "3 looks, median 1.2s"
+        );
+    }
 }

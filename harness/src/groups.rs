@@ -149,6 +149,7 @@ pub async fn run_group(ctx: &Ctx<'_>, group: &Group, restore: bool) -> GroupRepo
                     outcome: Outcome::Skipped(why.to_string()),
                     duration: Duration::ZERO,
                     detail: None,
+                    steps: Vec::new(),
                     journal: None,
                 });
             }
@@ -168,6 +169,7 @@ pub async fn run_group(ctx: &Ctx<'_>, group: &Group, restore: bool) -> GroupRepo
                 outcome: Outcome::Skipped(why.clone()),
                 duration: Duration::ZERO,
                 detail: None,
+                steps: Vec::new(),
                 journal: None,
             });
         }
@@ -185,6 +187,7 @@ pub async fn run_group(ctx: &Ctx<'_>, group: &Group, restore: bool) -> GroupRepo
             outcome: Outcome::Failed(format!("{e:#}")),
             duration: start.elapsed(),
             detail: None,
+            steps: Vec::new(),
             journal: None,
         });
         return GroupReport {
@@ -199,6 +202,7 @@ pub async fn run_group(ctx: &Ctx<'_>, group: &Group, restore: bool) -> GroupRepo
             outcome: Outcome::Failed(format!("{e:#}")),
             duration: start.elapsed(),
             detail: None,
+            steps: Vec::new(),
             journal: None,
         });
         return GroupReport {
@@ -216,12 +220,17 @@ pub async fn run_group(ctx: &Ctx<'_>, group: &Group, restore: bool) -> GroupRepo
                 outcome: Outcome::Skipped("an earlier check of this group failed".into()),
                 duration: Duration::ZERO,
                 detail: None,
+                steps: Vec::new(),
                 journal: None,
             });
             continue;
         }
         let t = Instant::now();
-        let Checked { outcome, detail } = match (check.run)(ctx).await {
+        let Checked {
+            outcome,
+            detail,
+            steps,
+        } = match (check.run)(ctx).await {
             Ok(c) => c,
             Err(e) => {
                 failed = true;
@@ -229,14 +238,18 @@ pub async fn run_group(ctx: &Ctx<'_>, group: &Group, restore: bool) -> GroupRepo
             }
         };
         crate::vm::progress_line(&format!(
-            "  {} / {name}: {:?}{} ({:.1}s)",
+            "  {} / {name}: {:?}{} ({:.1}s){}",
             group.name,
             outcome,
             detail
                 .as_deref()
                 .map(|d| format!(" {d}"))
                 .unwrap_or_default(),
-            t.elapsed().as_secs_f64()
+            t.elapsed().as_secs_f64(),
+            Some(crate::report::steps_line(&steps))
+                .filter(|l| !l.is_empty())
+                .map(|l| format!("; {l}"))
+                .unwrap_or_default()
         ));
         let duration = t.elapsed();
         // The journal as it was when the check failed (later groups may reboot the guest).
@@ -249,6 +262,7 @@ pub async fn run_group(ctx: &Ctx<'_>, group: &Group, restore: bool) -> GroupRepo
             outcome,
             duration,
             detail,
+            steps,
             journal,
         });
     }

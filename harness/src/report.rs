@@ -33,6 +33,9 @@ pub struct Checked {
     pub outcome: Outcome,
     /// Shown after the result in the table and as `system-out` in JUnit.
     pub detail: Option<String>,
+    /// Where the check's time went, step by step ([`crate::check::Laps`]); empty for a check
+    /// that does not time its steps.
+    pub steps: Vec<Step>,
 }
 
 impl Checked {
@@ -41,7 +44,15 @@ impl Checked {
         Self {
             outcome: Outcome::Passed,
             detail: Some(detail.into()),
+            steps: Vec::new(),
         }
+    }
+
+    /// The same, with the timed steps `steps`.
+    #[must_use]
+    pub fn with_steps(mut self, steps: Vec<Step>) -> Self {
+        self.steps = steps;
+        self
     }
 }
 
@@ -50,8 +61,31 @@ impl From<Outcome> for Checked {
         Self {
             outcome,
             detail: None,
+            steps: Vec::new(),
         }
     }
+}
+
+/// One timed step of a check: what it did or waited for, and how long that took.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Step {
+    /// What the step did, as the table names it.
+    pub name: String,
+    /// How long it took.
+    pub duration: Duration,
+}
+
+/// A check's steps on one line, as JUnit's `system-out` and the page's note give them:
+/// `steps: a 1.2s · b 3.4s`; empty when there are none.
+pub fn steps_line(steps: &[Step]) -> String {
+    if steps.is_empty() {
+        return String::new();
+    }
+    let parts: Vec<String> = steps
+        .iter()
+        .map(|s| format!("{} {}", s.name, secs(s.duration)))
+        .collect();
+    format!("steps: {}", parts.join(" · "))
 }
 
 /// One check's result.
@@ -65,6 +99,8 @@ pub struct CheckReport {
     pub duration: Duration,
     /// What the check reported beside its outcome, if anything.
     pub detail: Option<String>,
+    /// Its timed steps, if it timed them.
+    pub steps: Vec<Step>,
     /// For a failure, the guest's journal lines captured when it failed (console lines, when a
     /// check has them, are part of its failure message); `system-err` in JUnit.
     pub journal: Option<String>,
@@ -153,6 +189,15 @@ pub fn render_table(r: &RunReport) -> String {
                 secs(c.duration),
                 w = width - 2
             );
+            for st in &c.steps {
+                let _ = writeln!(
+                    s,
+                    "    · {:<w$}  {:>8}",
+                    st.name,
+                    secs(st.duration),
+                    w = width.saturating_sub(6)
+                );
+            }
         }
     }
     let _ = writeln!(s, "{:<width$}  {:>8}", "total", secs(total));
@@ -204,11 +249,20 @@ pub fn render_junit(r: &RunReport) -> String {
                 xml_escape(&c.name),
                 c.duration.as_secs_f64()
             );
-            let mut out = c
+            let said: Vec<String> = c
                 .detail
-                .as_deref()
-                .map(|d| format!("\n      <system-out>{}</system-out>", xml_escape(d)))
-                .unwrap_or_default();
+                .iter()
+                .cloned()
+                .chain(Some(steps_line(&c.steps)).filter(|l| !l.is_empty()))
+                .collect();
+            let mut out = if said.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    "\n      <system-out>{}</system-out>",
+                    xml_escape(&said.join("\n"))
+                )
+            };
             if let Some(j) = &c.journal {
                 let _ = write!(out, "\n      <system-err>{}</system-err>", xml_escape(j));
             }
@@ -259,6 +313,7 @@ mod tests {
                             outcome: Outcome::Passed,
                             duration: ms(1_500),
                             detail: None,
+                            steps: Vec::new(),
                             journal: None,
                         },
                         CheckReport {
@@ -268,6 +323,7 @@ mod tests {
                             ),
                             duration: ms(45_000),
                             detail: None,
+                            steps: Vec::new(),
                             journal: Some("systemd-nspawn@kube1.service: Failed with result 'exit-code' <&>".into()),
                         },
                     ],
@@ -280,6 +336,7 @@ mod tests {
                         outcome: Outcome::Skipped("no cluster".into()),
                         duration: ms(0),
                         detail: None,
+                        steps: Vec::new(),
                         journal: None,
                     }],
                 },
@@ -313,6 +370,7 @@ mod tests {
                         outcome: Outcome::Passed,
                         duration: Duration::from_secs(20),
                         detail: Some("new agent running 12.3s after the operation started".into()),
+                        steps: Vec::new(),
                         journal: None,
                     },
                     CheckReport {
@@ -320,6 +378,7 @@ mod tests {
                         outcome: Outcome::Skipped("already there".into()),
                         duration: Duration::ZERO,
                         detail: Some("a <b> & c".into()),
+                        steps: Vec::new(),
                         journal: None,
                     },
                 ],
@@ -348,9 +407,74 @@ mod tests {
             Checked::from(Outcome::Passed),
             Checked {
                 outcome: Outcome::Passed,
-                detail: None
+                detail: None,
+                steps: Vec::new(),
             }
         );
         assert_eq!(Checked::passed_with("x").detail.as_deref(), Some("x"));
+    }
+
+    #[test]
+    fn steps_follow_their_check_in_the_table_junit_and_page() {
+        let step = |name: &str, ms: u64| Step {
+            name: name.into(),
+            duration: Duration::from_millis(ms),
+        };
+        let checked = Checked::passed_with("done").with_steps(vec![
+            step("operation run", 2_100),
+            step("until <settled>", 8_240),
+        ]);
+        let r = RunReport {
+            groups: vec![GroupReport {
+                name: "upgrade".into(),
+                checks: vec![
+                    CheckReport {
+                        name: "timed".into(),
+                        outcome: checked.outcome,
+                        duration: Duration::from_millis(10_400),
+                        detail: checked.detail,
+                        steps: checked.steps,
+                        journal: None,
+                    },
+                    CheckReport {
+                        name: "untimed".into(),
+                        outcome: Outcome::Passed,
+                        duration: Duration::from_secs(1),
+                        detail: None,
+                        steps: Vec::new(),
+                        journal: None,
+                    },
+                ],
+                duration: Duration::from_secs(12),
+            }],
+            ..RunReport::default()
+        };
+        let table = render_table(&r);
+        let lines: Vec<&str> = table.lines().collect();
+        let at = lines
+            .iter()
+            .position(|l| l.trim_start().starts_with("timed"))
+            .expect("the check's row");
+        assert!(
+            lines[at + 1].trim_start().starts_with("· operation run"),
+            "{table}"
+        );
+        assert!(lines[at + 1].trim_end().ends_with("2.1s"), "{table}");
+        assert!(
+            lines[at + 2].contains("until <settled>") && lines[at + 2].contains("8.2s"),
+            "{table}"
+        );
+        assert!(lines[at + 3].trim_start().starts_with("untimed"), "{table}");
+        let junit = render_junit(&r);
+        assert!(
+            junit.contains("<system-out>done\nsteps: operation run 2.1s · until &lt;settled&gt; 8.2s</system-out>"),
+            "{junit}"
+        );
+        let page = render_html(&r);
+        assert!(
+            page.contains("done; steps: operation run 2.1s · until &lt;settled&gt; 8.2s"),
+            "{page}"
+        );
+        assert_eq!(steps_line(&[]), "");
     }
 }

@@ -25,6 +25,7 @@ fn check(name: &str, outcome: Outcome, ms: u64) -> CheckReport {
         outcome,
         duration: Duration::from_millis(ms),
         detail: None,
+        steps: Vec::new(),
         journal: None,
     }
 }

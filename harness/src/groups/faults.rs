@@ -1088,6 +1088,7 @@ async fn run_case(c: &Ctx<'_>, case: &Case) -> anyhow::Result<Checked> {
     Ok(Checked {
         outcome,
         detail: Some(detail),
+        steps: Vec::new(),
     })
 }
 
@@ -1141,6 +1142,7 @@ async fn closing(_c: &Ctx<'_>) -> anyhow::Result<Checked> {
             Outcome::Failed(note.clone())
         },
         detail: Some(note),
+        steps: Vec::new(),
     })
 }
 

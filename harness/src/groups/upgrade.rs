@@ -24,7 +24,7 @@ pub mod startlimit;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use crate::check::{CheckFn, Ctx, Group, HostMode, Needs, check, ensure, secs};
+use crate::check::{CheckFn, Ctx, Group, HostMode, Laps, Needs, check, ensure, looks_note, secs};
 use crate::kit::candidates::{self, Kind, Record};
 use crate::kit::upgrade_status::{self as status, OpResult, Probe, UpgradeRecord, short};
 use crate::report::{Checked, Outcome};
@@ -268,8 +268,23 @@ struct Settled {
     probe: Probe,
     /// When the agent was first seen running the candidate, from the operation's start.
     candidate_running: Option<Duration>,
+    /// The same instant, for the check's [`Laps`].
+    candidate_running_at: Option<Instant>,
     /// When it settled, from the operation's start.
     at: Duration,
+    /// Each probe's own time.
+    looks: Vec<Duration>,
+}
+
+impl Settled {
+    /// Ends the wait's steps in `laps`: until the agent ran the candidate (when it was seen
+    /// to), then until the upgrade settled, with the probes it took.
+    fn laps(&self, laps: &mut Laps, candidate: &str, settled: &str) {
+        if let Some(at) = self.candidate_running_at {
+            laps.lap_at(format!("until the agent runs {candidate}"), at);
+        }
+        laps.lap(format!("until {settled} ({})", looks_note(&self.looks)));
+    }
 }
 
 async fn wait_settled(
@@ -279,25 +294,30 @@ async fn wait_settled(
     t0: Instant,
 ) -> anyhow::Result<Settled> {
     // The probe's future outlives each call of the closure: the tracker is shared with it.
-    let tracker = Mutex::new((Tracker::new(target, before), None::<Duration>));
+    let tracker = Mutex::new((Tracker::new(target, before), None::<Instant>, Vec::new()));
     let tracker = &tracker;
     flex_host::retry::wait_until(
         "the upgrade to finish with the agent running the image its record names",
         SETTLE_TIMEOUT,
         POLL,
         || async move {
-            let p = probe(c).await.map_err(|e| format!("no answer ({e:#})"))?;
+            let asked = Instant::now();
+            let p = probe(c).await;
             let mut t = tracker.lock().unwrap_or_else(|e| e.into_inner());
-            let (tracker, candidate_running) = &mut *t;
+            let (tracker, candidate_running, looks) = &mut *t;
+            looks.push(asked.elapsed());
+            let p = p.map_err(|e| format!("no answer ({e:#})"))?;
             if candidate_running.is_none() && p.runs(target) {
-                *candidate_running = Some(t0.elapsed());
+                *candidate_running = Some(Instant::now());
             }
             match tracker.observe(&p) {
                 Some(record) => Ok(Settled {
                     record,
                     probe: p,
-                    candidate_running: *candidate_running,
+                    candidate_running: candidate_running.map(|i| i.duration_since(t0)),
+                    candidate_running_at: *candidate_running,
                     at: t0.elapsed(),
+                    looks: looks.clone(),
                 }),
                 None => Err(p.to_string()),
             }
@@ -342,10 +362,13 @@ async fn tag_alone_rejected(c: &Ctx<'_>) -> anyhow::Result<Checked> {
         .ok_or_else(|| anyhow::anyhow!("up recorded no registry"))?;
     let (repo, _) = candidates::agent_parts(&c.state.agent_image, &reg.guest_addr())?;
     let tagged = format!("{}/{repo}:{AGENT_TAG}", reg.guest_addr());
+    let mut laps = Laps::start();
     let before = running_agent(c).await?;
+    laps.lap("the agent runs");
     let out = c
         .output(&upgrade_command(&tagged), OPERATION_TIMEOUT)
         .await?;
+    laps.lap("operation run, refused");
     let r = status::parse_op_result(&out.stdout);
     let refused = r
         .as_ref()
@@ -360,16 +383,21 @@ async fn tag_alone_rejected(c: &Ctx<'_>) -> anyhow::Result<Checked> {
         )
     })?;
     unchanged_after_refusal(c, &before).await?;
+    laps.lap("no restart, watched");
     Ok(Checked::passed_with(format!(
         "refused: {}",
         r.map(|r| r.message).unwrap_or_default()
-    )))
+    ))
+    .with_steps(laps.into_steps()))
 }
 
 async fn good_upgrade(c: &Ctx<'_>) -> anyhow::Result<Checked> {
     let target = record(c)?.reference(Kind::Good).to_string();
+    let mut laps = Laps::start();
     let waited = wait_start_limit(c, STARTS_GOOD, "the upgrade to the good candidate").await?;
+    laps.lap("start limit");
     let before = running_agent(c).await?;
+    laps.lap("the agent runs");
     ensure(before.image.as_deref() != Some(target.as_str()), || {
         format!(
             "the agent already runs the good candidate {}; the group starts from the install's image",
@@ -381,7 +409,9 @@ async fn good_upgrade(c: &Ctx<'_>) -> anyhow::Result<Checked> {
         .output(&upgrade_command(&target), OPERATION_TIMEOUT)
         .await?;
     expect_scheduled(out.code, &out.stdout, &out.stderr, &target)?;
+    laps.lap("operation run, restart scheduled");
     let s = wait_settled(c, &target, before.record.clone(), t0).await?;
+    s.laps(&mut laps, "the candidate", "the record is finished");
     ensure(
         s.record.phase == "Complete" && s.record.reason == "Succeeded",
         || format!("the upgrade to the good candidate finished {}", s.record),
@@ -405,20 +435,26 @@ async fn good_upgrade(c: &Ctx<'_>) -> anyhow::Result<Checked> {
         secs(running),
         secs(s.at),
         waited_note(waited)
-    )))
+    ))
+    .with_steps(laps.into_steps()))
 }
 
 async fn broken_rolls_back(c: &Ctx<'_>) -> anyhow::Result<Checked> {
     let target = record(c)?.reference(Kind::Broken).to_string();
+    let mut laps = Laps::start();
     let waited = wait_start_limit(c, STARTS_BROKEN, "the upgrade to the broken candidate").await?;
+    laps.lap("start limit");
     let before = running_agent(c).await?;
+    laps.lap("the agent runs");
     let previous = before.image.clone().unwrap_or_default();
     let t0 = Instant::now();
     let out = c
         .output(&upgrade_command(&target), OPERATION_TIMEOUT)
         .await?;
     expect_scheduled(out.code, &out.stdout, &out.stderr, &target)?;
+    laps.lap("operation run, restart scheduled");
     let s = wait_settled(c, &target, before.record.clone(), t0).await?;
+    s.laps(&mut laps, "the candidate", "rolled back");
     ensure(
         s.record.phase == "Failed" && s.record.reason == "DaemonFailed",
         || {
@@ -443,7 +479,8 @@ async fn broken_rolls_back(c: &Ctx<'_>) -> anyhow::Result<Checked> {
         secs(s.at),
         s.record.message,
         waited_note(waited)
-    )))
+    ))
+    .with_steps(laps.into_steps()))
 }
 
 async fn broken_image_removed(c: &Ctx<'_>) -> anyhow::Result<Checked> {
@@ -491,8 +528,11 @@ async fn wait_new_boot(c: &Ctx<'_>, old: &str) -> anyhow::Result<()> {
 /// interrupted one.
 async fn reboot_mid_upgrade(c: &Ctx<'_>) -> anyhow::Result<Checked> {
     let target = c.state.agent_image.clone();
+    let mut laps = Laps::start();
     let waited = wait_start_limit(c, STARTS_REBOOT, "the upgrade interrupted by a reboot").await?;
+    laps.lap("start limit");
     let before = running_agent(c).await?;
+    laps.lap("the agent runs");
     ensure(before.image.as_deref() != Some(target.as_str()), || {
         format!(
             "the agent already runs the install's image {}: nothing to interrupt",
@@ -500,6 +540,7 @@ async fn reboot_mid_upgrade(c: &Ctx<'_>) -> anyhow::Result<Checked> {
         )
     })?;
     let boot = c.guest().boot_id().await?;
+    laps.lap("boot id");
     let t0 = Instant::now();
     // One command: the upgrade, then at once the reboot (queued, so the command returns).
     let script = format!(
@@ -507,7 +548,9 @@ async fn reboot_mid_upgrade(c: &Ctx<'_>) -> anyhow::Result<Checked> {
         upgrade_command(&target)
     );
     let out = c.output(&script, OPERATION_TIMEOUT).await;
+    laps.lap("operation run, reboot queued");
     wait_new_boot(c, &boot).await?;
+    laps.lap("until the guest answers from a new boot");
     let rebooted = t0.elapsed();
     // The operation's result, if its output arrived before the connection went.
     if let Ok(o) = &out {
@@ -521,6 +564,7 @@ async fn reboot_mid_upgrade(c: &Ctx<'_>) -> anyhow::Result<Checked> {
         }
     }
     let s = wait_settled(c, &target, before.record.clone(), t0).await?;
+    s.laps(&mut laps, "the install's image", "the record is finished");
     let on = if s.record.phase == "Complete" {
         "the install's image"
     } else {
@@ -533,7 +577,8 @@ async fn reboot_mid_upgrade(c: &Ctx<'_>) -> anyhow::Result<Checked> {
         secs(s.at),
         secs(rebooted),
         waited_note(waited)
-    )))
+    ))
+    .with_steps(laps.into_steps()))
 }
 
 /// Leaves the agent on the install's image: it is there when the interrupted upgrade
@@ -547,14 +592,18 @@ async fn back_to_install(c: &Ctx<'_>) -> anyhow::Result<Checked> {
             short(&target)
         )));
     }
+    let mut laps = Laps::start();
     let waited =
         wait_start_limit(c, STARTS_BACK, "the upgrade back to the install's image").await?;
+    laps.lap("start limit");
     let t0 = Instant::now();
     let out = c
         .output(&upgrade_command(&target), OPERATION_TIMEOUT)
         .await?;
     expect_scheduled(out.code, &out.stdout, &out.stderr, &target)?;
+    laps.lap("operation run, restart scheduled");
     let s = wait_settled(c, &target, before.record.clone(), t0).await?;
+    s.laps(&mut laps, "the install's image", "the record is finished");
     ensure(
         s.record.phase == "Complete" && s.probe.runs(&target),
         || {
@@ -568,7 +617,8 @@ async fn back_to_install(c: &Ctx<'_>) -> anyhow::Result<Checked> {
         "agent on the install's image {} after the operation started{}",
         secs(s.at),
         waited_note(waited)
-    )))
+    ))
+    .with_steps(laps.into_steps()))
 }
 
 #[cfg(test)]

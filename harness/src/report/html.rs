@@ -168,11 +168,16 @@ fn note(c: &CheckReport) -> String {
         Outcome::Failed(e) => e.lines().next().unwrap_or_default().to_string(),
         Outcome::Skipped(why) => why.clone(),
     };
-    if let Some(d) = &c.detail {
+    for d in c
+        .detail
+        .iter()
+        .cloned()
+        .chain(Some(super::steps_line(&c.steps)).filter(|l| !l.is_empty()))
+    {
         if !n.is_empty() {
             n.push_str("; ");
         }
-        n.push_str(d);
+        n.push_str(&d);
     }
     n
 }
@@ -261,6 +266,7 @@ mod tests {
                     outcome: Outcome::Failed(format!("boom {evil}\nline 2 {evil}")),
                     duration: Duration::from_secs(1),
                     detail: Some(evil.into()),
+                    steps: Vec::new(),
                     journal: Some(format!("kernel: {evil}")),
                 }],
             }],
@@ -349,6 +355,7 @@ mod tests {
                             outcome: Outcome::Passed,
                             duration: ms(4_000),
                             detail: None,
+                            steps: Vec::new(),
                             journal: None,
                         },
                         CheckReport {
@@ -356,6 +363,7 @@ mod tests {
                             outcome: Outcome::Passed,
                             duration: ms(4_000),
                             detail: None,
+                            steps: Vec::new(),
                             journal: None,
                         },
                     ],
