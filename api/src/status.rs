@@ -195,6 +195,9 @@ pub struct Facts {
 pub const AGENT_UNIT: &str = "aks-flex-node-agent.service";
 /// The recovery unit (must not be failed).
 pub const RECOVERY_UNIT: &str = "aks-flex-node-recovery.service";
+/// How the transient units of a scheduled restart of the agent are named: this, then a number
+/// (`.timer` and `.service`). While one exists, a restart is on its way.
+pub const RESTART_UNIT_PREFIX: &str = "aks-flex-node-restart-";
 
 /// A machine's unit.
 pub fn machine_unit(machine: &str) -> String {

@@ -30,7 +30,7 @@ use crate::kit::upgrade_status::{self as status, OpResult, Probe, UpgradeRecord,
 use crate::report::{Checked, Outcome};
 use crate::ssh::shell_quote;
 
-pub use flex_api::status::{AGENT_UNIT, RECOVERY_UNIT};
+pub use flex_api::status::{AGENT_UNIT, RECOVERY_UNIT, RESTART_UNIT_PREFIX};
 
 /// Starts of the agent's unit the upgrade to the good candidate needs: the restart onto it.
 pub const STARTS_GOOD: u32 = 1;
@@ -44,15 +44,18 @@ pub const STARTS_REBOOT: u32 = 1;
 /// Starts of the upgrade back to the install's image.
 pub const STARTS_BACK: u32 = 1;
 
-const POLL: Duration = Duration::from_secs(1);
+/// Between two looks of a wait: a quick probe takes about half a second under TCG, so a
+/// change is seen about a second after it happens.
+const POLL: Duration = Duration::from_millis(500);
 const T: Duration = Duration::from_secs(120);
 const OPERATION_TIMEOUT: Duration = Duration::from_secs(600);
 const SETTLE_TIMEOUT: Duration = Duration::from_secs(600);
 const REBOOT_TIMEOUT: Duration = Duration::from_secs(600);
 const REMOVAL_TIMEOUT: Duration = Duration::from_secs(60);
-/// How long the agent is watched after a refused upgrade: a restart would come a second after
-/// being scheduled.
-const NO_RESTART_WATCH: Duration = Duration::from_secs(5);
+/// How long the agent is watched after a refused upgrade: a restart would come
+/// `RESTART_DELAY` (a second) after being scheduled, and its transient units are looked for
+/// as well ([`unchanged_after_refusal`]).
+const NO_RESTART_WATCH: Duration = Duration::from_secs(2);
 /// The tag `up` pushes the agent's image with.
 const AGENT_TAG: &str = "dev";
 
@@ -130,10 +133,25 @@ async fn explain(c: &Ctx<'_>, r: anyhow::Result<Checked>) -> anyhow::Result<Chec
     r
 }
 
-/// After a refused upgrade: the agent, watched [`NO_RESTART_WATCH`], is still the same
+/// After a refused upgrade: no restart is scheduled (no transient unit of one, looked for at
+/// once and after the watch), and the agent, watched [`NO_RESTART_WATCH`], is still the same
 /// running invocation, process and image as `before`.
 async fn unchanged_after_refusal(c: &Ctx<'_>, before: &Probe) -> anyhow::Result<()> {
-    tokio::time::sleep(NO_RESTART_WATCH).await;
+    let scheduled = format!(
+        "systemctl list-units --all --plain --no-legend '{RESTART_UNIT_PREFIX}*' | awk '{{print $1}}'"
+    );
+    for when in ["at once", "after the watch"] {
+        let units = c.run(&scheduled, T).await?;
+        ensure(units.trim().is_empty(), || {
+            format!(
+                "a restart is scheduled after a refused upgrade ({when}): {}",
+                units.split_whitespace().collect::<Vec<_>>().join(", ")
+            )
+        })?;
+        if when == "at once" {
+            tokio::time::sleep(NO_RESTART_WATCH).await;
+        }
+    }
     let after = probe(c).await?;
     ensure(
         after.running()
@@ -144,9 +162,29 @@ async fn unchanged_after_refusal(c: &Ctx<'_>, before: &Probe) -> anyhow::Result<
     )
 }
 
+/// One look at the agent and its record (the record from the host's file: a quick probe, as
+/// every wait of the group looks many times). [`status_agrees`] checks `operation status`
+/// once a wait has ended.
 async fn probe(c: &Ctx<'_>) -> anyhow::Result<Probe> {
-    let o = c.output(&status::probe_script_for(c.state.mode), T).await?;
+    let o = c
+        .output(&status::quick_probe_script_for(c.state.mode), T)
+        .await?;
     Ok(status::parse_probe(&o.stdout))
+}
+
+/// `aks-flex-node operation status`, as an operator runs it in the agent's container, says what
+/// the record the wait settled on says.
+async fn status_agrees(c: &Ctx<'_>, settled: &UpgradeRecord) -> anyhow::Result<()> {
+    let out = c
+        .run(
+            &crate::kit::agent::agent_command(c.state.mode, "aks-flex-node operation status"),
+            T,
+        )
+        .await?;
+    let said = status::parse_status(&out)?;
+    ensure(&said == settled, || {
+        format!("operation status says {said}, the upgrade record says {settled}")
+    })
 }
 
 /// The candidates the first check ensured, for this agent image and registry.
@@ -272,6 +310,8 @@ struct Settled {
     candidate_running_at: Option<Instant>,
     /// When it settled, from the operation's start.
     at: Duration,
+    /// The same instant.
+    settled_at: Instant,
     /// Each probe's own time.
     looks: Vec<Duration>,
 }
@@ -283,7 +323,10 @@ impl Settled {
         if let Some(at) = self.candidate_running_at {
             laps.lap_at(format!("until the agent runs {candidate}"), at);
         }
-        laps.lap(format!("until {settled} ({})", looks_note(&self.looks)));
+        laps.lap_at(
+            format!("until {settled} ({})", looks_note(&self.looks)),
+            self.settled_at,
+        );
     }
 }
 
@@ -317,6 +360,7 @@ async fn wait_settled(
                     candidate_running: candidate_running.map(|i| i.duration_since(t0)),
                     candidate_running_at: *candidate_running,
                     at: t0.elapsed(),
+                    settled_at: Instant::now(),
                     looks: looks.clone(),
                 }),
                 None => Err(p.to_string()),
@@ -412,6 +456,8 @@ async fn good_upgrade(c: &Ctx<'_>) -> anyhow::Result<Checked> {
     laps.lap("operation run, restart scheduled");
     let s = wait_settled(c, &target, before.record.clone(), t0).await?;
     s.laps(&mut laps, "the candidate", "the record is finished");
+    status_agrees(c, &s.record).await?;
+    laps.lap("operation status agrees");
     ensure(
         s.record.phase == "Complete" && s.record.reason == "Succeeded",
         || format!("the upgrade to the good candidate finished {}", s.record),
@@ -455,6 +501,8 @@ async fn broken_rolls_back(c: &Ctx<'_>) -> anyhow::Result<Checked> {
     laps.lap("operation run, restart scheduled");
     let s = wait_settled(c, &target, before.record.clone(), t0).await?;
     s.laps(&mut laps, "the candidate", "rolled back");
+    status_agrees(c, &s.record).await?;
+    laps.lap("operation status agrees");
     ensure(
         s.record.phase == "Failed" && s.record.reason == "DaemonFailed",
         || {
@@ -565,6 +613,8 @@ async fn reboot_mid_upgrade(c: &Ctx<'_>) -> anyhow::Result<Checked> {
     }
     let s = wait_settled(c, &target, before.record.clone(), t0).await?;
     s.laps(&mut laps, "the install's image", "the record is finished");
+    status_agrees(c, &s.record).await?;
+    laps.lap("operation status agrees");
     let on = if s.record.phase == "Complete" {
         "the install's image"
     } else {
@@ -604,6 +654,8 @@ async fn back_to_install(c: &Ctx<'_>) -> anyhow::Result<Checked> {
     laps.lap("operation run, restart scheduled");
     let s = wait_settled(c, &target, before.record.clone(), t0).await?;
     s.laps(&mut laps, "the install's image", "the record is finished");
+    status_agrees(c, &s.record).await?;
+    laps.lap("operation status agrees");
     ensure(
         s.record.phase == "Complete" && s.probe.runs(&target),
         || {

@@ -205,15 +205,31 @@ pub fn short(reference: &str) -> String {
 /// The shell script behind [`Probe`]: the agent's unit and task, its container's info, the
 /// record as `operation status` prints it (when the task runs) and as the host's file holds it.
 pub fn probe_script() -> String {
+    probe_script_asking(true)
+}
+
+/// [`probe_script`] without `operation status`, whose `ctr tasks exec` is most of a probe's
+/// time (about half a second of its one under TCG): the record is the host's file. For the
+/// waits that look many times; what `operation status` says is checked once they end.
+pub fn quick_probe_script() -> String {
+    probe_script_asking(false)
+}
+
+fn probe_script_asking(status: bool) -> String {
+    let status = if status {
+        "if printf '%s\\n' \"$tasks\" | grep -q '^aks-flex-agent .*RUNNING'; then \
+           timeout 30 ctr -n aks-flex tasks exec --exec-id probe-$$-$(date +%s%N) aks-flex-agent aks-flex-node operation status 2>/dev/null; \
+         fi; "
+    } else {
+        ""
+    };
     format!(
         "echo \"active=$(systemctl is-active aks-flex-node-agent.service)\"; \
          echo \"invocation=$(systemctl show -p InvocationID --value aks-flex-node-agent.service)\"; \
-         ctr -n aks-flex tasks ls 2>/dev/null | awk '$1==\"aks-flex-agent\"{{print \"pid=\" $2; print \"task=\" $3}}'; \
+         tasks=$(ctr -n aks-flex tasks ls 2>/dev/null); \
+         printf '%s\\n' \"$tasks\" | awk '$1==\"aks-flex-agent\"{{print \"pid=\" $2; print \"task=\" $3}}'; \
          echo '---info'; ctr -n aks-flex containers info aks-flex-agent 2>/dev/null; \
-         echo '---status'; \
-         if ctr -n aks-flex tasks ls 2>/dev/null | grep -q '^aks-flex-agent .*RUNNING'; then \
-           timeout 30 ctr -n aks-flex tasks exec --exec-id probe-$$-$(date +%s%N) aks-flex-agent aks-flex-node operation status 2>/dev/null; \
-         fi; \
+         echo '---status'; {status}\
          echo '---pending'; cat {PENDING_JSON} 2>/dev/null; true"
     )
 }
@@ -242,6 +258,15 @@ pub fn host_probe_script() -> String {
 pub fn probe_script_for(mode: crate::hostmode::AgentMode) -> String {
     match mode {
         crate::hostmode::AgentMode::Image => probe_script(),
+        crate::hostmode::AgentMode::Host => host_probe_script(),
+    }
+}
+
+/// The quick probe for `mode`: [`quick_probe_script`] in image mode; in host mode the probe
+/// as it is (its `operation status` is a process on the host, not an exec in a container).
+pub fn quick_probe_script_for(mode: crate::hostmode::AgentMode) -> String {
+    match mode {
+        crate::hostmode::AgentMode::Image => quick_probe_script(),
         crate::hostmode::AgentMode::Host => host_probe_script(),
     }
 }
@@ -520,6 +545,71 @@ mod tests {
             probe_script_for(crate::hostmode::AgentMode::Image),
             probe_script()
         );
+    }
+
+    /// Real: `sh` running the image-mode probes, with `systemctl` and `ctr` faked on `PATH` by
+    /// scripts that log their arguments. The full probe asks `operation status` (once, in the
+    /// running task); the quick one never execs in the container, and lists tasks once too.
+    #[tokio::test]
+    async fn image_probes_in_sh_ask_operation_status_or_not() {
+        use flex_host::runner::{Cmd, ProcessRunner, Runner};
+        let dir = tempfile::tempdir().unwrap();
+        let bin = dir.path().join("bin");
+        std::fs::create_dir(&bin).unwrap();
+        let log = dir.path().join("calls");
+        let fake = |name: &str, body: &str| {
+            let p = bin.join(name);
+            std::fs::write(
+                &p,
+                format!(
+                    "#!/bin/sh\necho \"{name} $*\" >> '{}'\n{body}\n",
+                    log.display()
+                ),
+            )
+            .unwrap();
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+        };
+        fake(
+            "systemctl",
+            "case \"$1\" in is-active) echo active;; show) echo inv-1;; esac",
+        );
+        fake(
+            "ctr",
+            &format!(
+                "case \"$3 $4\" in \
+                 'tasks ls') printf 'TASK PID STATUS\\naks-flex-agent 4242 RUNNING\\n';; \
+                 'containers info') echo '{{\"ID\":\"aks-flex-agent\",\"Image\":\"{GOOD}\"}}';; \
+                 'tasks exec') printf 'stage: switched\\nphase: InProgress\\ncandidate: {GOOD}\\nprevious: {PREV}\\n';; \
+                 esac"
+            ),
+        );
+        let r = ProcessRunner::new();
+        let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap());
+        for (script, asks) in [(probe_script(), true), (quick_probe_script(), false)] {
+            let _ = std::fs::remove_file(&log);
+            let out = r
+                .run(&Cmd::new("sh").arg("-c").arg(&script).env("PATH", &path))
+                .await
+                .unwrap();
+            let p = parse_probe(&out.stdout);
+            assert!(p.runs(GOOD), "{p}: {}", out.stdout);
+            assert_eq!((p.pid.as_str(), p.invocation.as_str()), ("4242", "inv-1"));
+            let calls = std::fs::read_to_string(&log).unwrap();
+            let count = |what: &str| calls.lines().filter(|l| l.contains(what)).count();
+            assert_eq!(count("tasks ls"), 1, "{calls}");
+            assert_eq!(count("tasks exec"), usize::from(asks), "{calls}");
+            // The record: `operation status`'s when it was asked; else the host's file, which
+            // a machine without the agent installed does not have.
+            if asks || !std::path::Path::new(PENDING_JSON).exists() {
+                assert_eq!(
+                    p.record.map(|r| r.stage),
+                    asks.then(|| "switched".to_string()),
+                    "{}",
+                    out.stdout
+                );
+            }
+        }
     }
 
     /// Real: `sh` running the host probe's slot extraction on the paths `/proc/<pid>/exe`

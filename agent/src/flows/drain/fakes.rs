@@ -82,6 +82,18 @@ pub fn node(name: &str, unschedulable: bool, cordoned_by: Option<&str>) -> Node 
     .unwrap()
 }
 
+/// A budget slot's value for `owner`, acquired and renewed now (live for a whole lease).
+pub fn fresh_holder(owner: &str) -> String {
+    let now = k8s_openapi::jiff::Timestamp::now().to_string();
+    serde_json::to_string(&flex_api::budget::Holder {
+        owner: owner.into(),
+        acquired: now.clone(),
+        renewed: now,
+        stuck: false,
+    })
+    .unwrap()
+}
+
 impl FakeNodeDrain {
     pub fn new(node: Node, pods: Vec<Pod>) -> Self {
         let f = Self::default();

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use super::fakes::{FakeNodeDrain, daemonset_pod, node, pod, transient};
+use super::fakes::{FakeNodeDrain, daemonset_pod, fresh_holder, node, pod, transient};
 use super::*;
 use crate::flows::repave::Journal;
 use k8s_openapi::api::core::v1::Node;
@@ -442,17 +442,6 @@ async fn take_with(
     told: &budget::Told,
 ) -> Result<budget::Slot, budget::AcquireError> {
     budget::acquire(f, node, &subject(), budget::BudgetTimings::default(), told).await
-}
-
-fn fresh_holder(owner: &str) -> String {
-    let now = k8s_openapi::jiff::Timestamp::now().to_string();
-    serde_json::to_string(&flex_api::budget::Holder {
-        owner: owner.into(),
-        acquired: now.clone(),
-        renewed: now,
-        stuck: false,
-    })
-    .unwrap()
 }
 
 #[tokio::test(start_paused = true)]

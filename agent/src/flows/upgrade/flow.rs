@@ -77,7 +77,7 @@ fn step(step: &'static str) -> impl Fn(String) -> UpgradeError {
 /// it up to a minute late). `id` makes its unit name unique.
 pub fn restart_timer(delay: Duration, id: u64) -> TransientTimer {
     TransientTimer {
-        name: format!("aks-flex-node-restart-{id}"),
+        name: format!("{}{id}", flex_api::status::RESTART_UNIT_PREFIX),
         description: "Restart the AKS Flex Node agent".into(),
         on_active: delay,
         accuracy: RESTART_ACCURACY,

@@ -219,6 +219,51 @@ fn unexpected(method: &Method, path: &str) -> (StatusCode, Value) {
     )
 }
 
+/// What a PATCH changes.
+#[derive(Clone, Copy)]
+enum Part {
+    /// The object, metadata included.
+    Whole,
+    /// Its `status` subresource: the patch's metadata is ignored, as the API server does.
+    Status,
+}
+
+/// A merge patch of `obj` as the API server applies it: a `metadata.resourceVersion` in the
+/// patch is a precondition (409 Conflict unless it is the object's), and the object gets the
+/// next resourceVersion of the server's counter `rv`.
+fn patch_if_current(
+    obj: &mut Value,
+    body: &Value,
+    rv: &mut u64,
+    part: Part,
+) -> (StatusCode, Value) {
+    let want = body["metadata"]["resourceVersion"].as_str();
+    if want.is_some_and(|w| Some(w) != obj["metadata"]["resourceVersion"].as_str()) {
+        return status(
+            StatusCode::CONFLICT,
+            "Conflict",
+            "the object has been modified",
+        );
+    }
+    let mut patch = body.clone();
+    match part {
+        Part::Whole => {
+            if let Some(m) = patch["metadata"].as_object_mut() {
+                m.remove("resourceVersion");
+            }
+        }
+        Part::Status => {
+            if let Some(m) = patch.as_object_mut() {
+                m.remove("metadata");
+            }
+        }
+    }
+    merge(obj, &patch);
+    *rv += 1;
+    obj["metadata"]["resourceVersion"] = json!(rv.to_string());
+    (StatusCode::OK, obj.clone())
+}
+
 /// RFC 7386 merge patch.
 fn merge(target: &mut Value, patch: &Value) {
     match (target, patch) {
@@ -250,28 +295,11 @@ fn route(
         )
     };
     if let Some(name) = path.strip_prefix(&format!("{NODES}/")) {
-        let rv = st.rv;
         return match st.nodes.get_mut(name) {
             Some(n) if *method == Method::GET => (StatusCode::OK, n.clone()),
             // A merge patch; a resourceVersion in it is a precondition, as the API server has it.
             Some(n) if *method == Method::PATCH => {
-                let want = body["metadata"]["resourceVersion"].as_str();
-                let have = n["metadata"]["resourceVersion"].as_str().unwrap_or("");
-                if want.is_some_and(|w| w != have) {
-                    return status(
-                        StatusCode::CONFLICT,
-                        "Conflict",
-                        "the object has been modified",
-                    );
-                }
-                let mut patch = body.clone();
-                if let Some(m) = patch["metadata"].as_object_mut() {
-                    m.remove("resourceVersion");
-                }
-                merge(n, &patch);
-                n["metadata"]["resourceVersion"] = json!((rv + 1).to_string());
-                st.rv += 1;
-                (StatusCode::OK, st.nodes[name].clone())
+                patch_if_current(n, body, &mut st.rv, Part::Whole)
             }
             _ => not_found(name),
         };
@@ -280,26 +308,10 @@ fn route(
         && let Some((ns, name)) = rest.split_once("/configmaps/")
     {
         let key = format!("{ns}/{name}");
-        let rv = st.rv;
         return match st.configmaps.get_mut(&key) {
             Some(c) if *method == Method::GET => (StatusCode::OK, c.clone()),
             Some(c) if *method == Method::PATCH => {
-                let want = body["metadata"]["resourceVersion"].as_str();
-                if want.is_some_and(|w| Some(w) != c["metadata"]["resourceVersion"].as_str()) {
-                    return status(
-                        StatusCode::CONFLICT,
-                        "Conflict",
-                        "the object has been modified",
-                    );
-                }
-                let mut patch = body.clone();
-                if let Some(m) = patch["metadata"].as_object_mut() {
-                    m.remove("resourceVersion");
-                }
-                merge(c, &patch);
-                c["metadata"]["resourceVersion"] = json!((rv + 1).to_string());
-                st.rv += 1;
-                (StatusCode::OK, st.configmaps[&key].clone())
+                patch_if_current(c, body, &mut st.rv, Part::Whole)
             }
             _ => not_found(name),
         };
@@ -429,32 +441,13 @@ fn route(
         Some((n, s)) => (n.to_string(), Some(s)),
         None => (rest.to_string(), None),
     };
-    let rv = st.rv;
     let Some(obj) = st.ops.get_mut(&name) else {
         return not_found(&name);
     };
     let current_rv = obj["metadata"]["resourceVersion"].clone();
     match (method.clone(), sub) {
         (Method::GET, None) => (StatusCode::OK, obj.clone()),
-        (Method::PATCH, Some("status")) => {
-            let want = &body["metadata"]["resourceVersion"];
-            if !want.is_null() && *want != current_rv {
-                return status(
-                    StatusCode::CONFLICT,
-                    "Conflict",
-                    "the object has been modified",
-                );
-            }
-            let mut patch = body.clone();
-            if let Some(m) = patch.as_object_mut() {
-                m.remove("metadata");
-            }
-            merge(obj, &patch);
-            obj["metadata"]["resourceVersion"] = json!((rv + 1).to_string());
-            let out = obj.clone();
-            st.rv = rv + 1;
-            (StatusCode::OK, out)
-        }
+        (Method::PATCH, Some("status")) => patch_if_current(obj, body, &mut st.rv, Part::Status),
         (Method::DELETE, None) => {
             let pre = &body["preconditions"];
             let uid_ok = pre["uid"].is_null() || pre["uid"] == obj["metadata"]["uid"];

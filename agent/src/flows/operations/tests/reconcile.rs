@@ -919,7 +919,7 @@ fn only_a_request_the_api_server_calls_malformed_is_permanent() {
 // ---- Cordon and drain (the API server faked for the operation, the drain's seam faked for
 // the Node and its pods; the handlers record what ran) ----
 
-use crate::flows::drain::fakes::{daemonset_pod, node, pod};
+use crate::flows::drain::fakes::{daemonset_pod, fresh_holder, node, pod};
 
 /// Handlers that note, when the handler runs, whether the Node is cordoned and which pods are
 /// still bound to it.
@@ -974,17 +974,6 @@ fn rig_with(
     // The cluster's disruption budget as deployed: one slot, free.
     rig.drain = FakeNodeDrain::new(node, pods).with_budget(&[("maxUnavailable", "1")]);
     rig
-}
-
-fn fresh_holder(owner: &str) -> String {
-    let now = k8s_openapi::jiff::Timestamp::now().to_string();
-    serde_json::to_string(&flex_api::budget::Holder {
-        owner: owner.into(),
-        acquired: now.clone(),
-        renewed: now,
-        stuck: false,
-    })
-    .unwrap()
 }
 
 #[tokio::test(start_paused = true)]
