@@ -80,8 +80,17 @@ pub struct IgnitionArgs {
     /// The directory the base config's `local` contents are relative to (Butane's --files-dir)
     #[arg(long, value_name = "DIR")]
     pub files_dir: Option<PathBuf>,
+    /// Bootstrap arguments from FILE (`-`: standard input), in bootstrap.env's format
+    /// (KEY=VALUE lines, `#` comments): keeps a secret such as the bootstrap token out of the
+    /// process list and the shell's history. Those after `--` are added to them
+    #[arg(long, value_name = "FILE")]
+    pub args_file: Option<PathBuf>,
     /// The bootstrap arguments: AKS_FLEX_NODE_*=VALUE assignments (docs/bootstrap.md's inputs)
-    #[arg(last = true, required = true, value_name = "BOOTSTRAP_ARGS")]
+    #[arg(
+        last = true,
+        required_unless_present = "args_file",
+        value_name = "BOOTSTRAP_ARGS"
+    )]
     pub bootstrap_args: Vec<String>,
 }
 
@@ -828,6 +837,22 @@ fn run_ignition(a: &IgnitionArgs) -> anyhow::Result<()> {
     }
     let base = std::fs::read_to_string(&a.base_config)
         .map_err(|e| anyhow::anyhow!("read the base config {}: {e}", a.base_config.display()))?;
+    let mut bootstrap_args = match &a.args_file {
+        Some(f) => ignition_args_file(f)?,
+        None => Vec::new(),
+    };
+    for secret in crate::flows::bootstrap::INPUTS.iter().filter(|i| i.secret) {
+        if a.bootstrap_args
+            .iter()
+            .any(|arg| arg.split_once('=').is_some_and(|(k, _)| k == secret.name))
+        {
+            eprintln!(
+                "warning: {} on the command line is visible to every user of this machine (the process list) and stays in the shell's history; give it in a file with --args-file FILE, or on standard input with --args-file -",
+                secret.name
+            );
+        }
+    }
+    bootstrap_args.extend(a.bootstrap_args.iter().cloned());
     let json = crate::flows::ignition::render(&crate::flows::ignition::Request {
         base_config: &base,
         files_dir: a.files_dir.as_deref(),
@@ -836,7 +861,7 @@ fn run_ignition(a: &IgnitionArgs) -> anyhow::Result<()> {
             plain_http: a.plain_http,
             insecure_registries: a.insecure_registry.clone(),
         },
-        bootstrap_args: &a.bootstrap_args,
+        bootstrap_args: &bootstrap_args,
         spec,
     })
     .map_err(|e| match e {
@@ -851,6 +876,41 @@ fn run_ignition(a: &IgnitionArgs) -> anyhow::Result<()> {
         a.output.display()
     );
     Ok(())
+}
+
+/// `ignition --args-file`: the assignments of `f` (`-`: standard input), read as bootstrap.env
+/// is (at most [`crate::config::MAX_CONFIG_BYTES`]), as `KEY=VALUE` arguments in file order. No
+/// error shows a value.
+fn ignition_args_file(f: &Path) -> anyhow::Result<Vec<String>> {
+    use std::io::Read as _;
+    let shown = if f == Path::new("-") {
+        "standard input".to_string()
+    } else {
+        f.display().to_string()
+    };
+    let limit = crate::config::MAX_CONFIG_BYTES;
+    let mut bytes = Vec::new();
+    let read = if f == Path::new("-") {
+        std::io::stdin()
+            .lock()
+            .take(limit + 1)
+            .read_to_end(&mut bytes)
+    } else {
+        std::fs::File::open(f).and_then(|file| file.take(limit + 1).read_to_end(&mut bytes))
+    };
+    read.map_err(|e| anyhow::anyhow!("--args-file: read {shown}: {e}"))?;
+    anyhow::ensure!(
+        bytes.len() as u64 <= limit,
+        "--args-file: {shown} is larger than {limit} bytes"
+    );
+    let text = String::from_utf8(bytes)
+        .map_err(|_| anyhow::anyhow!("--args-file: {shown} is not UTF-8 text"))?;
+    let entries = flex_api::bootstrap_env::parse(&text)
+        .map_err(|e| anyhow::anyhow!("--args-file {shown}: {e}"))?;
+    Ok(entries
+        .into_iter()
+        .map(|e| format!("{}={}", e.key, e.value))
+        .collect())
 }
 
 /// `bootstrap-node --dry-run`: reads the inputs, renders and validates what the bootstrap would

@@ -15,10 +15,12 @@ use flex_host::hostexec::HOST_ROOT;
 /// What kind of host path an entry is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
-    /// A directory; created on the host first when `create` is set and it is missing.
+    /// A directory; created on the host first, with the mode `create` names, when that is set
+    /// and it is missing.
     Dir {
-        /// Create it on the host when missing.
-        create: bool,
+        /// Create it on the host when missing, with this mode (whatever the umask; a directory
+        /// that is there keeps its own).
+        create: Option<u32>,
     },
     /// A file; mounted only when the host has it.
     File,
@@ -35,7 +37,7 @@ pub struct MountSpec {
     pub read_only: bool,
 }
 
-const fn dir(path: &'static str, create: bool) -> MountSpec {
+const fn dir(path: &'static str, create: Option<u32>) -> MountSpec {
     MountSpec {
         path,
         kind: Kind::Dir { create },
@@ -45,13 +47,14 @@ const fn dir(path: &'static str, create: bool) -> MountSpec {
 
 /// The host paths the agent reads and writes by name.
 pub const MOUNTS: &[MountSpec] = &[
-    dir("/etc/aks-flex-node", true),
-    dir("/etc/systemd", true),
-    dir("/etc/sysctl.d", true),
-    dir("/etc/unbounded", true),
-    dir("/etc/docker", false),
-    dir("/etc/wireguard", false),
-    dir("/etc/sysconfig", false),
+    // The agent's config and state: root's, its group may read (as the host install makes it).
+    dir("/etc/aks-flex-node", Some(0o750)),
+    dir("/etc/systemd", Some(0o755)),
+    dir("/etc/sysctl.d", Some(0o755)),
+    dir("/etc/unbounded", Some(0o755)),
+    dir("/etc/docker", None),
+    dir("/etc/wireguard", None),
+    dir("/etc/sysconfig", None),
     MountSpec {
         path: "/etc/os-release",
         kind: Kind::File,
@@ -67,19 +70,21 @@ pub const MOUNTS: &[MountSpec] = &[
         kind: Kind::File,
         read_only: false,
     },
-    dir("/var/lib/machines", true),
-    dir("/var/lib/aks-flex-node", true),
-    dir("/var/log/aks-flex-node", true),
-    dir("/run", false),
-    dir("/usr/local", false),
-    dir("/lib/modules", false),
+    // Root's alone, as systemd makes it: the machines' root file systems hold their images'
+    // setuid binaries, which a host user must not reach.
+    dir("/var/lib/machines", Some(0o700)),
+    dir("/var/lib/aks-flex-node", Some(0o700)),
+    dir("/var/log/aks-flex-node", Some(0o750)),
+    dir("/run", None),
+    dir("/usr/local", None),
+    dir("/lib/modules", None),
 ];
 
 /// One step of the plan.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Op {
-    /// Create a directory on the host (real path under `/host`).
-    CreateHostDir(PathBuf),
+    /// Create a directory on the host (real path under `/host`) with this mode.
+    CreateHostDir(PathBuf, u32),
     /// Bind `source` (under `/host`) at `target`, recursively, as a slave; optionally read-only.
     Bind {
         /// Host-side path.
@@ -131,8 +136,8 @@ pub fn plan(host_root: &Path) -> Result<Vec<Op>, EntrypointError> {
         match m.kind {
             Kind::Dir { create } => {
                 if !source.is_dir() {
-                    if create {
-                        ops.push(Op::CreateHostDir(source.clone()));
+                    if let Some(mode) = create {
+                        ops.push(Op::CreateHostDir(source.clone(), mode));
                     } else {
                         ops.push(Op::Skip(target));
                         continue;
@@ -162,6 +167,21 @@ pub fn plan(host_root: &Path) -> Result<Vec<Op>, EntrypointError> {
     Ok(ops)
 }
 
+/// Creates the host directory `p` with exactly `mode`, whatever the umask (its parents, standard
+/// directories such as `/var/lib`, are made as `mkdir -p` would when missing).
+pub fn create_host_dir(p: &Path, mode: u32) -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    if let Some(parent) = p.parent() {
+        std::fs::create_dir_all(parent)?;
+    }
+    match std::fs::DirBuilder::new().mode(mode).create(p) {
+        Ok(()) => std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)),
+        // Made meanwhile (another start): its mode is whoever made it's.
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && p.is_dir() => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
 /// Carries out the plan (needs `CAP_SYS_ADMIN`, i.e. a privileged container).
 pub fn execute(ops: &[Op]) -> Result<(), EntrypointError> {
     use rustix::mount::{
@@ -169,8 +189,8 @@ pub fn execute(ops: &[Op]) -> Result<(), EntrypointError> {
     };
     for op in ops {
         match op {
-            Op::CreateHostDir(p) => {
-                std::fs::create_dir_all(p).map_err(|cause| EntrypointError::Mount {
+            Op::CreateHostDir(p, mode) => {
+                create_host_dir(p, *mode).map_err(|cause| EntrypointError::Mount {
                     target: p.display().to_string(),
                     cause,
                 })?
@@ -296,6 +316,28 @@ mod tests {
         );
     }
 
+    /// Real directories: a missing host directory is made with its mode exactly, under a
+    /// permissive umask as under a strict one; one that is there keeps its own.
+    #[test]
+    fn host_directories_get_their_mode_whatever_the_umask() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = tempfile::tempdir().unwrap();
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+        for (umask, want) in [(0o000, 0o700), (0o077, 0o755), (0o022, 0o750)] {
+            let old = rustix::process::umask(rustix::fs::Mode::from_raw_mode(umask));
+            let p = d.path().join(format!("host-{umask:o}/var/lib/machines"));
+            let made = create_host_dir(&p, want);
+            rustix::process::umask(old);
+            made.unwrap();
+            assert_eq!(mode(&p), want, "umask {umask:04o}");
+        }
+        let there = d.path().join("there");
+        std::fs::create_dir(&there).unwrap();
+        std::fs::set_permissions(&there, std::fs::Permissions::from_mode(0o711)).unwrap();
+        create_host_dir(&there, 0o700).unwrap();
+        assert_eq!(mode(&there), 0o711, "an existing directory keeps its mode");
+    }
+
     #[test]
     fn plan_for_a_minimal_host() {
         let d = tempfile::tempdir().unwrap();
@@ -308,7 +350,9 @@ mod tests {
         let text: Vec<String> = ops
             .iter()
             .map(|op| match op {
-                Op::CreateHostDir(p) => format!("create {}", p.strip_prefix(h).unwrap().display()),
+                Op::CreateHostDir(p, mode) => {
+                    format!("create {} {mode:04o}", p.strip_prefix(h).unwrap().display())
+                }
                 Op::Bind {
                     target,
                     file,
@@ -324,12 +368,12 @@ mod tests {
             })
             .collect();
         insta::assert_snapshot!(text.join("\n"), @"
-        create etc/aks-flex-node
+        create etc/aks-flex-node 0750
         bind /etc/aks-flex-node
         bind /etc/systemd
-        create etc/sysctl.d
+        create etc/sysctl.d 0755
         bind /etc/sysctl.d
-        create etc/unbounded
+        create etc/unbounded 0755
         bind /etc/unbounded
         skip /etc/docker
         skip /etc/wireguard
@@ -338,9 +382,9 @@ mod tests {
         skip /etc/hostname
         skip /etc/fstab
         bind /var/lib/machines
-        create var/lib/aks-flex-node
+        create var/lib/aks-flex-node 0700
         bind /var/lib/aks-flex-node
-        create var/log/aks-flex-node
+        create var/log/aks-flex-node 0750
         bind /var/log/aks-flex-node
         bind /run
         bind /usr/local

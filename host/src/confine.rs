@@ -283,26 +283,113 @@ pub fn list_dir(dir: BorrowedFd<'_>) -> Result<Vec<Vec<u8>>, Errno> {
     Ok(names)
 }
 
+/// How many directories deep [`remove_tree_at`] goes before it gives up. A root file system
+/// nests a few dozen levels; a tree this deep was made to be deep.
+pub const REMOVE_DEPTH_CAP: usize = 1 << 16;
+
+/// Why [`remove_tree_at`] stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum RemoveTreeError {
+    /// A system call failed.
+    #[error("{0}")]
+    Io(#[from] Errno),
+    /// The tree is deeper than [`REMOVE_DEPTH_CAP`].
+    #[error("the tree is more than {cap} directories deep; nothing above that depth was removed")]
+    TooDeep {
+        /// The cap.
+        cap: usize,
+    },
+    /// Back up from a directory, `..` was not the directory the walk came from (the
+    /// directory was moved during the removal).
+    #[error("a directory {depth} levels down was moved during the removal; stopped there")]
+    Moved {
+        /// How deep it was.
+        depth: usize,
+    },
+}
+
+impl From<RemoveTreeError> for std::io::Error {
+    fn from(e: RemoveTreeError) -> Self {
+        match e {
+            RemoveTreeError::Io(errno) => errno.into(),
+            other => std::io::Error::other(other.to_string()),
+        }
+    }
+}
+
 /// Removes `name` in `dir` and, if it is a directory, everything below it, never following a
 /// symlink. A missing `name` is not an error.
-pub fn remove_tree_at(dir: BorrowedFd<'_>, name: &[u8]) -> Result<(), Errno> {
+///
+/// The walk holds one directory open whatever the depth (a tree deeper than the process's
+/// descriptor limit, made inside a machine, is removed too): it goes down by name and back up
+/// through `..`, which must be the directory it came from (its device and inode, remembered on
+/// the way down), and stops at [`REMOVE_DEPTH_CAP`] levels with an error that says so.
+pub fn remove_tree_at(dir: BorrowedFd<'_>, name: &[u8]) -> Result<(), RemoveTreeError> {
+    remove_tree_capped(dir, name, REMOVE_DEPTH_CAP)
+}
+
+fn remove_tree_capped(dir: BorrowedFd<'_>, name: &[u8], cap: usize) -> Result<(), RemoveTreeError> {
     match rustix::fs::unlinkat(dir, name, AtFlags::empty()) {
         Ok(()) | Err(Errno::NOENT) => return Ok(()),
         Err(Errno::ISDIR | Errno::PERM) => {}
-        Err(e) => return Err(e),
+        Err(e) => return Err(e.into()),
     }
-    let sub = match open_dir_at(dir, name) {
-        Ok(fd) => fd,
+    let mut cur = match open_dir_at(dir, name) {
+        Ok(fd) => handle(fd)?,
         Err(Errno::NOENT) => return Ok(()),
-        Err(e) => return Err(e),
+        Err(e) => return Err(e.into()),
     };
-    for child in list_dir(sub.as_fd())? {
-        remove_tree_at(sub.as_fd(), &child)?;
-    }
-    drop(sub);
-    match rustix::fs::unlinkat(dir, name, AtFlags::REMOVEDIR) {
-        Ok(()) | Err(Errno::NOENT) => Ok(()),
-        Err(e) => Err(e),
+    // From `name` down to `cur`: each directory's name in its parent and its identity.
+    let mut path: Vec<(Vec<u8>, (u64, u64))> = vec![(name.to_vec(), (cur.dev, cur.ino))];
+    loop {
+        let mut below = None;
+        for child in list_dir(cur.fd.as_fd())? {
+            match rustix::fs::unlinkat(&cur.fd, child.as_slice(), AtFlags::empty()) {
+                Ok(()) | Err(Errno::NOENT) => {}
+                Err(Errno::ISDIR | Errno::PERM) => {
+                    below = Some(child);
+                    break;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        if let Some(child) = below {
+            if path.len() >= cap {
+                return Err(RemoveTreeError::TooDeep { cap });
+            }
+            match open_dir_at(cur.fd.as_fd(), &child) {
+                Ok(fd) => {
+                    cur = handle(fd)?;
+                    path.push((child, (cur.dev, cur.ino)));
+                }
+                // Gone meanwhile: the next listing shows what is left.
+                Err(Errno::NOENT) => {}
+                Err(e) => return Err(e.into()),
+            }
+            continue;
+        }
+        // `cur` is empty: remove it from its parent and go on there.
+        let Some((done, _)) = path.pop() else {
+            return Ok(());
+        };
+        let Some((_, parent_id)) = path.last() else {
+            drop(cur);
+            return match rustix::fs::unlinkat(dir, done.as_slice(), AtFlags::REMOVEDIR) {
+                Ok(()) | Err(Errno::NOENT) => Ok(()),
+                Err(e) => Err(e.into()),
+            };
+        };
+        let parent = handle(rustix::fs::openat(&cur.fd, "..", DIR_FLAGS, Mode::empty())?)?;
+        if (parent.dev, parent.ino) != *parent_id {
+            return Err(RemoveTreeError::Moved {
+                depth: path.len() + 1,
+            });
+        }
+        cur = parent;
+        match rustix::fs::unlinkat(&cur.fd, done.as_slice(), AtFlags::REMOVEDIR) {
+            Ok(()) | Err(Errno::NOENT) => {}
+            Err(e) => return Err(e.into()),
+        }
     }
 }
 
@@ -393,5 +480,89 @@ mod tests {
         assert!(!r.join("d").exists());
         assert!(outside.join("keep").exists());
         remove_tree_at(root.fd(), b"missing").unwrap();
+    }
+
+    /// Real: a tree far deeper than the descriptor limit this test sets for itself (64), with
+    /// files, symlinks out of the tree and wide directories along the way, is removed with one
+    /// directory open at a time; what the links point at stays.
+    #[test]
+    fn remove_tree_goes_deeper_than_the_descriptor_limit() {
+        let t = tempfile::tempdir().unwrap();
+        let outside = t.path().join("outside");
+        std::fs::create_dir(&outside).unwrap();
+        std::fs::write(outside.join("keep"), b"x").unwrap();
+        let r = t.path().join("root");
+        std::fs::create_dir(&r).unwrap();
+        let root = Root::open(&r).unwrap();
+        // Build 3000 levels with *at calls (a path that long is past PATH_MAX).
+        let mut cur = open_dir_at(root.fd(), b".").unwrap();
+        for level in 0..3000 {
+            rustix::fs::mkdirat(&cur, "d", Mode::from_raw_mode(0o755)).unwrap();
+            if level % 500 == 0 {
+                for i in 0..20 {
+                    rustix::fs::mkdirat(&cur, format!("w{i}"), Mode::from_raw_mode(0o755)).unwrap();
+                }
+                let f = rustix::fs::openat(
+                    &cur,
+                    "f",
+                    OFlags::CREATE | OFlags::WRONLY,
+                    Mode::from_raw_mode(0o644),
+                )
+                .unwrap();
+                drop(f);
+                rustix::fs::symlinkat(outside.as_os_str(), &cur, "link").unwrap();
+            }
+            cur = open_dir_at(cur.as_fd(), b"d").unwrap();
+        }
+        drop(cur);
+        // The test's own limit, far below the depth (restored after).
+        let old = rustix::process::getrlimit(rustix::process::Resource::Nofile);
+        rustix::process::setrlimit(
+            rustix::process::Resource::Nofile,
+            rustix::process::Rlimit {
+                current: Some(64),
+                maximum: old.maximum,
+            },
+        )
+        .unwrap();
+        let removed = remove_tree_at(root.fd(), b"d");
+        rustix::process::setrlimit(rustix::process::Resource::Nofile, old).unwrap();
+        removed.unwrap();
+        assert!(!r.join("d").exists());
+        assert!(outside.join("keep").exists());
+        assert!(r.exists());
+    }
+
+    #[test]
+    fn remove_tree_stops_at_its_depth_cap_and_says_so() {
+        let t = tempfile::tempdir().unwrap();
+        let r = t.path().join("root");
+        std::fs::create_dir_all(r.join("d/d/d/d/d")).unwrap();
+        let root = Root::open(&r).unwrap();
+        let e = remove_tree_capped(root.fd(), b"d", 3).unwrap_err();
+        assert!(matches!(e, RemoveTreeError::TooDeep { cap: 3 }), "{e}");
+        // Five levels fit a cap of five.
+        remove_tree_capped(root.fd(), b"d", 5).unwrap();
+        assert!(!r.join("d").exists());
+    }
+
+    #[test]
+    fn remove_tree_errors_say_what_stopped_it() {
+        let deep = RemoveTreeError::TooDeep {
+            cap: REMOVE_DEPTH_CAP,
+        };
+        assert!(
+            deep.to_string().contains("65536 directories deep"),
+            "{deep}"
+        );
+        let io: std::io::Error = deep.into();
+        assert!(io.to_string().contains("directories deep"));
+        let io: std::io::Error = RemoveTreeError::Io(Errno::ACCESS).into();
+        assert_eq!(io.raw_os_error(), Some(Errno::ACCESS.raw_os_error()));
+        let moved = RemoveTreeError::Moved { depth: 3 };
+        assert!(
+            moved.to_string().contains("3 levels down was moved"),
+            "{moved}"
+        );
     }
 }

@@ -22,14 +22,41 @@ pub fn install_crypto() {
     let _ = rustls::crypto::ring::default_provider().install_default();
 }
 
-/// Builds the agent's HTTP client.
+/// Builds the agent's HTTP client. It follows redirects as [`redirect_refusal`] allows: never
+/// from HTTPS down to plain HTTP.
 pub fn client() -> Result<reqwest::Client, reqwest::Error> {
     install_crypto();
     reqwest::Client::builder()
         .user_agent(concat!("aks-flex-node/", env!("CARGO_PKG_VERSION")))
         .connect_timeout(Duration::from_secs(30))
         .timeout(DOWNLOAD_TIMEOUT)
+        .redirect(reqwest::redirect::Policy::custom(
+            |attempt| match redirect_refusal(attempt.previous(), attempt.url()) {
+                Some(why) => attempt.error(why),
+                None => attempt.follow(),
+            },
+        ))
         .build()
+}
+
+/// The most redirects one request follows (reqwest's default).
+pub const MAX_REDIRECTS: usize = 10;
+
+/// Why a redirect to `next`, after the requests to `previous` (the first one first), is not
+/// followed: one from an `https` URL to an `http` one (a downgrade would hand a registry's
+/// content or a token to anyone on the path), or one too many. `None`: it is followed.
+pub fn redirect_refusal(previous: &[reqwest::Url], next: &reqwest::Url) -> Option<String> {
+    if previous.len() > MAX_REDIRECTS {
+        return Some(format!("more than {MAX_REDIRECTS} redirects"));
+    }
+    let from_https = previous.iter().any(|u| u.scheme() == "https");
+    (from_https && next.scheme() != "https").then(|| {
+        format!(
+            "refused a redirect from HTTPS to {}://{}: a downgrade",
+            next.scheme(),
+            next.host_str().unwrap_or_default()
+        )
+    })
 }
 
 /// The most of a JSON document (an ARM resource, a token response) read from a response.
@@ -245,6 +272,70 @@ fn normalize_registry(entry: &str) -> Result<String, &'static str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn redirects_never_go_from_https_down_to_http() {
+        let u = |s: &str| reqwest::Url::parse(s).unwrap();
+        let https = u("https://r.io/v2/a/blobs/sha256:1");
+        let http = u("http://10.0.2.2:5000/v2/a/blobs/sha256:1");
+        assert_eq!(
+            redirect_refusal(std::slice::from_ref(&https), &u("https://cdn.r.io/x")),
+            None
+        );
+        assert_eq!(
+            redirect_refusal(std::slice::from_ref(&http), &u("http://10.0.2.2:5000/x")),
+            None
+        );
+        assert_eq!(
+            redirect_refusal(std::slice::from_ref(&http), &u("https://cdn.r.io/x")),
+            None
+        );
+        let down = redirect_refusal(std::slice::from_ref(&https), &u("http://cdn.r.io/x")).unwrap();
+        assert!(down.contains("from HTTPS to http://cdn.r.io"), "{down}");
+        // Once HTTPS anywhere in the chain, no way back down.
+        assert!(
+            redirect_refusal(&[https.clone(), u("https://b.io/")], &u("http://c.io/")).is_some()
+        );
+        let many = vec![https; MAX_REDIRECTS + 1];
+        assert!(
+            redirect_refusal(&many, &u("https://x.io/"))
+                .unwrap()
+                .contains("more than 10")
+        );
+    }
+
+    /// Real: reqwest's client from [`client`] against a local server that redirects — within
+    /// plain HTTP the redirect is followed (the downgrade needs an HTTPS server, and is the
+    /// table above).
+    #[tokio::test]
+    async fn the_client_follows_a_plain_redirect() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        tokio::spawn(async move {
+            for answer in [
+                format!(
+                    "HTTP/1.1 302 Found\r\nLocation: http://{addr}/there\r\nContent-Length: 0\r\n\r\n"
+                ),
+                "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok".to_string(),
+            ] {
+                let (mut s, _) = l.accept().await.unwrap();
+                let mut buf = [0u8; 1024];
+                let _ = s.read(&mut buf).await.unwrap();
+                s.write_all(answer.as_bytes()).await.unwrap();
+            }
+        });
+        let body = client()
+            .unwrap()
+            .get(format!("http://{addr}/here"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        assert_eq!(body, "ok");
+    }
 
     #[test]
     fn local_address_table() {

@@ -228,6 +228,37 @@ async fn error_detail(resp: reqwest::Response) -> String {
     text.chars().take(300).collect()
 }
 
+/// Why the token realm `realm`, named by a registry, is not asked: a scheme other than HTTP(S);
+/// plain HTTP unless the realm's `host[:port]` or the registry that named it (`registry_listed`)
+/// is in `insecure`; a link-local address (a cloud's metadata service) unless listed. `None`:
+/// it is asked.
+pub fn realm_refusal(
+    realm: &url::Url,
+    insecure: &InsecureRegistries,
+    registry_listed: bool,
+) -> Option<&'static str> {
+    let host = realm.host_str().unwrap_or_default();
+    let host_port = match realm.port() {
+        Some(p) => format!("{host}:{p}"),
+        None => host.to_string(),
+    };
+    let listed = insecure.allows(&host_port);
+    let link_local = match realm.host() {
+        Some(url::Host::Ipv4(v4)) => v4.is_link_local(),
+        Some(url::Host::Ipv6(v6)) => v6.is_unicast_link_local(),
+        _ => false,
+    };
+    match realm.scheme() {
+        "https" | "http" if link_local && !listed => Some("is a link-local address"),
+        "https" => None,
+        "http" if listed || registry_listed => None,
+        "http" => Some(
+            "is plain HTTP, and neither it nor the registry that named it is listed as insecure",
+        ),
+        _ => Some("is not an http(s) URL"),
+    }
+}
+
 impl RegistryClient {
     /// A client over `http` (normally [`flex_host::http::client`]) with the default retry policy.
     pub fn new(http: reqwest::Client) -> Self {
@@ -376,9 +407,10 @@ impl RegistryClient {
         };
         let mut url = url::Url::parse(&challenge.realm)
             .map_err(|e| auth(format!("bad token realm {:?}: {e}", challenge.realm)))?;
-        if !matches!(url.scheme(), "http" | "https") {
-            return Err(auth(format!("bad token realm {:?}", challenge.realm)));
-        }
+        realm_refusal(&url, &self.insecure, self.insecure.allows(image.api_host()))
+            .map_or(Ok(()), |why| {
+                Err(auth(format!("token realm {:?} {why}", challenge.realm)))
+            })?;
         {
             let mut q = url.query_pairs_mut();
             if let Some(s) = &challenge.service {

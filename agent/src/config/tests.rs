@@ -205,6 +205,16 @@ fn invalid_configs_name_their_field() {
             "bootstrap.insecureRegistries[0]: must be host[:port], not empty",
         ),
         (
+            "sandbox image that would add tables to containerd's TOML",
+            |v| v["components"]["sandboxImage"] = json!("x\"\n[plugins.evil]"),
+            "components.sandboxImage: invalid image reference",
+        ),
+        (
+            "registry mirror with a newline and a quote (the URL parser drops the newline)",
+            |v| v["node"]["registryMirrors"] = json!({"r.io": "http://m/\"]\n[evil]"}),
+            "must not contain white space, control characters, quotes or backslashes",
+        ),
+        (
             "registry mirror for a URL",
             |v| v["node"]["registryMirrors"] = json!({"https://r.io": "http://m"}),
             "node.registryMirrors[\"https://r.io\"]: \"https://r.io\" is not a registry host",

@@ -96,6 +96,10 @@ pub enum UrlProblem {
     /// Credentials, a query or a fragment, where none may be.
     #[error("must not carry credentials, a query or a fragment")]
     CredentialsQueryOrFragment,
+    /// White space, a control character, a quote or a backslash: the URL parser drops some of
+    /// them without a word, and the value is written into files as it is given.
+    #[error("must not contain white space, control characters, quotes or backslashes")]
+    Characters,
     /// Credentials (controller endpoint).
     #[error("must not carry credentials")]
     Credentials,
@@ -292,6 +296,11 @@ fn validate_node(c: &Config) -> Result<(), ValidationError> {
                 k.image_gc_low_threshold, k.image_gc_high_threshold
             ),
         ));
+    }
+    // Written into the machine's containerd config: an image reference, nothing else.
+    let sandbox = c.components.sandbox_image.trim();
+    if !sandbox.is_empty() {
+        flex_api::image::ImageRef::parse(sandbox).map_err(|e| err("components.sandboxImage", e))?;
     }
     check_ip(&c.networking.dns_service_ip).map_err(|m| err("networking.dnsServiceIP", m))?;
     if !c.node.kubelet.node_ip.trim().is_empty() {
@@ -764,6 +773,12 @@ pub fn check_registry_mirror(registry: &str, mirror: &str) -> Result<(), ValueEr
         mirror: mirror.to_string(),
         problem,
     };
+    if mirror
+        .chars()
+        .any(|c| c.is_whitespace() || c.is_control() || matches!(c, '"' | '\'' | '\\'))
+    {
+        return Err(bad(UrlProblem::Characters));
+    }
     let url = url::Url::parse(mirror).map_err(|e| bad(UrlProblem::NotUrl(e.to_string())))?;
     if !matches!(url.scheme(), "http" | "https") || !url.has_host() {
         return Err(bad(UrlProblem::NotHttp));

@@ -277,11 +277,34 @@ DeviceAllow=char-ipvtap rwm\nDeviceAllow=char-macvtap rwm\n"
     s
 }
 
+/// `s` as a TOML basic string, quotes included: `"` and `\` escaped and every control
+/// character as `\uXXXX` (TOML 1.0, "String"), so a value stays one string whatever it holds.
+/// The TOML files the agent writes are fixed text with every value from the config or the goal
+/// put in through this (the config's checks refuse such values first; this is the second line).
+pub fn toml_string(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if c.is_control() => {
+                let _ = write!(out, "\\u{:04X}", u32::from(c));
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
 /// containerd's `hosts.toml` for `registry`: pull and resolve through `mirror` first, then the
 /// registry itself (`server`).
 pub fn render_hosts_toml(registry: &str, mirror: &str) -> String {
     format!(
-        "# Written by aks-flex-node: node.registryMirrors.\nserver = \"https://{registry}\"\n\n[host.\"{mirror}\"]\n  capabilities = [\"pull\", \"resolve\"]\n"
+        "# Written by aks-flex-node: node.registryMirrors.\nserver = {}\n\n[host.{}]\n  capabilities = [\"pull\", \"resolve\"]\n",
+        toml_string(&format!("https://{registry}")),
+        toml_string(mirror)
     )
 }
 
@@ -294,7 +317,7 @@ imports = ["/etc/containerd/conf.d/*.toml"]
 oom_score = 0
 
 [{cri}]
-  sandbox_image = "{sandbox}"
+  sandbox_image = {sandbox}
   image_pull_progress_timeout = "30m"
 
 [{cri}.containerd]
@@ -330,7 +353,7 @@ oom_score = 0
 [metrics]
   address = "0.0.0.0:10257"
 "#,
-        sandbox = goal.sandbox_image
+        sandbox = toml_string(&goal.sandbox_image)
     )
 }
 
@@ -719,6 +742,29 @@ mod tests {
             }
         }
         s
+    }
+
+    /// Real TOML parser (`toml_edit`): values that would add tables to a template stay one
+    /// string in the containerd config and in `hosts.toml`, read back as given. The goal is
+    /// changed after the config's checks, which refuse such values first.
+    #[test]
+    fn hostile_values_stay_strings_in_the_toml_files() {
+        let hostile = "x\"\n[plugins.evil]\nkey = \"\\u0041\t\u{7f}";
+        let mut g = goal(|_| {});
+        g.sandbox_image = hostile.to_string();
+        let doc: toml_edit::DocumentMut = render_containerd_config(&g).parse().unwrap();
+        let plugins = doc["plugins"].as_table().unwrap();
+        assert_eq!(
+            plugins["io.containerd.grpc.v1.cri"]["sandbox_image"].as_str(),
+            Some(hostile)
+        );
+        assert!(!plugins.contains_key("evil"));
+        let hosts: toml_edit::DocumentMut = render_hosts_toml("r.io", hostile).parse().unwrap();
+        assert_eq!(hosts["server"].as_str(), Some("https://r.io"));
+        let host = hosts["host"].as_table().unwrap();
+        assert_eq!(host.len(), 1);
+        assert!(host.contains_key(hostile), "{host}");
+        assert_eq!(toml_string("plain"), "\"plain\"");
     }
 
     #[test]

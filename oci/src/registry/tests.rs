@@ -710,3 +710,43 @@ fn futures_are_send() {
     send(&crate::fetch_artifact(&c, &src, p));
     send(&crate::manifest_reachable(&c, &src, Arch::host()));
 }
+
+#[test]
+fn token_realms_are_https_unless_listed_and_never_link_local() {
+    let listed = InsecureRegistries::parse("t", "10.0.2.2:5000,169.254.1.1").unwrap();
+    let u = |s: &str| url::Url::parse(s).unwrap();
+    for (realm, registry_listed, want) in [
+        ("https://auth.r.io/token", false, None),
+        ("https://auth.r.io/token", true, None),
+        // Plain HTTP: only for a listed realm, or a listed registry's own realm.
+        ("http://10.0.2.2:5000/token", false, None),
+        ("http://10.0.2.3:5000/token", true, None),
+        (
+            "http://auth.r.io/token",
+            false,
+            Some(
+                "is plain HTTP, and neither it nor the registry that named it is listed as insecure",
+            ),
+        ),
+        // A cloud's metadata service, whatever the scheme, unless listed.
+        (
+            "http://169.254.169.254/metadata",
+            true,
+            Some("is a link-local address"),
+        ),
+        (
+            "https://169.254.169.254/metadata",
+            false,
+            Some("is a link-local address"),
+        ),
+        ("http://[fe80::1]/t", true, Some("is a link-local address")),
+        ("http://169.254.1.1/t", false, None),
+        ("ftp://auth.r.io/token", true, Some("is not an http(s) URL")),
+    ] {
+        assert_eq!(
+            realm_refusal(&u(realm), &listed, registry_listed),
+            want,
+            "{realm} (registry listed: {registry_listed})"
+        );
+    }
+}
