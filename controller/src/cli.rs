@@ -47,8 +47,10 @@ pub struct Args {
     #[arg(long, default_value = "aks-flex-node-daemons")]
     pub daemon_group: String,
     /// Longest certificate lifetime approved, in seconds (default 30 days; 0 = no limit, which
-    /// lets the signer's default of one year apply).
-    #[arg(long, default_value_t = crate::csr::DEFAULT_MAX_EXPIRATION_SECONDS)]
+    /// lets the signer's default of one year apply). A negative value is refused: it would
+    /// read as no limit.
+    #[arg(long, default_value_t = crate::csr::DEFAULT_MAX_EXPIRATION_SECONDS,
+          value_parser = clap::value_parser!(i32).range(0..))]
     pub max_expiration_seconds: i32,
     /// Where `/metrics` is served: IP:PORT, :PORT (every interface), or 0 for none.
     #[arg(long, default_value = DEFAULT_METRICS_BIND_ADDRESS, value_parser = parse_metrics_address)]
@@ -167,13 +169,33 @@ pub async fn run_with(
     tracing::info!(address = %server.local_addr()?, "machine endpoint listening");
     let store: Arc<dyn MachineStore> = Arc::new(TimedStore::new(store, metrics.clone()));
     let stop = shutdown.child_token();
+    // With a cluster, unready until the daemons' admission policies are seen enforced; without
+    // one (a local run over a memory store) there is nothing to check.
+    let ready = Arc::new(match &client {
+        Some(_) => crate::policy::Readiness::not_ready(
+            "the daemons' admission policies are not checked yet",
+        ),
+        None => crate::policy::Readiness::default(),
+    });
+    let policy_task = {
+        let stop = stop.clone();
+        let ready = ready.clone();
+        let client = client.clone();
+        async move {
+            if let Some(c) = client {
+                crate::policy::watch(&crate::policy::KubePolicyApi(c), &ready, stop).await;
+            }
+        }
+    };
     let server_task = {
         let stop = stop.clone();
         let store = store.clone();
         let metrics = metrics.clone();
         let timeout = args.shutdown_timeout;
         async move {
-            let r = server.run(store, metrics, stop.clone(), timeout).await;
+            let r = server
+                .run(store, metrics, ready, stop.clone(), timeout)
+                .await;
             stop.cancel();
             r
         }
@@ -196,7 +218,7 @@ pub async fn run_with(
             r
         }
     };
-    let (served, approved) = tokio::join!(server_task, approver_task);
+    let (served, approved, ()) = tokio::join!(server_task, approver_task, policy_task);
     let errors: Vec<String> = [served.err(), approved.err()]
         .into_iter()
         .flatten()
@@ -256,6 +278,15 @@ mod tests {
             assert!(Args::try_parse_from(on).unwrap().enable_csr_approver);
         }
         assert!(Args::try_parse_from(["x", "--enable-csr-approver=yes"]).is_err());
+        // A negative lifetime cap would lift the cap: refused, naming the flag.
+        let e = Args::try_parse_from(["x", "--max-expiration-seconds=-1"]).unwrap_err();
+        assert!(e.to_string().contains("--max-expiration-seconds"), "{e}");
+        assert_eq!(
+            Args::try_parse_from(["x", "--max-expiration-seconds=0"])
+                .unwrap()
+                .max_expiration_seconds,
+            0
+        );
         assert!(Args::try_parse_from(["x", "--shutdown-timeout=15"]).is_err());
     }
 

@@ -60,8 +60,72 @@ pub const NODES_GROUP: &str = "system:nodes";
 pub const BOOTSTRAP_TOKEN_TYPE: &str = "bootstrap.kubernetes.io/token";
 /// Where bootstrap token Secrets live.
 pub const TOKEN_NAMESPACE: &str = "kube-system";
-/// When a request that may become approvable is looked at again.
+/// When a request that may become approvable is looked at again the first time; each look
+/// that finds it still not approvable doubles the wait, up to [`RETRY_MAX`] ([`Retries`]).
 pub const RETRY_AFTER: Duration = Duration::from_secs(15);
+/// The longest wait between two looks at a request that is not approvable.
+pub const RETRY_MAX: Duration = Duration::from_secs(15 * 60);
+/// How the waits between looks at a request that is not approvable grow.
+pub const RETRY_BACKOFF: flex_host::retry::Backoff =
+    flex_host::retry::Backoff::new(u32::MAX, RETRY_AFTER, RETRY_MAX);
+
+/// The requests the approver looks at again, by UID: how often each was found not approvable,
+/// and why the last time, so each request's wait grows ([`RETRY_BACKOFF`]) and its reason is
+/// logged when it changes, not at every look. A request approved, ignored or gone is forgotten;
+/// one not looked at for a day (deleted meanwhile) is dropped at the next look at any.
+#[derive(Debug, Default)]
+pub struct Retries {
+    seen: std::collections::HashMap<String, (u32, String, std::time::Instant)>,
+}
+
+/// What [`Retries::not_yet`] says about one more look that found a request not approvable.
+#[derive(Debug, PartialEq, Eq)]
+pub struct NextLook {
+    /// When to look again.
+    pub after: Duration,
+    /// Whether the reason is new for this request (log it at info; else debug).
+    pub new_reason: bool,
+}
+
+impl Retries {
+    /// Entries older than this are dropped.
+    const FORGET_AFTER: Duration = Duration::from_secs(24 * 3600);
+
+    /// Request `uid` was found not approvable, for `why`, at `now`.
+    pub fn not_yet(&mut self, uid: &str, why: &str, now: std::time::Instant) -> NextLook {
+        self.seen
+            .retain(|_, (_, _, at)| now.saturating_duration_since(*at) < Self::FORGET_AFTER);
+        let entry = self
+            .seen
+            .entry(uid.to_string())
+            .or_insert_with(|| (0, String::new(), now));
+        entry.0 = entry.0.saturating_add(1);
+        entry.2 = now;
+        let new_reason = entry.1 != why;
+        if new_reason {
+            entry.1 = why.to_string();
+        }
+        NextLook {
+            after: RETRY_BACKOFF.delay(entry.0, None),
+            new_reason,
+        }
+    }
+
+    /// Request `uid` needs no more looks.
+    pub fn forget(&mut self, uid: &str) {
+        self.seen.remove(uid);
+    }
+
+    /// How many requests are being looked at again.
+    pub fn len(&self) -> usize {
+        self.seen.len()
+    }
+
+    /// Whether none is.
+    pub fn is_empty(&self) -> bool {
+        self.seen.is_empty()
+    }
+}
 /// The default `--max-expiration-seconds`: 30 days (the agent asks for 30 days and rotates at
 /// 80 % of that, six days before expiry).
 pub const DEFAULT_MAX_EXPIRATION_SECONDS: i32 = 30 * 24 * 3600;
@@ -564,6 +628,32 @@ pub fn held_certificate(
         .max_by_key(|(_, t)| *t)
 }
 
+/// Another request for [`SIGNER`] and `system:node:<node>` that is approved (neither denied nor
+/// failed) and has no certificate yet: one the signer is about to issue. It counts as held, so
+/// two requests of one token are not both approved between an approval and its signature.
+/// `self_name` is the request being decided.
+pub fn approved_unsigned(
+    node: &str,
+    self_name: &str,
+    csrs: &[CertificateSigningRequest],
+) -> Option<String> {
+    let cn = format!("{NODE_USER_PREFIX}{node}");
+    csrs.iter()
+        .filter(|c| c.spec.signer_name == SIGNER)
+        .filter(|c| c.metadata.name.as_deref() != Some(self_name))
+        .filter(|c| {
+            c.status
+                .as_ref()
+                .is_none_or(|s| s.certificate.as_ref().is_none_or(|b| b.0.is_empty()))
+        })
+        .filter(|c| {
+            has_condition(c, &["Approved"]).is_some()
+                && has_condition(c, &["Denied", "Failed"]).is_none()
+        })
+        .find(|c| parse_request(&c.spec.request.0).is_ok_and(|r| r.common_names.contains(&cn)))
+        .map(|c| c.metadata.name.clone().unwrap_or_default())
+}
+
 /// The common name and `notAfter` of the first certificate in `pem`.
 fn certificate_subject(pem: &[u8]) -> Option<(String, Timestamp)> {
     let (_, pem) = x509_parser::pem::parse_x509_pem(pem).ok()?;
@@ -593,12 +683,65 @@ async fn machine(store: &dyn MachineStore, node: &str) -> Result<ArmMachine, (De
     }
 }
 
-/// What [`decide`] reads from the API: bootstrap token Secrets and the daemon-signer requests.
+/// What [`decide`] reads from the API: bootstrap token Secrets, the daemon-signer requests and
+/// the record of the tokens used ([`ISSUED_CONFIGMAP`]).
 pub struct Apis {
     /// `kube-system` Secrets.
     pub secrets: Api<Secret>,
     /// All CertificateSigningRequests.
     pub csrs: Api<CertificateSigningRequest>,
+    /// `kube-system` ConfigMaps (only [`ISSUED_CONFIGMAP`] is read and written).
+    pub configmaps: Api<k8s_openapi::api::core::v1::ConfigMap>,
+}
+
+/// The ConfigMap (in [`TOKEN_NAMESPACE`], `deploy/controller/configmap.yaml`) that records each
+/// bootstrap token that got a daemon certificate: key the token id, value
+/// `{"node": …, "request": …}` ([`IssuedToken`]). Written before the approval, so a token is
+/// used once for good, also after kube-controller-manager deletes the issued request an hour
+/// later.
+pub const ISSUED_CONFIGMAP: &str = "aks-flex-issued-tokens";
+
+/// One entry of [`ISSUED_CONFIGMAP`].
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct IssuedToken {
+    /// The node the certificate was for.
+    pub node: String,
+    /// The CertificateSigningRequest approved.
+    pub request: String,
+}
+
+/// The merge patch that records `token_id` as used for `issued`.
+pub fn issued_patch(token_id: &str, issued: &IssuedToken) -> serde_json::Value {
+    serde_json::json!({
+        "data": { token_id: serde_json::to_string(issued).unwrap_or_default() }
+    })
+}
+
+/// Why `token_id` may not bootstrap the request `request`: [`ISSUED_CONFIGMAP`]'s `data`
+/// (`None`: the ConfigMap is missing) records it used for another request. The request it was
+/// recorded for may still be approved (its approval failed after the record was written).
+pub fn token_used(
+    data: Option<&BTreeMap<String, String>>,
+    token_id: &str,
+    request: &str,
+) -> Option<String> {
+    let Some(data) = data else {
+        return Some(format!(
+            "ConfigMap {TOKEN_NAMESPACE}/{ISSUED_CONFIGMAP}, the record of the bootstrap tokens used, is missing: apply deploy/controller"
+        ));
+    };
+    let raw = data.get(token_id)?;
+    let entry: Option<IssuedToken> = serde_json::from_str(raw).ok();
+    match entry {
+        Some(e) if e.request == request => None,
+        Some(e) => Some(format!(
+            "bootstrap token {token_id} already got a daemon certificate, for node {} (CertificateSigningRequest {}): a token is used once; give the node a new bootstrap token, or remove key {token_id} of ConfigMap {TOKEN_NAMESPACE}/{ISSUED_CONFIGMAP} to let it be used once more",
+            e.node, e.request
+        )),
+        None => Some(format!(
+            "key {token_id} of ConfigMap {TOKEN_NAMESPACE}/{ISSUED_CONFIGMAP} is not a record of a use; the token counts as used"
+        )),
+    }
 }
 
 /// The whole decision for one request: [`examine`], then (bootstrap) the Secret, the machine
@@ -657,6 +800,23 @@ pub async fn decide_why(
             if let Err(why) = authorize_token_for_machine(&entry, &candidate.node, token_id) {
                 return (Decision::Retry(why.to_string()), Why::token_not_bound);
             }
+            let this = csr.metadata.name.as_deref().unwrap_or_default();
+            let issued = match apis.configmaps.get_opt(ISSUED_CONFIGMAP).await {
+                Ok(cm) => cm,
+                Err(e) => {
+                    return (
+                        Decision::Retry(format!(
+                            "read ConfigMap {TOKEN_NAMESPACE}/{ISSUED_CONFIGMAP}: {}",
+                            flex_api::kube_errors::describe(&e)
+                        )),
+                        Why::token_used,
+                    );
+                }
+            };
+            let data = issued.map(|cm| cm.data.unwrap_or_default());
+            if let Some(why) = token_used(data.as_ref(), token_id, this) {
+                return (Decision::Retry(why), Why::token_used);
+            }
             let lp = ListParams::default().fields(&format!("spec.signerName={SIGNER}"));
             let others = match apis.csrs.list(&lp).await {
                 Ok(l) => l.items,
@@ -670,6 +830,17 @@ pub async fn decide_why(
                     );
                 }
             };
+            if let Some(name) = approved_unsigned(&candidate.node, this, &others) {
+                return (
+                    Decision::Retry(format!(
+                        "node {} has another approved daemon certificate request awaiting its \
+                         certificate (CertificateSigningRequest {name}): a bootstrap token gets \
+                         one certificate",
+                        candidate.node
+                    )),
+                    Why::already_holds_certificate,
+                );
+            }
             if let Some((name, until)) = held_certificate(&candidate.node, &others, now) {
                 return (
                     Decision::Retry(format!(
@@ -732,6 +903,10 @@ struct Context {
     store: Arc<dyn MachineStore>,
     cfg: ApproverConfig,
     metrics: Arc<ControllerMetrics>,
+    retries: std::sync::Mutex<Retries>,
+    /// Held from a decision to its approval: the controller reconciles requests concurrently,
+    /// and a decision counts the approvals made before it ([`approved_unsigned`]).
+    approving: tokio::sync::Mutex<()>,
 }
 
 /// A failure to record an approval.
@@ -747,6 +922,8 @@ async fn reconcile(
     ctx: Arc<Context>,
 ) -> Result<Action, ApproveError> {
     let name = csr.metadata.name.clone().unwrap_or_default();
+    let uid = csr.metadata.uid.clone().unwrap_or_else(|| name.clone());
+    let _one_at_a_time = ctx.approving.lock().await;
     let (decision, reason) = decide_why(
         &csr,
         &ctx.cfg,
@@ -755,8 +932,47 @@ async fn reconcile(
         Timestamp::now(),
     )
     .await;
+    if !matches!(decision, Decision::Retry(_)) {
+        ctx.retries
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .forget(&uid);
+    }
     match decision {
         Decision::Approve(message) => {
+            // A bootstrap: the token is recorded used before the approval (a crash between
+            // the two leaves it used without a certificate, never the other way round).
+            if let Ok(Candidate {
+                requester: Requester::Bootstrap { token_id },
+                node,
+            }) = examine(&csr, &ctx.cfg)
+            {
+                let patch = issued_patch(
+                    &token_id,
+                    &IssuedToken {
+                        node,
+                        request: name.clone(),
+                    },
+                );
+                ctx.apis
+                    .configmaps
+                    .patch(
+                        ISSUED_CONFIGMAP,
+                        &kube::api::PatchParams::default(),
+                        &kube::api::Patch::Merge(&patch),
+                    )
+                    .await
+                    .map_err(|e| {
+                        ctx.metrics.decision(DecisionLabel::approve_failed, reason);
+                        ApproveError {
+                            name: name.clone(),
+                            reason: format!(
+                                "record bootstrap token {token_id} used in ConfigMap {TOKEN_NAMESPACE}/{ISSUED_CONFIGMAP}: {}",
+                                flex_api::kube_errors::describe(&e)
+                            ),
+                        }
+                    })?;
+            }
             let body = approved(&csr, &message, Timestamp::now());
             ctx.apis
                 .csrs
@@ -780,8 +996,17 @@ async fn reconcile(
         }
         Decision::Retry(why) => {
             ctx.metrics.decision(DecisionLabel::retry, reason);
-            tracing::info!(csr = %name, reason = %why, retry_in_s = RETRY_AFTER.as_secs(), "CertificateSigningRequest not approvable yet");
-            Ok(Action::requeue(RETRY_AFTER))
+            let next = ctx
+                .retries
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .not_yet(&uid, &why, std::time::Instant::now());
+            if next.new_reason {
+                tracing::info!(csr = %name, reason = %why, retry_in_s = next.after.as_secs(), "CertificateSigningRequest not approvable yet; looked at again less often each time, and logged again only when the reason changes");
+            } else {
+                tracing::debug!(csr = %name, reason = %why, retry_in_s = next.after.as_secs(), "CertificateSigningRequest still not approvable");
+            }
+            Ok(Action::requeue(next.after))
         }
     }
 }
@@ -808,11 +1033,14 @@ pub async fn run(
     let ctx = Arc::new(Context {
         apis: Apis {
             csrs: csrs.clone(),
-            secrets: Api::namespaced(client, TOKEN_NAMESPACE),
+            secrets: Api::namespaced(client.clone(), TOKEN_NAMESPACE),
+            configmaps: Api::namespaced(client, TOKEN_NAMESPACE),
         },
         store,
         cfg,
         metrics,
+        retries: std::sync::Mutex::new(Retries::default()),
+        approving: tokio::sync::Mutex::new(()),
     });
     Controller::new(csrs, watcher::Config::default())
         .graceful_shutdown_on(async move { shutdown.cancelled_owned().await })

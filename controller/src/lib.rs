@@ -10,6 +10,8 @@
 //! - [`csr`]: the CSR approver (pure authorization decisions and the watch that applies them);
 //! - [`metrics`]: the controller's Prometheus metrics (`--metrics-bind-address`) and the timed
 //!   store;
+//! - [`policy`]: whether the daemons' admission policies are enforced (`/readyz` stays 503
+//!   until they are);
 //! - [`cli`]: flags and the run that ties them together;
 //! - [`logging`]: JSON logs on stdout.
 //!
@@ -22,6 +24,7 @@ pub mod cli;
 pub mod csr;
 pub mod logging;
 pub mod metrics;
+pub mod policy;
 pub mod server;
 pub mod store;
 

@@ -84,6 +84,9 @@ pub enum Why {
     list_failed,
     /// The node already holds a valid daemon certificate.
     already_holds_certificate,
+    /// The bootstrap token already got a daemon certificate (a token is used once), or the
+    /// record of tokens used could not be read.
+    token_used,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

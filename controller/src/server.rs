@@ -3,7 +3,8 @@
 //!
 //! | Path | Method | Response |
 //! |---|---|---|
-//! | `/healthz`, `/readyz` | any | 200 `ok\n` |
+//! | `/healthz` | any | 200 `ok\n` |
+//! | `/readyz` | any | 200 `ok\n`; 503 `not ready: <why>\n` while the daemons' admission policies are not enforced ([`crate::policy`]) |
 //! | `/machines/<name>` | GET | 200 the machine, re-encoded through the ARM model |
 //! | `/machines/<name>` | HEAD | 200, no body, after a successful read |
 //! | `/machines/<name>` | PUT, POST | body ignored; 200 the existing machine |
@@ -36,6 +37,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::metrics::{ControllerMetrics, RouteLabel};
+use crate::policy::Readiness;
 use crate::store::{MachineStore, StoreError};
 
 /// `ReadHeaderTimeout`.
@@ -105,8 +107,10 @@ fn hex(c: u8) -> Option<u8> {
 /// Which machine route a path is.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Route {
-    /// `/healthz`, `/readyz`.
+    /// `/healthz`.
     Health,
+    /// `/readyz`.
+    Ready,
     /// `/machines` (redirected).
     MachinesRoot,
     /// `/machines/<name>`.
@@ -123,7 +127,7 @@ pub enum Route {
 impl From<&Route> for RouteLabel {
     fn from(r: &Route) -> Self {
         match r {
-            Route::Health => RouteLabel::health,
+            Route::Health | Route::Ready => RouteLabel::health,
             Route::MachinesRoot => RouteLabel::machines_root,
             Route::Machine(_) => RouteLabel::machine,
             Route::Status(_) => RouteLabel::status,
@@ -136,7 +140,8 @@ impl From<&Route> for RouteLabel {
 /// Routes a request path: strip `/machines/`, trim `/` on both sides, split on `/`.
 pub fn route(path: &str) -> Route {
     match path {
-        "/healthz" | "/readyz" => return Route::Health,
+        "/healthz" => return Route::Health,
+        "/readyz" => return Route::Ready,
         "/machines" => return Route::MachinesRoot,
         _ => {}
     }
@@ -172,8 +177,8 @@ async fn read_machine(store: &dyn MachineStore, name: &str, head: bool) -> Reply
     }
 }
 
-/// Answers one request.
-pub async fn handle<B>(store: &dyn MachineStore, req: Request<B>) -> Reply
+/// Answers one request; `/readyz` as `ready` says.
+pub async fn handle<B>(store: &dyn MachineStore, ready: &Readiness, req: Request<B>) -> Reply
 where
     B: hyper::body::Body,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
@@ -181,6 +186,14 @@ where
     let method = req.method().clone();
     match route(req.uri().path()) {
         Route::Health => reply(StatusCode::OK, "text/plain; charset=utf-8", "ok\n"),
+        Route::Ready => match ready.why_not() {
+            None => reply(StatusCode::OK, "text/plain; charset=utf-8", "ok\n"),
+            Some(why) => reply(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "text/plain; charset=utf-8",
+                format!("not ready: {why}\n"),
+            ),
+        },
         Route::MachinesRoot => {
             let mut r = reply(
                 StatusCode::MOVED_PERMANENTLY,
@@ -277,6 +290,7 @@ impl Server {
         self,
         store: Arc<dyn MachineStore>,
         metrics: Arc<ControllerMetrics>,
+        ready: Arc<Readiness>,
         shutdown: CancellationToken,
         shutdown_timeout: Duration,
     ) -> anyhow::Result<()> {
@@ -296,12 +310,12 @@ impl Server {
                             continue;
                         }
                     };
-                    let (store, metrics) = (store.clone(), metrics.clone());
+                    let (store, metrics, ready) = (store.clone(), metrics.clone(), ready.clone());
                     let svc = service_fn(move |req: Request<Incoming>| {
-                        let (store, metrics) = (store.clone(), metrics.clone());
+                        let (store, metrics, ready) = (store.clone(), metrics.clone(), ready.clone());
                         async move {
                             let route = route(req.uri().path());
-                            let reply = handle(store.as_ref(), req).await;
+                            let reply = handle(store.as_ref(), &ready, req).await;
                             metrics.request(RouteLabel::from(&route), reply.status().as_u16());
                             Ok::<_, Infallible>(reply)
                         }
@@ -339,7 +353,7 @@ mod tests {
     fn route_table() {
         let cases = [
             ("/healthz", Route::Health),
-            ("/readyz", Route::Health),
+            ("/readyz", Route::Ready),
             ("/machines", Route::MachinesRoot),
             ("/machines/", Route::InvalidName),
             ("/machines///", Route::InvalidName),
@@ -360,6 +374,36 @@ mod tests {
         for (path, want) in cases {
             assert_eq!(route(path), want, "{path}");
         }
+    }
+
+    /// `/readyz` says why the controller is not ready (503) until it is; `/healthz` is 200
+    /// either way (the process is alive).
+    #[tokio::test]
+    async fn readyz_follows_the_readiness_and_healthz_does_not() {
+        let store = crate::store::MemoryStore::new();
+        let ready = Readiness::not_ready("ValidatingAdmissionPolicy x is not there");
+        let get = |path: &str| {
+            Request::get(path)
+                .body(http_body_util::Empty::<Bytes>::new())
+                .unwrap()
+        };
+        let body = |r: Reply| async move {
+            String::from_utf8(r.into_body().collect().await.unwrap().to_bytes().to_vec()).unwrap()
+        };
+        let r = handle(&store, &ready, get("/readyz")).await;
+        assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(
+            body(r).await,
+            "not ready: ValidatingAdmissionPolicy x is not there\n"
+        );
+        let r = handle(&store, &ready, get("/healthz")).await;
+        assert_eq!(r.status(), StatusCode::OK);
+        ready.set(Ok(()));
+        let r = handle(&store, &ready, get("/readyz")).await;
+        assert_eq!(
+            (r.status(), body(r).await.as_str()),
+            (StatusCode::OK, "ok\n")
+        );
     }
 
     #[test]

@@ -3,7 +3,9 @@
 //! in-memory store behind the same trait ([`MemoryStore`], for tests and local runs).
 //!
 //! Both look machines up the same way ([`lookup`]): the data key `<machine>.json`, then
-//! `<machine>`; the value trimmed and parsed as ARM machine JSON. A missing ConfigMap, a value
+//! `<machine>`; the value trimmed and parsed as ARM machine JSON. Each key names one machine:
+//! `x.json` is machine `x`, never a machine called `x.json`, which is not found (else node1's
+//! key would also answer for `node1.json`, a name the held-certificate check knows nothing of). A missing ConfigMap, a value
 //! that does not parse and an API error make the store unavailable (the server answers 503); a
 //! missing key is "not found" (404).
 
@@ -49,6 +51,11 @@ pub fn lookup(
             "machine config map {namespace}/{config_map} not found"
         )));
     };
+    // `<m>.json` is machine `m`'s key: a name that ends in `.json` would read another
+    // machine's entry through the bare-key fallback.
+    if machine.ends_with(".json") {
+        return Err(StoreError::NotFound(machine.to_string()));
+    }
     let json_key = format!("{machine}.json");
     let (key, value) = match data.get(&json_key) {
         Some(v) => (json_key.as_str(), v),
@@ -218,6 +225,11 @@ mod tests {
         assert_eq!(
             lookup(Some(&d), "ns", "cm", "n3").unwrap_err(),
             StoreError::NotFound("n3".into())
+        );
+        // `n1.json` is n1's key, not a machine of that name.
+        assert_eq!(
+            lookup(Some(&d), "ns", "cm", "n1.json").unwrap_err(),
+            StoreError::NotFound("n1.json".into())
         );
         let e = lookup(Some(&d), "ns", "cm", "bad").unwrap_err();
         assert!(

@@ -39,7 +39,7 @@ fn find<'a>(objs: &'a [Value], kind: &str, name: &str) -> &'a Value {
 #[test]
 fn every_object_is_named_and_placed() {
     let objs = objects();
-    assert_eq!(objs.len(), 23);
+    assert_eq!(objs.len(), 24);
     for o in &objs {
         let kind = o["kind"].as_str().unwrap();
         assert!(o["apiVersion"].is_string(), "{o}");
@@ -186,6 +186,25 @@ fn rbac_grants_what_is_used() {
         |r| r["resources"][0] == "certificatesigningrequests/approval"
             && r["verbs"] == serde_json::json!(["update"])
     ));
+    // The policy check reads exactly the policies and bindings it checks, and the manifests
+    // define each of them.
+    let policy = rules
+        .iter()
+        .find(|r| r["apiGroups"][0] == "admissionregistration.k8s.io")
+        .unwrap();
+    assert_eq!(policy["verbs"], serde_json::json!(["get"]));
+    let names: Vec<&str> = policy["resourceNames"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n.as_str().unwrap())
+        .collect();
+    assert_eq!(names, aks_flex_controller::policy::POLICIES);
+    for name in aks_flex_controller::policy::POLICIES {
+        find(&objs, "ValidatingAdmissionPolicy", name);
+        let b = find(&objs, "ValidatingAdmissionPolicyBinding", name);
+        assert_eq!(b["spec"]["policyName"], *name);
+    }
     let cm = find(
         &objs,
         "Role",
@@ -195,6 +214,20 @@ fn rbac_grants_what_is_used() {
         cm["rules"][0]["resourceNames"][0],
         defaults.machine_configmap_name.as_str()
     );
+    assert_eq!(cm["rules"][0]["verbs"], serde_json::json!(["get"]));
+    // The record of tokens used: the one ConfigMap the controller writes, shipped empty.
+    assert_eq!(
+        cm["rules"][1]["resourceNames"],
+        serde_json::json!([aks_flex_controller::csr::ISSUED_CONFIGMAP])
+    );
+    assert_eq!(cm["rules"][1]["verbs"], serde_json::json!(["get", "patch"]));
+    let issued = find(
+        &objs,
+        "ConfigMap",
+        aks_flex_controller::csr::ISSUED_CONFIGMAP,
+    );
+    assert_eq!(issued["metadata"]["namespace"], "kube-system");
+    assert_eq!(issued["data"], serde_json::json!({}));
     let proxy = find(&objs, "Role", "aks-flex-controller-service-proxy-reader");
     assert_eq!(
         proxy["rules"][0]["resourceNames"][0],

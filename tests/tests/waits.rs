@@ -68,6 +68,11 @@ const TIMERS: &[(&str, usize, &str)] = &[
         1,
         "the graceful shutdown's drain pause, not a wait for a condition",
     ),
+    (
+        "controller/src/policy.rs",
+        1,
+        "the admission policies' recheck period (a check every minute for as long as the controller runs, not a wait for a condition): an arm of a select! with shutdown",
+    ),
 ];
 
 fn sleeps(text: &str) -> usize {

@@ -37,6 +37,27 @@ pub async fn discover(client: &kube::Client) -> Discovery {
     }
 }
 
+/// Whether the API server serves ValidatingAdmissionPolicies
+/// ([`flex_api::machina::ADMISSION_POLICY_API`]), which confine a node's daemon to its own
+/// operations; `None` when it could not tell (an error other than a 404).
+pub async fn admission_policies_served(client: &kube::Client) -> Option<bool> {
+    match client
+        .list_api_group_resources(flex_api::machina::ADMISSION_POLICY_API)
+        .await
+    {
+        Ok(list) => Some(
+            list.resources
+                .iter()
+                .any(|r| r.name == "validatingadmissionpolicies"),
+        ),
+        Err(kube::Error::Api(s)) if s.code == 404 => Some(false),
+        Err(_) => None,
+    }
+}
+
+/// The daemon's warning when [`admission_policies_served`] says no.
+pub const NO_ADMISSION_POLICIES: &str = "the API server serves no admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy (Kubernetes 1.30 or later is needed): nothing but RBAC confines node daemons, so any node's daemon could finish, claim or delete this node's MachineOperations (docs/security.md)";
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)] // test code: a panic is a failure

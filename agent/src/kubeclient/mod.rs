@@ -59,7 +59,7 @@ use flex_host::secret::Secret;
 
 pub use credentials::{CredentialTimings, DaemonCredentials};
 pub use csr::{csr_name, csr_pem, csr_resource};
-pub use discovery::{Discovery, discover};
+pub use discovery::{Discovery, NO_ADMISSION_POLICIES, admission_policies_served, discover};
 pub use store::{Issued, Validity, needs_rotation, rotation_deadline};
 
 /// Where the daemon's client credentials live (mode 0700).

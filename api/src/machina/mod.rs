@@ -38,6 +38,16 @@ pub const GROUP: &str = "unbounded-cloud.io";
 /// The API version.
 pub const VERSION: &str = "v1alpha3";
 
+/// The group version of the admission policies that confine a node's daemon to its own
+/// operations and disruption slot (Kubernetes 1.30 or later serves it).
+pub const ADMISSION_POLICY_API: &str = "admissionregistration.k8s.io/v1";
+/// Those ValidatingAdmissionPolicies, each bound by a ValidatingAdmissionPolicyBinding of the
+/// same name (`deploy/controller`: `admission.yaml`, `disruption.yaml`).
+pub const DAEMON_POLICIES: &[&str] = &[
+    "aks-flex-node-daemon-machineoperations",
+    "aks-flex-node-daemon-disruption-budget",
+];
+
 /// The one condition type the agent writes on an operation.
 pub const CONDITION_COMPLETED: &str = "Completed";
 

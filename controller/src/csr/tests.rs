@@ -476,14 +476,49 @@ fn issued(
 }
 
 /// The API [`decide`] reads, faked by a mock server: GETs of
-/// `kube-system/bootstrap-token-abcdef` answered with `secret` (or 404), and LISTs of
-/// CertificateSigningRequests (with the signer field selector) answered with `csrs`.
+/// `kube-system/bootstrap-token-abcdef` answered with `secret` (or 404), LISTs of
+/// CertificateSigningRequests (with the signer field selector) answered with `csrs`, and GETs of
+/// the record of tokens used, empty.
 fn apis(secret: Option<Secret>, csrs: Vec<CertificateSigningRequest>) -> Apis {
+    apis_with_issued(secret, csrs, Some(BTreeMap::new()))
+}
+
+/// [`apis`], with the record of tokens used holding `issued` (`None`: no ConfigMap).
+fn apis_with_issued(
+    secret: Option<Secret>,
+    csrs: Vec<CertificateSigningRequest>,
+    issued: Option<BTreeMap<String, String>>,
+) -> Apis {
     let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
     tokio::spawn(async move {
         while let Some((req, send)) = handle.next_request().await {
             let path = req.uri().path().to_string();
-            let resp = if path == "/apis/certificates.k8s.io/v1/certificatesigningrequests" {
+            let not_found = || {
+                Response::builder()
+                    .status(404)
+                    .body(Body::from(
+                        br#"{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"NotFound","code":404}"#.to_vec(),
+                    ))
+                    .unwrap()
+            };
+            let resp = if path
+                == format!("/api/v1/namespaces/kube-system/configmaps/{ISSUED_CONFIGMAP}")
+            {
+                match &issued {
+                    Some(data) => Response::builder()
+                        .status(200)
+                        .body(Body::from(
+                            serde_json::to_vec(&serde_json::json!({
+                                "apiVersion": "v1", "kind": "ConfigMap",
+                                "metadata": {"name": ISSUED_CONFIGMAP, "namespace": "kube-system"},
+                                "data": data,
+                            }))
+                            .unwrap(),
+                        ))
+                        .unwrap(),
+                    None => not_found(),
+                }
+            } else if path == "/apis/certificates.k8s.io/v1/certificatesigningrequests" {
                 assert_eq!(
                     req.uri().query(),
                     Some("&fieldSelector=spec.signerName%3Dkubernetes.io%2Fkube-apiserver-client"),
@@ -522,7 +557,8 @@ fn apis(secret: Option<Secret>, csrs: Vec<CertificateSigningRequest>) -> Apis {
     let client = kube::Client::new(svc, "default");
     Apis {
         secrets: Api::namespaced(client.clone(), TOKEN_NAMESPACE),
-        csrs: Api::all(client),
+        csrs: Api::all(client.clone()),
+        configmaps: Api::namespaced(client, TOKEN_NAMESPACE),
     }
 }
 
@@ -652,6 +688,11 @@ async fn a_token_bootstraps_only_the_node_that_names_it() {
         decide(&bootstrap_csr("node3"), &cfg(), &a, &store, now).await,
         Decision::Retry(m) if m.contains("names no bootstrap token")
     ));
+    // node1's key is no machine `node1.json`: node1's token gets no certificate for that name.
+    assert_eq!(
+        decide(&bootstrap_csr("node1.json"), &cfg(), &a, &store, now).await,
+        Decision::Retry("machine \"node1.json\" is not registered".into())
+    );
 }
 
 /// A node that holds an unexpired daemon certificate is not issued another through a
@@ -705,4 +746,159 @@ async fn a_credentialed_node_gets_no_second_certificate_by_token() {
         Some(("first".into(), "2026-06-30T00:00:00Z".into()))
     );
     assert_eq!(held_certificate("node2", &[held], now), None);
+}
+
+/// A request that is not approvable is looked at again after 15 s, then 30 s, 60 s, … up to
+/// 15 minutes, its reason logged only when it changes; another request has its own count, and a
+/// request forgotten (approved, ignored) or not seen for a day starts again.
+#[test]
+fn a_request_not_approvable_is_looked_at_less_and_less_often() {
+    let t0 = std::time::Instant::now();
+    let mut r = Retries::default();
+    let secs = |n: &NextLook| n.after.as_secs();
+    let first = r.not_yet("a", "machine \"n\" is not registered", t0);
+    assert_eq!((secs(&first), first.new_reason), (15, true));
+    let waits: Vec<u64> = (0..8)
+        .map(|_| secs(&r.not_yet("a", "machine \"n\" is not registered", t0)))
+        .collect();
+    assert_eq!(waits, [30, 60, 120, 240, 480, 900, 900, 900]);
+    let changed = r.not_yet("a", "token not bound", t0);
+    assert!(changed.new_reason);
+    assert_eq!(secs(&changed), 900, "a new reason does not reset the wait");
+    assert!(!r.not_yet("a", "token not bound", t0).new_reason);
+    assert_eq!(secs(&r.not_yet("b", "x", t0)), 15, "each request its own");
+    r.forget("a");
+    assert_eq!(secs(&r.not_yet("a", "x", t0)), 15);
+    assert_eq!(r.len(), 2);
+    let later = t0 + Duration::from_secs(25 * 3600);
+    r.not_yet("c", "x", later);
+    assert_eq!(r.len(), 1, "a and b, not seen for a day, are dropped");
+    assert!(!r.is_empty());
+}
+
+/// `req` named `name`, with conditions of these types and no certificate.
+fn with_conditions(
+    mut req: CertificateSigningRequest,
+    name: &str,
+    types: &[&str],
+) -> CertificateSigningRequest {
+    req.metadata.name = Some(name.into());
+    req.status = Some(CertificateSigningRequestStatus {
+        conditions: Some(
+            types
+                .iter()
+                .map(
+                    |t| k8s_openapi::api::certificates::v1::CertificateSigningRequestCondition {
+                        type_: t.to_string(),
+                        status: "True".into(),
+                        ..Default::default()
+                    },
+                )
+                .collect(),
+        ),
+        ..Default::default()
+    });
+    req
+}
+
+/// Two requests of one token, the first approved but not yet signed: the second is not
+/// approved (it would be, were only issued certificates counted). A denied or failed first
+/// request, another node's, or the request itself does not count.
+#[tokio::test]
+async fn an_approved_request_awaiting_its_certificate_counts_as_held() {
+    let now: Timestamp = "2026-06-01T00:00:00Z".parse().unwrap();
+    let store = MemoryStore::new();
+    store.insert("node1.json", BOUND);
+    let approved = with_conditions(bootstrap_csr("node1"), "first", &["Approved"]);
+    let a = apis(Some(with(&[])), vec![approved.clone()]);
+    let second = decide(&bootstrap_csr("node1"), &cfg(), &a, &store, now).await;
+    assert!(
+        matches!(&second, Decision::Retry(m) if m.contains("CertificateSigningRequest first") && m.contains("awaiting its certificate")),
+        "{second:?}"
+    );
+    assert_eq!(
+        approved_unsigned("node1", "first", std::slice::from_ref(&approved)),
+        None,
+        "the request itself"
+    );
+    assert_eq!(
+        approved_unsigned("node2", "x", std::slice::from_ref(&approved)),
+        None
+    );
+    for settled in [
+        with_conditions(bootstrap_csr("node1"), "first", &["Approved", "Failed"]),
+        with_conditions(bootstrap_csr("node1"), "first", &["Denied"]),
+        with_conditions(bootstrap_csr("node1"), "first", &[]),
+    ] {
+        let a = apis(Some(with(&[])), vec![settled]);
+        assert!(matches!(
+            decide(&bootstrap_csr("node1"), &cfg(), &a, &store, now).await,
+            Decision::Approve(_)
+        ));
+    }
+}
+
+/// A token is used once: the record of tokens used (written before each bootstrap approval)
+/// refuses a second request with it, for the same node or another, also once the first request
+/// is gone; the request it was recorded for may still be approved (its approval failed after
+/// the record). Without the record's ConfigMap nothing is approved (fail closed).
+#[tokio::test]
+async fn a_bootstrap_token_gets_one_daemon_certificate_for_good() {
+    let now: Timestamp = "2026-06-01T00:00:00Z".parse().unwrap();
+    let store = MemoryStore::new();
+    store.insert("node1.json", BOUND);
+    let used = |request: &str| {
+        let mut m = BTreeMap::new();
+        m.insert(
+            "abcdef".to_string(),
+            serde_json::to_string(&IssuedToken {
+                node: "node1".into(),
+                request: request.into(),
+            })
+            .unwrap(),
+        );
+        Some(m)
+    };
+    let a = apis_with_issued(Some(with(&[])), vec![], used("first-request"));
+    let (d, why) = decide_why(&bootstrap_csr("node1"), &cfg(), &a, &store, now).await;
+    assert!(
+        matches!(&d, Decision::Retry(m) if m.contains("bootstrap token abcdef already got a daemon certificate, for node node1 (CertificateSigningRequest first-request): a token is used once")),
+        "{d:?}"
+    );
+    assert_eq!(why, Why::token_used);
+    // The request the token was recorded for.
+    let this = bootstrap_csr("node1").metadata.name.unwrap();
+    let a = apis_with_issued(Some(with(&[])), vec![], used(&this));
+    assert!(matches!(
+        decide(&bootstrap_csr("node1"), &cfg(), &a, &store, now).await,
+        Decision::Approve(_)
+    ));
+    // A renewal never reads the record.
+    let a = apis_with_issued(Some(with(&[])), vec![], used("first-request"));
+    assert!(matches!(
+        decide(&renewal_csr("node1"), &cfg(), &a, &store, now).await,
+        Decision::Approve(_)
+    ));
+    let a = apis_with_issued(Some(with(&[])), vec![], None);
+    assert!(matches!(
+        decide(&bootstrap_csr("node1"), &cfg(), &a, &store, now).await,
+        Decision::Retry(m) if m.contains("is missing: apply deploy/controller")
+    ));
+    let mut garbled = BTreeMap::new();
+    garbled.insert("abcdef".to_string(), "not json".to_string());
+    assert!(
+        token_used(Some(&garbled), "abcdef", "x")
+            .unwrap()
+            .contains("counts as used")
+    );
+    assert_eq!(
+        issued_patch(
+            "abcdef",
+            &IssuedToken {
+                node: "n".into(),
+                request: "r".into()
+            }
+        ),
+        serde_json::json!({"data": {"abcdef": "{\"node\":\"n\",\"request\":\"r\"}"}})
+    );
 }

@@ -290,6 +290,8 @@ pub const LOCAL_CONTROLLER_MANIFESTS: &[&str] = &[
     "configmap.yaml",
     "rbac.yaml",
     "admission.yaml",
+    // The controller is unready until both policies are there (controller/src/policy.rs).
+    "disruption.yaml",
 ];
 
 /// Waits up to `timeout` for the controller to answer `/readyz`; the error holds its log.

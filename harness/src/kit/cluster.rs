@@ -392,11 +392,14 @@ pub async fn remove_machine_entry(e: &Env<'_>, node: &str) -> anyhow::Result<()>
     patch_machine_store(e, "json", &patch).await
 }
 
-/// The administrator's re-admission of a reset node: deletes the daemon's earlier
-/// CertificateSigningRequests (label `app.kubernetes.io/managed-by=aks-flex-node`). The
-/// controller's approver issues no certificate through a bootstrap token to a node that holds a
-/// valid one, and a reset node's certificate went with its state; without this the re-joining
-/// daemon would wait for an approval that never comes (as it should, for a leaked token).
+/// The administrator's re-admission of a reset node that bootstraps again with its token:
+/// deletes the daemon's earlier CertificateSigningRequests (label
+/// `app.kubernetes.io/managed-by=aks-flex-node`) and empties the approver's record of the
+/// tokens used (`kube-system/aks-flex-issued-tokens`; the harness's cluster has one node). The
+/// approver issues no certificate through a bootstrap token to a node that holds a valid one, nor
+/// through a token used before, and a reset node's certificate went with its state; without
+/// this the re-joining daemon would wait for an approval that never comes (as it should, for a
+/// leaked token).
 pub async fn readmit(e: &Env<'_>) -> anyhow::Result<()> {
     e.kubectl
         .run([
@@ -405,6 +408,19 @@ pub async fn readmit(e: &Env<'_>) -> anyhow::Result<()> {
             "-l",
             "app.kubernetes.io/managed-by=aks-flex-node",
             "--ignore-not-found",
+        ])
+        .await?;
+    e.kubectl
+        .run([
+            "-n",
+            "kube-system",
+            "patch",
+            "configmap",
+            "aks-flex-issued-tokens",
+            "--type",
+            "merge",
+            "-p",
+            r#"{"data":null}"#,
         ])
         .await?;
     Ok(())

@@ -132,6 +132,10 @@ pub async fn enabled(
         }
         Guard::Enable => {
             tracing::info!("{API_FOUND}");
+            // Once per start: whether anything but RBAC confines the daemons.
+            if crate::kubeclient::admission_policies_served(&kube.current()).await == Some(false) {
+                tracing::warn!("{}", crate::kubeclient::NO_ADMISSION_POLICIES);
+            }
             Ok(Some(true))
         }
         Guard::Fail(why) | Guard::Retry(why) => Err(anyhow::anyhow!(why)),
@@ -328,13 +332,38 @@ mod tests {
     /// Real: the guard, discovery and the decision's log lines. Faked: the API server.
     #[tokio::test]
     async fn the_guard_enables_skips_or_fails_the_daemon() {
-        let (r, n, text) = enabled_with("auto", |_| {
-            Reply::Json(200, resources(&["machineoperations"]))
+        // The API found; the admission policies' API not served (an older cluster): a
+        // warning, once.
+        let (r, n, text) = enabled_with("auto", |s| {
+            if s.path() == "/apis/admissionregistration.k8s.io/v1" {
+                Reply::status(404, "NotFound", "not found")
+            } else {
+                Reply::Json(200, resources(&["machineoperations"]))
+            }
         })
         .await;
         assert_eq!(r.unwrap(), Some(true));
-        assert_eq!(n, 1);
+        assert_eq!(n, 2, "the Flex API, then the admission API");
         assert!(text.contains(API_FOUND), "{text}");
+        assert_eq!(
+            text.matches(crate::kubeclient::NO_ADMISSION_POLICIES)
+                .count(),
+            1,
+            "{text}"
+        );
+        // Both served: no warning.
+        let (r, _, text) = enabled_with("auto", |_| {
+            Reply::Json(
+                200,
+                resources(&["machineoperations", "validatingadmissionpolicies"]),
+            )
+        })
+        .await;
+        assert_eq!(r.unwrap(), Some(true));
+        assert!(
+            !text.contains(crate::kubeclient::NO_ADMISSION_POLICIES),
+            "{text}"
+        );
 
         let (r, _, text) = enabled_with("", |_| Reply::status(404, "NotFound", "not found")).await;
         assert_eq!(r.unwrap(), Some(false));
