@@ -18,9 +18,11 @@
 //! carry `Content-Type: application/json`. Other paths get Go's `404 page not found`, and
 //! `/machines` redirects to `/machines/` as Go's `ServeMux` does.
 //!
-//! [`Server`] serves HTTP/1.1 with a 10 s header read timeout and stops gracefully: on
-//! shutdown it stops accepting, lets requests in flight finish within the shutdown timeout, then
-//! closes what is left.
+//! [`Server`] serves HTTP/1.1 within [`LIMITS`]: at most 256 connections at once (more are
+//! closed when accepted), a request's headers within 10 s, a connection (keep-alive included)
+//! at most 60 s; and stops gracefully: on shutdown it stops accepting, lets requests in flight
+//! finish within the shutdown timeout, then closes what is left. So a flood of callers costs a
+//! bounded number of tasks.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -252,9 +254,18 @@ where
     }
 }
 
+/// The machine endpoint's limits: the metrics endpoint's kind ([`flex_metrics::Limits`]), set
+/// for the API server's service proxy, which may keep a connection for several requests.
+pub const LIMITS: flex_metrics::Limits = flex_metrics::Limits {
+    max_connections: 256,
+    header_read_timeout: HEADER_READ_TIMEOUT,
+    connection_timeout: Duration::from_secs(60),
+};
+
 /// The HTTP server, bound.
 pub struct Server {
     listener: TcpListener,
+    limits: flex_metrics::Limits,
 }
 
 /// The addresses tried for a Go-style listen address: `:8080` means every interface (IPv6 and
@@ -272,7 +283,12 @@ impl Server {
         let mut last = None;
         for candidate in listen_candidates(address) {
             match TcpListener::bind(&candidate).await {
-                Ok(listener) => return Ok(Self { listener }),
+                Ok(listener) => {
+                    return Ok(Self {
+                        listener,
+                        limits: LIMITS,
+                    });
+                }
                 Err(e) => last = Some(anyhow::anyhow!("listen on {candidate}: {e}")),
             }
         }
@@ -282,6 +298,13 @@ impl Server {
     /// The bound address.
     pub fn local_addr(&self) -> anyhow::Result<SocketAddr> {
         Ok(self.listener.local_addr()?)
+    }
+
+    /// The same server within `limits` instead of [`LIMITS`].
+    #[must_use]
+    pub fn with_limits(mut self, limits: flex_metrics::Limits) -> Self {
+        self.limits = limits;
+        self
     }
 
     /// Serves until `shutdown` is cancelled, then drains connections for at most
@@ -295,10 +318,12 @@ impl Server {
         shutdown_timeout: Duration,
     ) -> anyhow::Result<()> {
         let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+        let limits = self.limits;
+        let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
         let mut builder = hyper::server::conn::http1::Builder::new();
         builder
             .timer(TokioTimer::new())
-            .header_read_timeout(HEADER_READ_TIMEOUT);
+            .header_read_timeout(limits.header_read_timeout);
         loop {
             tokio::select! {
                 accepted = self.listener.accept() => {
@@ -309,6 +334,11 @@ impl Server {
                             tokio::time::sleep(Duration::from_millis(100)).await;
                             continue;
                         }
+                    };
+                    let Ok(slot) = slots.clone().try_acquire_owned() else {
+                        tracing::debug!(peer = %peer, limit = limits.max_connections, "connection limit reached; closing");
+                        drop(stream);
+                        continue;
                     };
                     let (store, metrics, ready) = (store.clone(), metrics.clone(), ready.clone());
                     let svc = service_fn(move |req: Request<Incoming>| {
@@ -322,9 +352,12 @@ impl Server {
                     });
                     let conn = graceful.watch(builder.serve_connection(TokioIo::new(stream), svc));
                     tokio::spawn(async move {
-                        if let Err(e) = conn.await {
-                            tracing::debug!(peer = %peer, error = %e, "connection ended with an error");
+                        match tokio::time::timeout(limits.connection_timeout, conn).await {
+                            Ok(Ok(())) => {}
+                            Ok(Err(e)) => tracing::debug!(peer = %peer, error = %e, "connection ended with an error"),
+                            Err(_) => tracing::debug!(peer = %peer, "connection reached its time limit; closed"),
                         }
+                        drop(slot);
                     });
                 }
                 () = shutdown.cancelled() => break,

@@ -1,5 +1,6 @@
 //! Where machines come from: the [`MachineStore`] trait, the ConfigMap store the controller
-//! runs with ([`ConfigMapStore`], `kube-system/aks-flex-machines` read on every request) and an
+//! runs with ([`ConfigMapStore`], `kube-system/aks-flex-machines`, read at most once every
+//! [`CACHE_FOR`], whatever the number of callers) and an
 //! in-memory store behind the same trait ([`MemoryStore`], for tests and local runs).
 //!
 //! Both look machines up the same way ([`lookup`]): the data key `<machine>.json`, then
@@ -10,7 +11,8 @@
 //! missing key is "not found" (404).
 
 use std::collections::BTreeMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use flex_api::arm::{ArmMachine, parse_arm_machine};
@@ -71,12 +73,25 @@ pub fn lookup(
     })
 }
 
-/// The ConfigMap store: GET `<namespace>/<name>` on every lookup (no cache).
+/// How long one read of the machine ConfigMap answers every lookup. Machine reads come from
+/// every node's daemon through the service proxy and from the CSR approver, under one identity:
+/// read once per this period, a flood of requests costs the API server nothing more, and a
+/// change to the ConfigMap is seen this much later at most.
+pub const CACHE_FOR: Duration = Duration::from_secs(2);
+
+/// One read of the ConfigMap: its `data` (`None`: no ConfigMap), or why it could not be read.
+type Read = Result<Option<BTreeMap<String, String>>, StoreError>;
+
+/// The ConfigMap store: GET `<namespace>/<name>`, at most once every [`CACHE_FOR`]. Lookups
+/// that come while a read is on its way wait for it (one read for all of them); a failed read
+/// is kept as long as a good one, so a failing API server is not asked more often either.
 #[derive(Clone)]
 pub struct ConfigMapStore {
     api: Api<ConfigMap>,
     namespace: String,
     name: String,
+    cache_for: Duration,
+    last: Arc<tokio::sync::Mutex<Option<(Instant, Read)>>>,
 }
 
 impl ConfigMapStore {
@@ -86,22 +101,43 @@ impl ConfigMapStore {
             api: Api::namespaced(client, namespace),
             namespace: namespace.to_string(),
             name: name.to_string(),
+            cache_for: CACHE_FOR,
+            last: Arc::new(tokio::sync::Mutex::new(None)),
         }
+    }
+
+    /// The same store, each read answering lookups for `cache_for` (zero: a read per lookup).
+    #[must_use]
+    pub fn with_cache_for(mut self, cache_for: Duration) -> Self {
+        self.cache_for = cache_for;
+        self
+    }
+
+    async fn read(&self) -> Read {
+        let mut last = self.last.lock().await;
+        if let Some((at, read)) = last.as_ref()
+            && at.elapsed() < self.cache_for
+        {
+            return read.clone();
+        }
+        let read = match self.api.get_opt(&self.name).await {
+            Ok(cm) => Ok(cm.map(|cm| cm.data.unwrap_or_default())),
+            Err(e) => Err(StoreError::Unavailable(format!(
+                "read machine config map {}/{}: {}",
+                self.namespace,
+                self.name,
+                flex_api::kube_errors::describe(&e)
+            ))),
+        };
+        *last = Some((Instant::now(), read.clone()));
+        read
     }
 }
 
 #[async_trait]
 impl MachineStore for ConfigMapStore {
     async fn get(&self, machine: &str) -> Result<ArmMachine, StoreError> {
-        let cm = self.api.get_opt(&self.name).await.map_err(|e| {
-            StoreError::Unavailable(format!(
-                "read machine config map {}/{}: {}",
-                self.namespace,
-                self.name,
-                flex_api::kube_errors::describe(&e)
-            ))
-        })?;
-        let data = cm.map(|cm| cm.data.unwrap_or_default());
+        let data = self.read().await?;
         lookup(data.as_ref(), &self.namespace, &self.name, machine)
     }
 }
@@ -268,6 +304,7 @@ mod tests {
             "kube-system",
             "aks-flex-machines",
         )
+        .with_cache_for(Duration::ZERO)
     }
 
     #[tokio::test]
@@ -304,6 +341,67 @@ mod tests {
                 && e.contains("etcd timeout"),
             "{e}"
         );
+    }
+
+    /// Faked: the API server (kube's `tower_test` mock), counting its GETs. 300 concurrent
+    /// lookups cost one GET; a lookup after the cache period another; a failed read is kept
+    /// for the period too.
+    #[tokio::test]
+    async fn config_map_store_reads_once_per_period_whatever_the_callers() {
+        use http::{Request, Response};
+        use kube::client::Body;
+        let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let gets = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = gets.clone();
+        tokio::spawn(async move {
+            while let Some((_req, send)) = handle.next_request().await {
+                let n = counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                // A slow API server: every lookup arrives while the first read is on its way.
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                let (status, body) = if n == 1 {
+                    (500, r#"{"kind":"Status","apiVersion":"v1","status":"Failure","message":"etcd timeout","reason":"InternalError","code":500}"#.to_string())
+                } else {
+                    (
+                        200,
+                        serde_json::json!({"apiVersion":"v1","kind":"ConfigMap",
+                        "metadata":{"name":"aks-flex-machines","namespace":"kube-system"},
+                        "data":{"n1.json": "{\"name\":\"n1\"}"}})
+                        .to_string(),
+                    )
+                };
+                send.send_response(
+                    Response::builder()
+                        .status(status)
+                        .body(Body::from(body.into_bytes()))
+                        .unwrap(),
+                );
+            }
+        });
+        let store = ConfigMapStore::new(
+            kube::Client::new(svc, "default"),
+            "kube-system",
+            "aks-flex-machines",
+        )
+        .with_cache_for(Duration::from_millis(300));
+        let count = || gets.load(std::sync::atomic::Ordering::SeqCst);
+        let lookups: Vec<_> = (0..300)
+            .map(|_| {
+                let s = store.clone();
+                tokio::spawn(async move { s.get("n1").await })
+            })
+            .collect();
+        for l in lookups {
+            assert_eq!(l.await.unwrap().unwrap().name.as_deref(), Some("n1"));
+        }
+        assert_eq!(count(), 1, "one GET for 300 lookups");
+        tokio::time::sleep(Duration::from_millis(350)).await;
+        assert!(store.get("n1").await.is_err(), "the second read failed");
+        assert!(store.get("n1").await.is_err(), "and is kept for the period");
+        assert_eq!(count(), 2);
+        tokio::time::sleep(Duration::from_millis(350)).await;
+        assert!(store.get("n1").await.is_ok());
+        assert_eq!(count(), 3);
+        assert_eq!(CACHE_FOR, Duration::from_secs(2));
     }
 
     #[tokio::test]

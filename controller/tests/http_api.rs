@@ -343,3 +343,118 @@ async fn the_approver_without_a_client_is_an_error_that_stops_the_server() {
     .unwrap_err();
     assert_eq!(e.to_string(), "the CSR approver needs a Kubernetes client");
 }
+
+/// Real server and sockets: connections over the limit are closed when accepted, an idle one
+/// is closed at the header timeout (freeing its slot), a connection lives at most its time
+/// limit, and machines are served all along; then a flood of 500 concurrent requests against
+/// the shipped limits is answered (200) or closed, never left hanging, and the endpoint
+/// answers afterwards.
+#[tokio::test]
+async fn connections_are_capped_idle_ones_closed_and_a_flood_leaves_it_serving() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let store = Arc::new(MemoryStore::new());
+    store.insert("node1.json", MACHINE);
+    let limits = flex_metrics::Limits {
+        max_connections: 2,
+        header_read_timeout: Duration::from_millis(300),
+        connection_timeout: Duration::from_secs(2),
+    };
+    let server = Server::bind("127.0.0.1:0")
+        .await
+        .unwrap()
+        .with_limits(limits);
+    let addr = server.local_addr().unwrap();
+    let shutdown = CancellationToken::new();
+    let args = Args::try_parse_from(["x", "--shutdown-timeout=1s"]).unwrap();
+    let task = {
+        let (store, shutdown) = (store.clone(), shutdown.clone());
+        tokio::spawn(async move {
+            aks_flex_controller::run_with(&args, server, store, None, Default::default(), shutdown)
+                .await
+        })
+    };
+    let _first = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let mut second = tokio::net::TcpStream::connect(addr).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let mut over = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let mut buf = [0u8; 64];
+    let n = tokio::time::timeout(Duration::from_secs(2), over.read(&mut buf))
+        .await
+        .expect("the third connection is closed at once")
+        .unwrap_or(0);
+    assert_eq!(n, 0, "closed without an answer");
+    // Both idle ones are closed at the header timeout: the slots are free again.
+    let mut rest = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(2), second.read_to_end(&mut rest))
+        .await
+        .expect("the idle connection is closed at the header timeout");
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let mut ok = tokio::net::TcpStream::connect(addr).await.unwrap();
+    ok.write_all(b"GET /machines/node1 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut answer = String::new();
+    tokio::time::timeout(Duration::from_secs(2), ok.read_to_string(&mut answer))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200 OK"), "{answer}");
+    shutdown.cancel();
+    task.await.unwrap().unwrap();
+
+    // The shipped limits under a flood.
+    let server = Server::bind("127.0.0.1:0").await.unwrap();
+    let addr = server.local_addr().unwrap();
+    let shutdown = CancellationToken::new();
+    let args = Args::try_parse_from(["x", "--shutdown-timeout=1s"]).unwrap();
+    let task = {
+        let (store, shutdown) = (store.clone(), shutdown.clone());
+        tokio::spawn(async move {
+            aks_flex_controller::run_with(&args, server, store, None, Default::default(), shutdown)
+                .await
+        })
+    };
+    flex_host::http::install_crypto();
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let started = std::time::Instant::now();
+    let flood: Vec<_> = (0..500)
+        .map(|_| {
+            let http = http.clone();
+            tokio::spawn(async move {
+                http.get(format!("http://{addr}/machines/node1"))
+                    .send()
+                    .await
+                    .map(|r| r.status())
+            })
+        })
+        .collect();
+    let (mut served, mut closed) = (0, 0);
+    for f in flood {
+        match f.await.unwrap() {
+            Ok(s) if s == StatusCode::OK => served += 1,
+            Ok(s) => panic!("answered {s}"),
+            Err(e) => {
+                assert!(!e.is_timeout(), "a request was left hanging: {e}");
+                closed += 1;
+            }
+        }
+    }
+    assert_eq!(served + closed, 500);
+    assert!(served > 0, "{served} served, {closed} closed");
+    let r = http
+        .get(format!("http://{addr}/machines/node1"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    eprintln!(
+        "flood: {served} served, {closed} closed over the limit, in {:?}",
+        started.elapsed()
+    );
+    shutdown.cancel();
+    task.await.unwrap().unwrap();
+}
