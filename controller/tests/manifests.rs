@@ -261,7 +261,12 @@ fn rbac_grants_what_is_used() {
     let rules = daemon["rules"].as_array().unwrap();
     let grants = |resource: &str, verb: &str| {
         rules.iter().any(|r| {
-            r["apiGroups"][0] == flex_api::machina::GROUP
+            let group = if resource.starts_with("certificatesigningrequests") {
+                "certificates.k8s.io"
+            } else {
+                flex_api::machina::GROUP
+            };
+            r["apiGroups"][0] == group
                 && r["resources"]
                     .as_array()
                     .unwrap()
@@ -287,14 +292,23 @@ fn rbac_grants_what_is_used() {
     assert!(!grants("*", "get"));
     assert!(grants("machineoperations/status", "patch"));
     assert!(grants("machines", "get"));
-    // Renewal with the daemon's own certificate (not the bootstrap token).
-    assert!(
-        rules
-            .iter()
-            .any(|r| r["apiGroups"][0] == "certificates.k8s.io"
-                && r["resources"][0] == "certificatesigningrequests"
-                && r["verbs"].as_array().unwrap().iter().any(|v| v == "create"))
-    );
+    // Machines and the daemon's own CertificateSigningRequest are read by name: no list or
+    // watch of every node's.
+    for (resource, verb) in [
+        ("machines", "list"),
+        ("machines", "watch"),
+        ("certificatesigningrequests", "list"),
+        ("certificatesigningrequests", "watch"),
+    ] {
+        assert!(
+            !grants(resource, verb),
+            "{resource} {verb} must not be granted"
+        );
+    }
+    // Renewal with the daemon's own certificate (not the bootstrap token): create, then get.
+    for verb in ["create", "get"] {
+        assert!(grants("certificatesigningrequests", verb), "{verb}");
+    }
     let b = find(&objs, "ClusterRoleBinding", "aks-flex-node-daemon");
     assert_eq!(b["subjects"][0]["name"], defaults.daemon_group.as_str());
     assert_eq!(
