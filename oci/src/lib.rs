@@ -363,7 +363,16 @@ pub async fn pull_rootfs(
                             rebuild = true;
                         }
                         Some(mut info) => {
-                            if info.reference != reference {
+                            // The same image, by digest, when the tree was pulled by a tag that
+                            // resolved to it (a machine image pinned after its first pull).
+                            let pinned = match source {
+                                ImageSource::Registry(r) => r.digest.as_ref().is_some_and(|d| {
+                                    info.index_digest.as_ref() == Some(d)
+                                        || info.manifest_digest.as_ref() == Some(d)
+                                }),
+                                ImageSource::Layout { .. } => false,
+                            };
+                            if info.reference != reference && !pinned {
                                 tracing::warn!(
                                     existing = %info.reference,
                                     "destination already holds another image; keeping it"

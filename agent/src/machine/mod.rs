@@ -20,6 +20,7 @@ pub mod node;
 pub mod nodeconfig;
 pub mod nodegoal;
 pub mod nspawn;
+pub mod pin;
 pub mod seams;
 
 pub use seams::{MachineRegistry, NodeOps, NodeStarter, RemoteMachine, RemoteProbe};

@@ -14,6 +14,7 @@ use crate::machine::lifecycle;
 use crate::machine::nodeconfig;
 use crate::machine::nodegoal::{self, MachineGoal};
 use crate::machine::nspawn::{self, Timings};
+use crate::machine::pin;
 use crate::task::step;
 use flex_host::context::Host;
 use flex_oci::{Arch, ImageSource, PullOptions, RegistryClient};
@@ -131,7 +132,10 @@ impl NodeMachines {
                 rebuild_owned,
                 ..Default::default()
             };
-            let info = flex_oci::pull_rootfs(&self.registry, &source, &dest, &opts).await?;
+            let info = pin::pull(&host.fs, &source, |s| async move {
+                flex_oci::pull_rootfs(&self.registry, &s, &dest, &opts).await
+            })
+            .await?;
             tracing::info!(machine, image = %info.reference, status = ?info.status, "machine root file system ready");
             anyhow::Ok(())
         })
