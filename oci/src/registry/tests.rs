@@ -10,7 +10,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::*;
 use crate::manifest::{ImageIndex, Platform};
-use crate::{ImageSource, PullOptions, pull_rootfs};
+use crate::{ImageSource, PullOptions, RootfsStatus, pull_rootfs};
 use flex_testkit::layer_builder::{LayerBuilder, gzip};
 
 struct Req {
@@ -749,4 +749,50 @@ fn token_realms_are_https_unless_listed_and_never_link_local() {
             "{realm} (registry listed: {registry_listed})"
         );
     }
+}
+
+/// Real client, real files, the in-process fake registry: a tree pulled by a tag counts as the
+/// image of the digest that tag resolved to. Pulled again by that digest (a machine image
+/// pinned after its first pull, `machine::pin` in the agent), it is kept without the warning
+/// that the destination holds another image; by another digest, it is kept with it.
+#[tokio::test]
+async fn a_tree_pulled_by_tag_is_the_pinned_digests_image() {
+    let img = test_image(b"pinned");
+    let digest = img.manifest_digest.clone();
+    let fake = Fake::start(move |req| serve(&img, req, media_type::OCI_MANIFEST)).await;
+    let captured = captured_logs();
+    let t = tempfile::tempdir().unwrap();
+    let dest = t.path().join("kube1-pinned-test");
+    let tag = ImageSource::Registry(fake.image("test/img:v1"));
+    let client = fake.client();
+    let first = pull_rootfs(&client, &tag, &dest, &PullOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(first.status, RootfsStatus::Unpacked);
+    assert_eq!(first.manifest_digest.as_ref(), Some(&digest));
+    let mine = || -> Vec<String> {
+        captured
+            .text()
+            .lines()
+            .filter(|l| {
+                l.contains("kube1-pinned-test") && l.contains("already holds another image")
+            })
+            .map(str::to_string)
+            .collect()
+    };
+    let by_digest = ImageSource::Registry(fake.image("test/img:v1").with_digest(digest));
+    let again = pull_rootfs(&client, &by_digest, &dest, &PullOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(again.status, RootfsStatus::AlreadyPresent);
+    assert_eq!(mine(), Vec::<String>::new());
+    let other = ImageSource::Registry(
+        fake.image("test/img:v1")
+            .with_digest(Digest::of(b"another image's manifest")),
+    );
+    let kept = pull_rootfs(&client, &other, &dest, &PullOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(kept.status, RootfsStatus::AlreadyPresent);
+    assert_eq!(mine().len(), 1, "{:?}", mine());
 }
