@@ -35,6 +35,11 @@ fn bootstrap_args() -> Vec<String> {
 
 /// `aks-flex-node ignition --base-config BASE -o OUT --image … --spec 3.3.0 -- ARGS`.
 fn ignition(base: &Path, out: &Path, args: &[String]) -> Command {
+    ignition_cmd(base, out, None, args)
+}
+
+/// [`ignition`], with `--args-file FILE` when `file` is given.
+fn ignition_cmd(base: &Path, out: &Path, file: Option<&str>, args: &[String]) -> Command {
     let mut c = Command::cargo_bin("aks-flex-node").unwrap();
     c.env_remove("AKS_FLEX_NODE_IMAGE")
         .arg("ignition")
@@ -50,9 +55,11 @@ fn ignition(base: &Path, out: &Path, args: &[String]) -> Command {
             "10.0.2.100:5000",
             "--spec",
             "3.3.0",
-            "--",
-        ])
-        .args(args);
+        ]);
+    if let Some(f) = file {
+        c.args(["--args-file", f]);
+    }
+    c.arg("--").args(args);
     c
 }
 
@@ -275,27 +282,7 @@ fn bootstrap_arguments_are_required() {
 
 /// `aks-flex-node ignition … --args-file FILE -- ARGS`.
 fn ignition_with_file(base: &Path, out: &Path, file: &str, args: &[String]) -> Command {
-    let mut c = Command::cargo_bin("aks-flex-node").unwrap();
-    c.env_remove("AKS_FLEX_NODE_IMAGE")
-        .arg("ignition")
-        .arg("--base-config")
-        .arg(base)
-        .arg("-o")
-        .arg(out)
-        .args([
-            "--image",
-            &format!("10.0.2.100:5000/aks-flex/agent@{DIGEST}"),
-            "--plain-http",
-            "--insecure-registry",
-            "10.0.2.100:5000",
-            "--spec",
-            "3.3.0",
-            "--args-file",
-            file,
-            "--",
-        ])
-        .args(args);
-    c
+    ignition_cmd(base, out, Some(file), args)
 }
 
 /// The bootstrap arguments from a file and from standard input (`--args-file`, bootstrap.env's

@@ -344,6 +344,28 @@ async fn the_approver_without_a_client_is_an_error_that_stops_the_server() {
     assert_eq!(e.to_string(), "the CSR approver needs a Kubernetes client");
 }
 
+/// Runs `server` over `store` (no cluster): its address, its shutdown and its task.
+fn serve_store(
+    server: Server,
+    store: &Arc<MemoryStore>,
+) -> (
+    std::net::SocketAddr,
+    CancellationToken,
+    tokio::task::JoinHandle<anyhow::Result<()>>,
+) {
+    let addr = server.local_addr().unwrap();
+    let shutdown = CancellationToken::new();
+    let args = Args::try_parse_from(["x", "--shutdown-timeout=1s"]).unwrap();
+    let task = {
+        let (store, shutdown) = (store.clone(), shutdown.clone());
+        tokio::spawn(async move {
+            aks_flex_controller::run_with(&args, server, store, None, Default::default(), shutdown)
+                .await
+        })
+    };
+    (addr, shutdown, task)
+}
+
 /// Real server and sockets: connections over the limit are closed when accepted, an idle one
 /// is closed at the header timeout (freeing its slot), a connection lives at most its time
 /// limit, and machines are served all along; then a flood of 500 concurrent requests against
@@ -363,16 +385,7 @@ async fn connections_are_capped_idle_ones_closed_and_a_flood_leaves_it_serving()
         .await
         .unwrap()
         .with_limits(limits);
-    let addr = server.local_addr().unwrap();
-    let shutdown = CancellationToken::new();
-    let args = Args::try_parse_from(["x", "--shutdown-timeout=1s"]).unwrap();
-    let task = {
-        let (store, shutdown) = (store.clone(), shutdown.clone());
-        tokio::spawn(async move {
-            aks_flex_controller::run_with(&args, server, store, None, Default::default(), shutdown)
-                .await
-        })
-    };
+    let (addr, shutdown, task) = serve_store(server, &store);
     let _first = tokio::net::TcpStream::connect(addr).await.unwrap();
     let mut second = tokio::net::TcpStream::connect(addr).await.unwrap();
     tokio::time::sleep(Duration::from_millis(50)).await;
@@ -404,16 +417,7 @@ async fn connections_are_capped_idle_ones_closed_and_a_flood_leaves_it_serving()
 
     // The shipped limits under a flood.
     let server = Server::bind("127.0.0.1:0").await.unwrap();
-    let addr = server.local_addr().unwrap();
-    let shutdown = CancellationToken::new();
-    let args = Args::try_parse_from(["x", "--shutdown-timeout=1s"]).unwrap();
-    let task = {
-        let (store, shutdown) = (store.clone(), shutdown.clone());
-        tokio::spawn(async move {
-            aks_flex_controller::run_with(&args, server, store, None, Default::default(), shutdown)
-                .await
-        })
-    };
+    let (addr, shutdown, task) = serve_store(server, &store);
     flex_host::http::install_crypto();
     let http = reqwest::Client::builder()
         .pool_max_idle_per_host(0)
