@@ -311,9 +311,11 @@ async fn run_operation(cmd: OperationCommand) -> anyhow::Result<()> {
     let node = std::sync::Arc::new(crate::machine::node::NodeMachines::new(
         host.clone(),
         loaded.config.clone(),
+        crate::goalclient::acr::identity_or_warn,
     )?);
-    let handlers = crate::flows::operations::HostHandlers::new(host.clone(), node)
-        .with_upgrader(crate::flows::upgrade::Upgrader::for_host(host.clone()).await);
+    let handlers = crate::flows::operations::HostHandlers::new(host.clone(), node).with_upgrader(
+        crate::flows::upgrade::Upgrader::for_host(host.clone(), Some(&loaded.config)).await,
+    );
     let executed =
         crate::flows::operations::run_local(&kind, &params, &handlers, host.containerized()).await;
     // The daemon serves the count (an AgentUpgrade's is added by the agent that finishes it).
@@ -338,7 +340,11 @@ async fn run_repave(a: RepaveArgs) -> anyhow::Result<()> {
     crate::logging::init(&loaded.config.agent.log_level, None);
     log_loaded(&loaded);
     let host = Host::real().await?;
-    let node = crate::machine::node::NodeMachines::new(host.clone(), loaded.config.clone())?;
+    let node = crate::machine::node::NodeMachines::new(
+        host.clone(),
+        loaded.config.clone(),
+        crate::goalclient::acr::identity_or_warn,
+    )?;
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
@@ -724,7 +730,11 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             crate::logging::init(&cfg.agent.log_level, None);
             log_loaded(&loaded);
             let host = Host::real().await?;
-            let machines = crate::machine::node::NodeMachines::new(host.clone(), cfg.clone())?;
+            let machines = crate::machine::node::NodeMachines::new(
+                host.clone(),
+                cfg.clone(),
+                crate::goalclient::acr::identity_or_warn,
+            )?;
             let results = preflight::run_checks(&host, cfg, &machines).await;
             let report = preflight::build_report(results, &a.ignore_preflight_errors);
             match format {
@@ -741,7 +751,11 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             log_loaded(&loaded);
             let host = Host::real().await?;
             let registry = crate::flows::start::registry_for(cfg).await;
-            let machines = crate::machine::node::NodeMachines::new(host.clone(), cfg.clone())?;
+            let machines = crate::machine::node::NodeMachines::new(
+                host.clone(),
+                cfg.clone(),
+                crate::goalclient::acr::identity_or_warn,
+            )?;
             crate::flows::start::run_start(&host, cfg, registry.as_ref(), &machines).await?;
             print!("{}", crate::flows::start::START_SUCCESS);
             Ok(())
@@ -764,7 +778,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             require_root("recover")?;
             crate::logging::init("info", None);
             let host = Host::real().await?;
-            let action = crate::flows::upgrade::Upgrader::for_host(host)
+            let action = crate::flows::upgrade::Upgrader::for_host(host, None)
                 .await
                 .recover()
                 .await?;
@@ -779,7 +793,11 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::BootstrapNode { env_file, .. } => {
             let host = Host::real().await?;
             let cfg_for_probe = config::Config::default();
-            let machines = crate::machine::node::NodeMachines::new(host.clone(), cfg_for_probe)?;
+            let machines = crate::machine::node::NodeMachines::new(
+                host.clone(),
+                cfg_for_probe,
+                crate::goalclient::acr::identity_or_warn,
+            )?;
             let starter = crate::flows::bootstrap::RunStart {
                 node: &MachinesForConfig(host.clone()),
             };
@@ -985,10 +1003,14 @@ impl crate::flows::start::NodeStarter for MachinesForConfig {
     ) -> Result<(), crate::machine::seams::SeamError> {
         // The machines are built from the configuration (its insecure registries) and the
         // running binary: the same inputs fail the same way.
-        crate::machine::node::NodeMachines::new(self.0.clone(), cfg.clone())
-            .map_err(crate::machine::seams::SeamError::permanent)?
-            .start_node(host, cfg, machine)
-            .await
+        crate::machine::node::NodeMachines::new(
+            self.0.clone(),
+            cfg.clone(),
+            crate::goalclient::acr::identity_or_warn,
+        )
+        .map_err(crate::machine::seams::SeamError::permanent)?
+        .start_node(host, cfg, machine)
+        .await
     }
 }
 

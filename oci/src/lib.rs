@@ -24,12 +24,13 @@
 //! Pulls of the same `dest` must not run concurrently (the caller serializes them).
 //!
 //! Modules: [`reference`](mod@reference) (image references), [`digest`], [`manifest`] (documents, media types,
-//! platforms), [`registry`] (the anonymous registry client), [`layout`] (local OCI layouts),
+//! platforms), [`registry`] (the registry client), [`auth`] (its credentials: Docker-config files, ACR's exchange), [`layout`] (local OCI layouts),
 //! [`unpack`](mod@unpack) (applying layers, safely; path confinement in `flex_host::confine`, shared with the agent's writes into machine trees), [`error`].
 //! The tests build their layers with `flex_testkit::layer_builder`; `tests/registry.rs` pulls
 //! and pushes against a real registry (Debian's `docker-registry`), and `benches/unpack.rs`
 //! times the unpacker against `tar -xzf`.
 
+pub mod auth;
 pub mod error;
 pub mod layout;
 pub mod manifest;
@@ -45,6 +46,10 @@ use tracing::Instrument;
 
 pub use flex_api::image::{digest, reference};
 
+pub use auth::{
+    AadTokenSource, AcrExchange, CredentialChain, CredentialError, CredentialSource, DockerConfig,
+    DockerConfigError, RegistryCredential,
+};
 pub use digest::Digest;
 pub use error::OciError;
 pub use layout::OciLayout;

@@ -1,4 +1,4 @@
-//! An anonymous OCI distribution (registry v2) client: manifests, blobs, pushes.
+//! An OCI distribution (registry v2) client: manifests, blobs, pushes; anonymous, or with credentials.
 //!
 //! - **Transport**: the agent's `reqwest::Client` ([`flex_host::http::client`]). HTTPS, except
 //!   for a registry named in the client's opt-in list
@@ -6,10 +6,19 @@
 //!   which gets plain HTTP and a warning naming it once per pull or push
 //!   ([`RegistryClient::warn_if_plain_http`]). The registry's address plays no part: a private
 //!   or loopback registry that is not listed is HTTPS too.
-//! - **Auth**: anonymous only. A `401` with `WWW-Authenticate: Bearer realm=…,service=…,scope=…`
-//!   gets a token from the realm (`GET realm?service=…&scope=…`, no credentials), cached per
-//!   registry and scope, and the request is retried once with it. Any other challenge is an
-//!   [`OciError::Auth`] error.
+//! - **Auth**: anonymous unless a `401` says otherwise. On a `401` the client's
+//!   [`CredentialSource`] ([`RegistryClient::with_credentials`], see [`crate::auth`]) is asked
+//!   for the registry's credential, then:
+//!   - `WWW-Authenticate: Bearer realm=…,service=…,scope=…`: a token from the realm — `GET
+//!     realm?service=…&scope=…`, anonymous or with the user name and password; or, with a refresh
+//!     token, `POST realm` with `grant_type=refresh_token` (Docker's OAuth2 flow, ACR's
+//!     `/oauth2/token`); a registry token is used as the bearer token itself;
+//!   - `WWW-Authenticate: Basic …`: the user name and password, sent to the registry.
+//!
+//!   What worked is cached per registry and scope and the request is sent once more with it.
+//!   A second `401`, a challenge of another scheme, or a challenge with no credential for it is
+//!   an [`OciError::Auth`] error naming the registry and the status, never the credential.
+//!   Authorization is never carried to another host by a redirect (`reqwest` drops it).
 //! - **Manifests**: `Accept` lists OCI index/manifest and Docker list/manifest; Docker types are
 //!   mapped to OCI ones ([`super::manifest`]). The bytes are hashed: against the digest asked
 //!   for, the index entry's descriptor, and the `Docker-Content-Digest` header.
@@ -37,6 +46,7 @@ use tracing::Instrument;
 
 use super::OciError;
 use super::ResolvedImage;
+use super::auth::{CredentialSource, RegistryCredential, registry_key};
 use super::digest::Digest;
 use super::manifest::{
     Arch, Descriptor, ImageManifest, MAX_MANIFEST_BYTES, Manifest, media_type, parse_manifest,
@@ -63,13 +73,34 @@ pub struct FetchedManifest {
     pub manifest: Manifest,
 }
 
-/// The anonymous registry client. Cheap to clone (the HTTP client and token cache are shared).
+/// What a request carries once a registry has asked (cached per registry and scope).
+#[derive(Clone)]
+enum Authorization {
+    Bearer(flex_host::secret::Secret),
+    Basic {
+        username: String,
+        password: flex_host::secret::Secret,
+    },
+}
+
+impl Authorization {
+    fn apply(&self, req: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+        match self {
+            Self::Bearer(t) => req.bearer_auth(t.expose()),
+            Self::Basic { username, password } => req.basic_auth(username, Some(password.expose())),
+        }
+    }
+}
+
+/// The registry client. Cheap to clone (the HTTP client, credential source and token cache are
+/// shared).
 #[derive(Clone)]
 pub struct RegistryClient {
     http: reqwest::Client,
     retry: Backoff,
     insecure: InsecureRegistries,
-    tokens: Arc<Mutex<HashMap<String, String>>>,
+    credentials: Option<Arc<dyn CredentialSource>>,
+    tokens: Arc<Mutex<HashMap<String, Authorization>>>,
 }
 
 impl std::fmt::Debug for RegistryClient {
@@ -78,6 +109,7 @@ impl std::fmt::Debug for RegistryClient {
         f.debug_struct("RegistryClient")
             .field("retry", &self.retry)
             .field("insecure", &self.insecure)
+            .field("credentials", &self.credentials.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -266,8 +298,15 @@ impl RegistryClient {
             http,
             retry: REGISTRY_RETRY,
             insecure: InsecureRegistries::none(),
+            credentials: None,
             tokens: Arc::new(Mutex::new(HashMap::new())),
         }
+    }
+
+    /// The same client, answering registries that ask for credentials from `source`.
+    pub fn with_credentials(mut self, source: Arc<dyn CredentialSource>) -> Self {
+        self.credentials = Some(source);
+        self
     }
 
     /// The same client, reaching the registries in `insecure` over plain HTTP (the explicit
@@ -398,6 +437,7 @@ impl RegistryClient {
         image: &ImageRef,
         challenge: &BearerChallenge,
         fallback_scope: &str,
+        credential: Option<&RegistryCredential>,
     ) -> Result<String, Failure> {
         let auth = |reason: String| {
             Failure::Permanent(OciError::Auth {
@@ -411,30 +451,69 @@ impl RegistryClient {
             .map_or(Ok(()), |why| {
                 Err(auth(format!("token realm {:?} {why}", challenge.realm)))
             })?;
-        {
-            let mut q = url.query_pairs_mut();
-            if let Some(s) = &challenge.service {
-                q.append_pair("service", s);
-            }
-            q.append_pair(
-                "scope",
-                challenge.scope.as_deref().unwrap_or(fallback_scope),
-            );
-        }
+        let scope = challenge.scope.as_deref().unwrap_or(fallback_scope);
         let shown = url.to_string();
-        tracing::debug!(realm = %challenge.realm, "fetching anonymous token");
-        let resp = self
-            .http
-            .get(url)
+        let req = match credential {
+            // Docker's OAuth2 token flow: the refresh token in a form, never in the URL.
+            Some(RegistryCredential::RefreshToken(t)) => {
+                let mut form = vec![
+                    ("grant_type", "refresh_token"),
+                    ("scope", scope),
+                    ("client_id", "aks-flex-node"),
+                    ("refresh_token", t.expose()),
+                ];
+                if let Some(s) = &challenge.service {
+                    form.push(("service", s));
+                }
+                tracing::debug!(realm = %challenge.realm, "fetching a token with a refresh token");
+                self.http
+                    .post(url)
+                    .header(CONTENT_TYPE, super::auth::FORM)
+                    .body(super::auth::form_body(&form))
+            }
+            other => {
+                {
+                    let mut q = url.query_pairs_mut();
+                    if let Some(s) = &challenge.service {
+                        q.append_pair("service", s);
+                    }
+                    q.append_pair("scope", scope);
+                }
+                let req = self.http.get(url);
+                match other {
+                    Some(RegistryCredential::Basic { username, password }) => {
+                        tracing::debug!(realm = %challenge.realm, "fetching a token as {username}");
+                        req.basic_auth(username, Some(password.expose()))
+                    }
+                    _ => {
+                        tracing::debug!(realm = %challenge.realm, "fetching anonymous token");
+                        req
+                    }
+                }
+            }
+        };
+        let method = if matches!(credential, Some(RegistryCredential::RefreshToken(_))) {
+            "POST"
+        } else {
+            "GET"
+        };
+        let resp = req
             .send()
             .await
-            .map_err(|e| Self::http_error(image, "GET", &shown, e))?;
+            .map_err(|e| Self::http_error(image, method, &shown, e))?;
         if !resp.status().is_success() {
             let status = resp.status();
-            let failure = Self::status_error(image, "GET", &shown, resp).await;
+            let failure = Self::status_error(image, method, &shown, resp).await;
             return Err(match failure {
                 Failure::Transient(e) => Failure::Transient(e),
-                Failure::Permanent(_) => auth(format!("token endpoint {shown} answered {status}")),
+                Failure::Permanent(_) => auth(match credential {
+                    Some(c) => format!(
+                        "token endpoint {shown} answered {status} to the {} for {}",
+                        c.kind(),
+                        image.registry
+                    ),
+                    None => format!("token endpoint {shown} answered {status}"),
+                }),
             });
         }
         // Bounded: the realm is whatever URL the registry named.
@@ -449,6 +528,73 @@ impl RegistryClient {
                 auth(format!("token endpoint {shown} returned no token"))
             }
         })
+    }
+
+    /// The credential for `image`'s registry from the client's source (`None` without one).
+    async fn credential_for(
+        &self,
+        image: &ImageRef,
+    ) -> Result<Option<RegistryCredential>, Failure> {
+        let Some(source) = &self.credentials else {
+            return Ok(None);
+        };
+        let Some(key) = registry_key(&image.registry) else {
+            return Ok(None);
+        };
+        source.credential(&key).await.map_err(|e| {
+            Failure::Permanent(OciError::Auth {
+                reference: image.to_string(),
+                reason: e.to_string(),
+            })
+        })
+    }
+
+    /// How to answer the challenge of a `401` (`header`, the `WWW-Authenticate` value).
+    async fn answer_challenge(
+        &self,
+        image: &ImageRef,
+        method: &'static str,
+        url: &str,
+        header: &str,
+        scope: &str,
+    ) -> Result<Authorization, Failure> {
+        let refuse = |reason: String| {
+            Failure::Permanent(OciError::Auth {
+                reference: image.to_string(),
+                reason,
+            })
+        };
+        if header.is_empty() {
+            return Err(refuse(format!("{method} {url}: 401 without a challenge")));
+        }
+        let credential = self.credential_for(image).await?;
+        if let Some(challenge) = parse_bearer_challenge(header) {
+            if let Some(RegistryCredential::Bearer(t)) = &credential {
+                return Ok(Authorization::Bearer(t.clone()));
+            }
+            let token = self
+                .fetch_token(image, &challenge, scope, credential.as_ref())
+                .await?;
+            return Ok(Authorization::Bearer(flex_host::secret::Secret::new(token)));
+        }
+        let scheme = header.split_whitespace().next().unwrap_or_default();
+        match credential {
+            Some(RegistryCredential::Basic { username, password })
+                if scheme.eq_ignore_ascii_case("basic") =>
+            {
+                Ok(Authorization::Basic { username, password })
+            }
+            Some(c) => Err(refuse(format!(
+                "{method} {url}: the registry asks for {scheme} authentication, which a {} \
+                 cannot answer",
+                c.kind()
+            ))),
+            None => Err(refuse(format!(
+                "{method} {url}: the registry wants credentials ({scheme} authentication) and \
+                 none are configured for {}",
+                image.registry
+            ))),
+        }
     }
 
     /// One request with the token flow; classifies failures. 2xx/3xx and non-transient 4xx
@@ -470,8 +616,8 @@ impl RegistryClient {
             .get(&key)
             .cloned();
         let mut req = build(&self.http);
-        if let Some(t) = &cached {
-            req = req.bearer_auth(t);
+        if let Some(a) = &cached {
+            req = a.apply(req);
         }
         let mut resp = req
             .send()
@@ -484,32 +630,33 @@ impl RegistryClient {
                 .and_then(|h| h.to_str().ok())
                 .unwrap_or("")
                 .to_string();
-            let Some(challenge) = parse_bearer_challenge(&header) else {
-                return Err(Failure::Permanent(OciError::Auth {
-                    reference: image.to_string(),
-                    reason: if header.is_empty() {
-                        format!("{method} {url}: 401 without a challenge")
-                    } else {
-                        format!(
-                            "{method} {url}: the registry wants credentials ({header}); only anonymous access is supported"
-                        )
-                    },
-                }));
-            };
-            let token = self.fetch_token(image, &challenge, &scope).await?;
+            let authorization = self
+                .answer_challenge(image, method, url, &header, &scope)
+                .await?;
             self.tokens
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .insert(key, token.clone());
-            resp = build(&self.http)
-                .bearer_auth(&token)
+                .insert(key.clone(), authorization.clone());
+            resp = authorization
+                .apply(build(&self.http))
                 .send()
                 .await
                 .map_err(|e| Self::http_error(image, method, url, e))?;
             if resp.status() == StatusCode::UNAUTHORIZED {
+                self.tokens
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(&key);
+                let what = match &authorization {
+                    Authorization::Basic { .. } => "the user name and password were refused",
+                    Authorization::Bearer(_) if self.credentials.is_some() => {
+                        "the token was refused"
+                    }
+                    Authorization::Bearer(_) => "anonymous token refused",
+                };
                 return Err(Failure::Permanent(OciError::Auth {
                     reference: image.to_string(),
-                    reason: format!("{method} {url}: anonymous token refused"),
+                    reason: format!("{method} {url}: {} answered 401: {what}", image.registry),
                 }));
             }
         }

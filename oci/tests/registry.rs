@@ -1,6 +1,6 @@
 //! The OCI puller against a REAL registry: Debian's `docker-registry` (distribution/registry
 //! v2), started per test on 127.0.0.1 with filesystem storage in a temporary directory and no
-//! auth. Images are built here (layers from `LayerBuilder`), pushed with the agent's own
+//! auth (one test switches htpasswd auth on). Images are built here (layers from `LayerBuilder`), pushed with the agent's own
 //! `RegistryClient`, pulled with `pull_rootfs`, and the unpacked tree is compared with a
 //! hand-written expected listing (path, type, mode, owner, mtime, link target, content sha256).
 //!
@@ -14,12 +14,13 @@ use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use base64::Engine as _;
 use bytes::Bytes;
 use flex_host::retry::Backoff;
 use flex_oci::manifest::{Platform, media_type};
 use flex_oci::{
-    Arch, Descriptor, Digest, ImageIndex, ImageRef, ImageSource, MARKER_FILE, PullOptions,
-    RegistryClient, fetch_artifact, manifest_reachable, pull_rootfs,
+    Arch, Descriptor, Digest, DockerConfig, ImageIndex, ImageRef, ImageSource, MARKER_FILE,
+    PullOptions, RegistryClient, fetch_artifact, manifest_reachable, pull_rootfs,
 };
 use flex_testkit::layer_builder::{LayerBuilder, gzip, zstd};
 
@@ -56,6 +57,12 @@ fn spawn_registry(config: &Path, log: &Path) -> std::process::Child {
 
 impl Registry {
     async fn start() -> Self {
+        Self::start_with(None).await
+    }
+
+    /// A registry that asks for `user`'s password (distribution's htpasswd auth: `Basic`
+    /// challenges, bcrypt entries) when `htpasswd` is given.
+    async fn start_with(htpasswd: Option<(&str, &str)>) -> Self {
         assert!(
             Path::new(REGISTRY_BIN).exists(),
             "{REGISTRY_BIN} is missing: these tests need a real registry; run \
@@ -67,17 +74,23 @@ impl Registry {
             l.local_addr().unwrap().port()
         };
         let config = dir.path().join("config.yml");
-        std::fs::write(
-            &config,
-            format!(
-                "version: 0.1\n\
-                 log:\n  level: error\n  accesslog:\n    disabled: true\n\
-                 storage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\n\
-                 http:\n  addr: 127.0.0.1:{port}\n",
-                dir.path().join("data").display()
-            ),
-        )
-        .unwrap();
+        let mut text = format!(
+            "version: 0.1\n\
+             log:\n  level: error\n  accesslog:\n    disabled: true\n\
+             storage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\n\
+             http:\n  addr: 127.0.0.1:{port}\n",
+            dir.path().join("data").display()
+        );
+        if let Some((user, password)) = htpasswd {
+            let file = dir.path().join("htpasswd");
+            let hash = bcrypt::hash(password, 4).unwrap();
+            std::fs::write(&file, format!("{user}:{hash}\n")).unwrap();
+            text.push_str(&format!(
+                "auth:\n  htpasswd:\n    realm: flex-test\n    path: {}\n",
+                file.display()
+            ));
+        }
+        std::fs::write(&config, text).unwrap();
         let log = dir.path().join("registry.log");
         let mut child = spawn_registry(&config, &log);
         let http = flex_host::http::client().unwrap();
@@ -93,7 +106,8 @@ impl Registry {
                 .get(format!("http://127.0.0.1:{port}/v2/"))
                 .send()
                 .await
-                && r.status().is_success()
+                && (r.status().is_success()
+                    || (htpasswd.is_some() && r.status() == reqwest::StatusCode::UNAUTHORIZED))
             {
                 break;
             }
@@ -736,4 +750,79 @@ async fn real_registry_fetch_artifact_extracts_a_bundle() {
         b"offline bundle\n"
     );
     assert_eq!(names(work.path()), ["bundle"]);
+}
+
+const PASSWORD: &str = "htpasswd-SECRET-9";
+
+/// A client for `reg` with `user`/`password` from a Docker-config file's text.
+fn client_with_password(reg: &Registry, user: &str, password: &str) -> RegistryClient {
+    let doc = serde_json::json!({"auths": {
+        format!("http://127.0.0.1:{}/", reg.port): {
+            "auth": base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"))
+        }
+    }});
+    let creds = DockerConfig::parse("registry-auth.json", doc.to_string().as_bytes()).unwrap();
+    client(reg).with_credentials(std::sync::Arc::new(creds))
+}
+
+/// The REAL registry with htpasswd auth switched on: the agent's client pushes and pulls with the
+/// password from a Docker-config file; without it, or with a wrong one, the error names the
+/// registry and the status and never the password.
+#[tokio::test]
+async fn real_registry_with_htpasswd_pushes_and_pulls_with_the_password() {
+    let reg = Registry::start_with(Some(("flex", PASSWORD))).await;
+    let image = reg.image("flex/private:v1");
+    let arch = Arch::host().as_str();
+    let with = client_with_password(&reg, "flex", PASSWORD);
+    let desc = push(&with, &image, arch, &layers()).await;
+
+    let work = tempfile::tempdir().unwrap();
+    let dest = work.path().join("kube1");
+    let info = pull_rootfs(
+        &with,
+        &ImageSource::Registry(image.clone()),
+        &dest,
+        &PullOptions::default(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(info.manifest_digest.as_ref(), Some(&desc.digest));
+    assert_eq!(actual_tree(&dest), expected_tree(None));
+
+    let registry = format!("127.0.0.1:{}", reg.port);
+    let anonymous = manifest_reachable(
+        &client(&reg),
+        &ImageSource::Registry(image.clone()),
+        Arch::host(),
+    )
+    .await
+    .unwrap_err()
+    .to_string();
+    assert!(
+        anonymous.contains(&format!(
+            "the registry wants credentials (Basic authentication) and none are configured for \
+             {registry}"
+        )),
+        "{anonymous}"
+    );
+    let wrong = manifest_reachable(
+        &client_with_password(&reg, "flex", "wrong-SECRET-1"),
+        &ImageSource::Registry(image),
+        Arch::host(),
+    )
+    .await
+    .unwrap_err()
+    .to_string();
+    assert!(
+        wrong.contains(&format!(
+            "{registry} answered 401: the user name and password were refused"
+        )),
+        "{wrong}"
+    );
+    for msg in [&anonymous, &wrong] {
+        assert!(
+            !msg.contains(PASSWORD) && !msg.contains("wrong-SECRET-1"),
+            "{msg}"
+        );
+    }
 }

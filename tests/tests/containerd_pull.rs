@@ -476,7 +476,7 @@ async fn grpc_pull_into_real_containerd_from_real_registry_then_real_ctr_runs_it
     grpc.remove(&pushed.by_index).await.unwrap();
 
     // host_images picks the API when the socket answers (an image store that works either way).
-    let store = host_images_at(Arc::new(ProcessRunner::new()), Path::new(&sock)).await;
+    let store = host_images_at(Arc::new(ProcessRunner::new()), Path::new(&sock), None).await;
     assert!(!store.exists(&pushed.by_index).await.unwrap());
 
     // containerd goes away: a transport failure falls back to ctr (recorded here).

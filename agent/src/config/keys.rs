@@ -89,6 +89,10 @@ pub(crate) const SCHEMA: Shape = Struct(&[
             ("offlineArtifacts", Struct(&[("source", Leaf)])),
             ("additionalHostDevices", Leaf),
             ("insecureRegistries", Leaf),
+            (
+                "registryAuth",
+                Struct(&[("configFile", Leaf), ("acrRegistries", Leaf)]),
+            ),
         ]),
     ),
     (
@@ -235,6 +239,10 @@ mod tests {
         c.bootstrap.offline_artifacts = Some(OfflineArtifacts::default());
         c.bootstrap.additional_host_devices = vec!["x".into()];
         c.bootstrap.insecure_registries = vec!["x".into()];
+        c.bootstrap.registry_auth = Some(RegistryAuth {
+            config_file: "/x".into(),
+            acr_registries: vec!["x".into()],
+        });
         c.node.registry_mirrors.insert("x".into(), "y".into());
         c.host_routing.static_routes.routes.push(StaticRoute {
             destination: "x".into(),

@@ -261,6 +261,25 @@ pub struct BootstrapConfig {
     /// offline artifacts; every other registry is HTTPS. Not upstream's.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub insecure_registries: Vec<String>,
+    /// Credentials for the agent's own pulls (`ociImage`, `oci://` offline artifacts,
+    /// AgentUpgrade images) from registries that ask for them. Not upstream's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub registry_auth: Option<RegistryAuth>,
+}
+
+/// `bootstrap.registryAuth`: where the agent's registry client gets credentials when a registry
+/// answers `401` (see `crate::machine::registry_auth`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct RegistryAuth {
+    /// A Docker-config-style file (`{"auths": {...}}`), read when a registry asks; empty: none.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub config_file: String,
+    /// Registries (`host[:port]`) that are Azure Container Registries under another name (a
+    /// custom domain, a test double), served by ACR's token exchange with the node's Azure
+    /// credential as `*.azurecr.io`, `*.azurecr.cn` and `*.azurecr.us` always are.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub acr_registries: Vec<String>,
 }
 
 impl BootstrapConfig {

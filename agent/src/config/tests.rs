@@ -205,6 +205,26 @@ fn invalid_configs_name_their_field() {
             "bootstrap.insecureRegistries[0]: must be host[:port], not empty",
         ),
         (
+            "registry credentials file that is relative",
+            |v| v["bootstrap"]["registryAuth"] = json!({"configFile": "creds.json"}),
+            "bootstrap.registryAuth.configFile: \"creds.json\" must be a clean absolute path",
+        ),
+        (
+            "registry credentials file with a dot-dot",
+            |v| v["bootstrap"]["registryAuth"] = json!({"configFile": "/etc/../x.json"}),
+            "bootstrap.registryAuth.configFile: \"/etc/../x.json\" must be a clean absolute path",
+        ),
+        (
+            "ACR registry with a scheme",
+            |v| v["bootstrap"]["registryAuth"] = json!({"acrRegistries": ["https://acr.example"]}),
+            "bootstrap.registryAuth.acrRegistries[0]: \"https://acr.example\" must be host[:port], without a scheme",
+        ),
+        (
+            "empty ACR registry",
+            |v| v["bootstrap"]["registryAuth"] = json!({"acrRegistries": [""]}),
+            "bootstrap.registryAuth.acrRegistries[0]: must be host[:port], not empty",
+        ),
+        (
             "sandbox image that would add tables to containerd's TOML",
             |v| v["components"]["sandboxImage"] = json!("x\"\n[plugins.evil]"),
             "components.sandboxImage: invalid image reference",

@@ -706,6 +706,32 @@ fn validate_bootstrap(c: &Config) -> Result<(), ValidationError> {
         flex_host::http::InsecureRegistries::from_entries(&field, [r])
             .map_err(|e| err(&e.field, format!("{:?} {}", e.entry, e.problem)))?;
     }
+    if let Some(a) = &c.bootstrap.registry_auth {
+        validate_registry_auth(a)?;
+    }
+    Ok(())
+}
+
+fn validate_registry_auth(a: &super::RegistryAuth) -> Result<(), ValidationError> {
+    let f = &a.config_file;
+    if !f.is_empty() {
+        let field = "bootstrap.registryAuth.configFile";
+        let clean = f.starts_with('/')
+            && !f.ends_with('/')
+            && !f.contains("//")
+            && f.split('/').all(|seg| seg != "." && seg != "..");
+        if !clean || f.chars().any(|ch| ch.is_whitespace() || ch.is_control()) {
+            return Err(err(field, format!("{f:?} must be a clean absolute path")));
+        }
+    }
+    for (i, r) in a.acr_registries.iter().enumerate() {
+        let field = format!("bootstrap.registryAuth.acrRegistries[{i}]");
+        if r.trim().is_empty() {
+            return Err(err(&field, "must be host[:port], not empty"));
+        }
+        flex_host::http::InsecureRegistries::from_entries(&field, [r])
+            .map_err(|e| err(&e.field, format!("{:?} {}", e.entry, e.problem)))?;
+    }
     Ok(())
 }
 

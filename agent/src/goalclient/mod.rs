@@ -2,12 +2,13 @@
 //! controller (`aks-flex-controller`), and the client the agent reads it and reports status
 //! with. This file holds the shared model and the [`MachineClient`] trait; the implementations
 //! live in the submodules, with the Azure credentials of the ARM client ([`azure`], which
-//! `aks-flex-node token kubelogin` uses too).
+//! `aks-flex-node token kubelogin` and ACR's token exchange ([`acr`]) use too).
 
 use async_trait::async_trait;
 
 use flex_api::goal::GoalState;
 
+pub mod acr;
 pub mod arm;
 pub mod azure;
 pub mod incluster;

@@ -9,7 +9,9 @@
 //! - [`lifecycle`]: the nspawn lifecycle helper and the binaries placed for machines;
 //! - [`components`]: Kubernetes node components installed into a machine rootfs;
 //! - [`seams`]: the traits the flows drive the machinery through;
-//! - [`containerd`]: the agent's image store in containerd (AgentUpgrade in the container).
+//! - [`containerd`]: the agent's image store in containerd (AgentUpgrade in the container);
+//! - [`registry_auth`]: the credentials of the agent's own registry pulls
+//!   (`bootstrap.registryAuth`: a Docker-config file, ACR's token exchange).
 
 pub mod components;
 pub mod containerd;
@@ -21,6 +23,7 @@ pub mod nodeconfig;
 pub mod nodegoal;
 pub mod nspawn;
 pub mod pin;
+pub mod registry_auth;
 pub mod seams;
 
 pub use seams::{MachineRegistry, NodeOps, NodeStarter, RemoteMachine, RemoteProbe};

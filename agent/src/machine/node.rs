@@ -27,24 +27,36 @@ struct Inputs {
     plan: ComponentPlan,
 }
 
+/// A config's Azure identity for ACR's token exchange, if it has one: given by the flows
+/// (`crate::goalclient::acr`), which the machinery does not use itself.
+pub type AcrIdentity = fn(&Config) -> Option<std::sync::Arc<dyn flex_oci::AadTokenSource>>;
+
 /// Machines on this host, for one config.
 pub struct NodeMachines {
     host: Host,
     config: Config,
     http: reqwest::Client,
     registry: RegistryClient,
+    acr: AcrIdentity,
     exe: PathBuf,
     timings: Timings,
     downloads: Downloads,
 }
 
 impl NodeMachines {
-    /// Machines for `config` on `host`, provisioning with the running agent binary.
-    pub fn new(host: Host, config: Config) -> anyhow::Result<Self> {
+    /// Machines for `config` on `host`, provisioning with the running agent binary. `acr`
+    /// gives a config's Azure identity for ACR's token exchange
+    /// (`crate::goalclient::acr::identity_or_warn`; `|_| None` for none).
+    pub fn new(host: Host, config: Config, acr: AcrIdentity) -> anyhow::Result<Self> {
         let http = flex_host::http::client()?;
-        let insecure = config.bootstrap.insecure_registries()?;
         Ok(Self {
-            registry: RegistryClient::new(http.clone()).with_insecure_registries(insecure),
+            registry: super::registry_auth::registry_client(
+                &config,
+                &host.fs,
+                &http,
+                acr(&config),
+            )?,
+            acr,
             http,
             exe: lifecycle::current_exe()?,
             host,
@@ -242,15 +254,12 @@ impl NodeOps for NodeMachines {
 }
 
 impl NodeMachines {
-    /// A registry client with `config`'s insecure registries: a probe is asked about the config
+    /// A registry client with `config`'s insecure registries and credentials: a probe is asked about the config
     /// it is given, which is not always the one these machines were made for (`bootstrap-node`
     /// probes the config it has just rendered).
     fn registry_for(&self, config: &Config) -> Result<RegistryClient, ProbeError> {
-        let insecure = config
-            .bootstrap
-            .insecure_registries()
-            .map_err(|e| ProbeError::Config(e.to_string()))?;
-        Ok(RegistryClient::new(self.http.clone()).with_insecure_registries(insecure))
+        super::registry_auth::registry_client(config, &self.host.fs, &self.http, (self.acr)(config))
+            .map_err(|e| ProbeError::Config(e.to_string()))
     }
 }
 
@@ -323,7 +332,7 @@ mod tests {
             ),
         ] {
             let fake = FakeHost::new().unwrap();
-            let machines = NodeMachines::new(fake.host.clone(), config(mutate))
+            let machines = NodeMachines::new(fake.host.clone(), config(mutate), |_| None)
                 .unwrap()
                 .with_exe("/nonexistent/aks-flex-node");
             let e = NodeOps::provision(&machines, machine, version)

@@ -553,7 +553,7 @@ pub async fn run(config: &Config, shutdown: CancellationToken) -> anyhow::Result
     let host = Host::real().await?;
     let tally = crate::flows::operations::tally::TallyStore::new(host.fs.clone());
     metrics.local_operations_from(move || tally.series());
-    let upgrader = crate::flows::upgrade::Upgrader::for_host(host.clone()).await;
+    let upgrader = crate::flows::upgrade::Upgrader::for_host(host.clone(), Some(config)).await;
     upgrade_at_start(&upgrader).await;
     watch_proof_deadline(
         upgrader.clone(),
@@ -780,6 +780,7 @@ pub async fn run_with(
     let ops: Arc<dyn NodeOps> = Arc::new(crate::machine::node::NodeMachines::new(
         host.clone(),
         config.clone(),
+        crate::goalclient::acr::identity_or_warn,
     )?);
     run_with_ops(host, config, ops, operations, proven, metrics, shutdown).await
 }

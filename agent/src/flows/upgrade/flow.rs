@@ -114,13 +114,36 @@ impl Upgrader {
     }
 
     /// The upgrader for the real `host`: in the agent's container, with the host's containerd
-    /// as its image store ([`crate::machine::containerd::host_images`]).
-    pub async fn for_host(host: Host) -> Self {
+    /// as its image store ([`crate::machine::containerd::host_images`]), whose registry client
+    /// has `config`'s registry credentials ([`crate::machine::registry_auth`]; without a config,
+    /// as for `recover`, which pulls nothing, it is anonymous). Credentials that cannot be set up
+    /// are a warning: the daemon keeps running, and a pull that needs them fails naming the
+    /// registry.
+    pub async fn for_host(host: Host, config: Option<&crate::config::Config>) -> Self {
         let containerized = host.containerized();
         let runner = host.runner.clone();
+        let credentials = match (containerized, config, flex_host::http::client()) {
+            (true, Some(config), Ok(http)) => {
+                let insecure = config.bootstrap.insecure_registries().unwrap_or_default();
+                match crate::machine::registry_auth::credential_source(
+                    config,
+                    &host.fs,
+                    &http,
+                    &insecure,
+                    crate::goalclient::acr::identity_or_warn(config),
+                ) {
+                    Ok(c) => c,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "AgentUpgrade pulls: no registry credentials");
+                        None
+                    }
+                }
+            }
+            _ => None,
+        };
         let u = Self::new(host);
         if containerized {
-            u.with_images(crate::machine::containerd::host_images(runner).await)
+            u.with_images(crate::machine::containerd::host_images(runner, credentials).await)
         } else {
             u
         }

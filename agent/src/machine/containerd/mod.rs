@@ -380,19 +380,31 @@ impl Images for HostImages {
 
 /// The agent's image store on this host: [`GrpcImages`] over [`CONTAINERD_SOCKET`] when it
 /// answers, with [`CtrImages`] over `runner` as the fallback (see [`HostImages`]).
-pub async fn host_images(runner: Arc<dyn Runner>) -> Arc<dyn Images> {
-    host_images_at(runner, Path::new(CONTAINERD_SOCKET)).await
+pub async fn host_images(
+    runner: Arc<dyn Runner>,
+    credentials: Option<Arc<dyn flex_oci::CredentialSource>>,
+) -> Arc<dyn Images> {
+    host_images_at(runner, Path::new(CONTAINERD_SOCKET), credentials).await
 }
 
 /// [`host_images`] for another socket (tests); `ctr` uses its default address unless the socket
-/// is not [`CONTAINERD_SOCKET`], in which case it is passed with `--address`.
-pub async fn host_images_at(runner: Arc<dyn Runner>, socket: &Path) -> Arc<dyn Images> {
+/// is not [`CONTAINERD_SOCKET`], in which case it is passed with `--address`. The registry
+/// client answers registries that ask for credentials from `credentials`
+/// ([`crate::machine::registry_auth`]); `ctr`, the fallback, pulls anonymously.
+pub async fn host_images_at(
+    runner: Arc<dyn Runner>,
+    socket: &Path,
+    credentials: Option<Arc<dyn flex_oci::CredentialSource>>,
+) -> Arc<dyn Images> {
     let mut ctr = CtrImages::new(runner);
     if socket != Path::new(CONTAINERD_SOCKET) {
         ctr = ctr.with_address(socket.to_string_lossy());
     }
     let registry = match flex_host::http::client() {
-        Ok(http) => flex_oci::RegistryClient::new(http),
+        Ok(http) => match credentials {
+            Some(c) => flex_oci::RegistryClient::new(http).with_credentials(c),
+            None => flex_oci::RegistryClient::new(http),
+        },
         Err(e) => {
             tracing::warn!(error = %e, "image store: no HTTP client for the registry; using ctr");
             return Arc::new(ctr);

@@ -385,6 +385,7 @@ async fn host_images_without_a_socket_uses_ctr() {
     let images = host_images_at(
         Arc::new(fake.clone()),
         Path::new("/nonexistent/containerd.sock"),
+        None,
     )
     .await;
     assert!(!images.exists("r").await.unwrap());

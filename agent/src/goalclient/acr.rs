@@ -1,0 +1,79 @@
+//! The node's Azure identity as Azure Container Registry's token exchange wants it
+//! ([`flex_oci::AadTokenSource`]): a Microsoft Entra ID token for the Resource Manager audience
+//! of the config's cloud, from `azure.servicePrincipal` or `azure.managedIdentity`
+//! ([`super::azure::from_config`]), with the service principal's tenant. The machinery's
+//! registry client (`crate::machine::registry_auth`) is given it by the flows.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use flex_host::secret::Secret;
+use flex_oci::AadTokenSource;
+
+use super::azure::{self, AuthError, AzureCredential, Credential, Env};
+use crate::config::Config;
+
+struct NodeIdentity {
+    credential: Credential,
+    scope: String,
+    tenant: Option<String>,
+}
+
+#[async_trait]
+impl AadTokenSource for NodeIdentity {
+    async fn aad_token(&self) -> Result<Secret, flex_oci::auth::AadError> {
+        Ok(self.credential.token(&self.scope).await?.token)
+    }
+
+    fn tenant(&self) -> Option<String> {
+        self.tenant.clone()
+    }
+}
+
+/// The Entra ID scope asked for ACR: the Resource Manager audience of `endpoint` (the config's,
+/// filled at load), the public cloud's when it is blank (a config built in code).
+pub fn scope(endpoint: &str) -> String {
+    if endpoint.trim().is_empty() {
+        format!("{}.default", azure::CLOUDS[0].audience)
+    } else {
+        super::arm::arm_scope(endpoint)
+    }
+}
+
+/// The node's identity for ACR's exchange, or `None` when `config` has no Azure credential
+/// (a bootstrap token, Arc: ACR's exchange is then not offered).
+pub fn identity(config: &Config, env: &Env) -> Result<Option<Arc<dyn AadTokenSource>>, AuthError> {
+    let Some(credential) = azure::from_config(config, env)? else {
+        return Ok(None);
+    };
+    tracing::debug!(
+        credential = credential.kind(),
+        "ACR's token exchange uses the node's Azure credential"
+    );
+    Ok(Some(Arc::new(NodeIdentity {
+        credential,
+        scope: scope(&config.azure.resource_manager_endpoint),
+        tenant: config
+            .azure
+            .service_principal
+            .as_ref()
+            .map(|sp| sp.tenant_id.clone())
+            .filter(|t| !t.trim().is_empty()),
+    })))
+}
+
+/// [`identity`] for the process's environment; a misconfigured credential is a warning and no
+/// identity (the config's validation has already checked what it can; a pull from an ACR then
+/// fails naming the registry).
+pub fn identity_or_warn(config: &Config) -> Option<Arc<dyn AadTokenSource>> {
+    match identity(config, &azure::process_env()) {
+        Ok(i) => i,
+        Err(e) => {
+            tracing::warn!(error = %e, "no Azure identity for ACR's token exchange");
+            None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
