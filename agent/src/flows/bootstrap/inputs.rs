@@ -74,6 +74,7 @@ pub const INPUTS: &[InputSpec] = &[
     spec(OCI_IMAGE, Kind::Render),
     spec(OFFLINE_ARTIFACTS, Kind::Render),
     spec(INSECURE_REGISTRIES, Kind::Render),
+    spec(REGISTRY_AUTH_FILE, Kind::Render),
     spec(LOG_LEVEL, Kind::Render),
     spec(PREFLIGHT_IGNORE, Kind::Flow),
     spec(VERSION, Kind::Install),
@@ -130,6 +131,8 @@ pub struct Inputs {
     pub offline_artifacts: String,
     /// `AKS_FLEX_NODE_INSECURE_REGISTRIES`.
     pub insecure_registries: String,
+    /// `AKS_FLEX_NODE_REGISTRY_AUTH_FILE`.
+    pub registry_auth_file: String,
     /// `AKS_FLEX_NODE_LOG_LEVEL`.
     pub log_level: String,
     /// `AKS_FLEX_NODE_PREFLIGHT_IGNORE`.
@@ -186,6 +189,7 @@ impl Inputs {
             OCI_IMAGE => self.oci_image = v,
             OFFLINE_ARTIFACTS => self.offline_artifacts = v,
             INSECURE_REGISTRIES => self.insecure_registries = v,
+            REGISTRY_AUTH_FILE => self.registry_auth_file = v,
             LOG_LEVEL => self.log_level = v,
             PREFLIGHT_IGNORE => self.preflight_ignore = v,
             n => return lookup(n).is_some_and(|s| s.kind == Kind::Install),
@@ -221,6 +225,7 @@ impl Inputs {
             (OCI_IMAGE, &self.oci_image),
             (OFFLINE_ARTIFACTS, &self.offline_artifacts),
             (INSECURE_REGISTRIES, &self.insecure_registries),
+            (REGISTRY_AUTH_FILE, &self.registry_auth_file),
             (LOG_LEVEL, &self.log_level),
         ]
         .into_iter()

@@ -170,6 +170,11 @@ pub fn render(
             insecure.iter().map(Value::from).collect::<Vec<_>>().into(),
         );
     }
+    if !inputs.registry_auth_file.trim().is_empty() {
+        let mut auth = Map::new();
+        put(&mut auth, "configFile", &inputs.registry_auth_file);
+        bootstrap.insert("registryAuth".into(), Value::Object(auth));
+    }
 
     let mut kubelet = Map::new();
     put(&mut kubelet, "clusterFQDN", &inputs.api_server);
@@ -252,6 +257,7 @@ fn input_for_field(field: &str) -> Option<&'static str> {
         f if f.starts_with("node.labels[") => names::LABELS,
         f if f.starts_with("node.taints[") => names::TAINTS,
         f if f.starts_with("bootstrap.insecureRegistries[") => names::INSECURE_REGISTRIES,
+        "bootstrap.registryAuth.configFile" => names::REGISTRY_AUTH_FILE,
         _ => return None,
     })
 }

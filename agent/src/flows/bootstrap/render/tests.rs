@@ -50,6 +50,10 @@ pub(crate) fn full() -> Inputs {
         (names::OCI_IMAGE, "ghcr.io/azure/agent-ubuntu2404:v20260619"),
         (names::OFFLINE_ARTIFACTS, "/var/lib/aks-flex-node/offline"),
         (names::INSECURE_REGISTRIES, " 10.0.2.2:5000 ,Registry.Local"),
+        (
+            names::REGISTRY_AUTH_FILE,
+            "/etc/aks-flex-node/registry-auth.json",
+        ),
         (names::LOG_LEVEL, "debug"),
         (names::PREFLIGHT_IGNORE, "disk-space"),
     ] {
@@ -91,6 +95,10 @@ fn full_inputs_snapshot() {
     assert_eq!(
         names::INSECURE_REGISTRIES,
         flex_host::http::INSECURE_REGISTRIES_ENV
+    );
+    assert_eq!(
+        c.bootstrap.registry_auth.as_ref().unwrap().config_file,
+        "/etc/aks-flex-node/registry-auth.json"
     );
     assert!(c.agent.require_machine_registration);
     assert!(c.offline());
@@ -234,6 +242,11 @@ fn errors_name_the_input() {
             names::INSECURE_REGISTRIES,
             "10.0.2.2:5000/v2",
             "without a path",
+        ),
+        (
+            names::REGISTRY_AUTH_FILE,
+            "registry-auth.json",
+            "\"registry-auth.json\" must be a clean absolute path (bootstrap.registryAuth.configFile)",
         ),
         (
             names::MACHINE_CLIENT_MODE,
