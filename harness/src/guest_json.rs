@@ -30,6 +30,24 @@ pub struct AgentConfig {
     pub azure: Azure,
     /// `node`.
     pub node: Node,
+    /// `bootstrap`.
+    pub bootstrap: Bootstrap,
+}
+
+/// `bootstrap` of the agent's config.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct Bootstrap {
+    /// `bootstrap.registryAuth`.
+    pub registry_auth: Option<RegistryAuth>,
+}
+
+/// `bootstrap.registryAuth` of the agent's config.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct RegistryAuth {
+    /// The credentials file.
+    pub config_file: String,
 }
 
 /// `azure` of the agent's config.
@@ -248,11 +266,16 @@ mod tests {
         let c: AgentConfig = parse(
             CONFIG,
             r#"{"azure": {"targetCluster": {"location": "x$(y)", "resourceId": "/s"}},
-                "node": {"labels": {"harness/a": "true"}}, "agent": {}}"#,
+                "node": {"labels": {"harness/a": "true"}}, "agent": {},
+                "bootstrap": {"registryAuth": {"configFile": "/etc/f.json"}}}"#,
         )
         .unwrap();
         assert_eq!(c.azure.target_cluster.location, "x$(y)");
         assert!(c.node.labels.contains_key("harness/a"));
+        assert_eq!(
+            c.bootstrap.registry_auth.unwrap().config_file,
+            "/etc/f.json"
+        );
         let e = parse::<AgentConfig>(CONFIG, "not json").unwrap_err();
         assert!(e.to_string().starts_with(CONFIG), "{e}");
     }

@@ -41,6 +41,9 @@ pub struct Additions {
     pub image: AgentImage,
     /// `/etc/aks-flex-node/bootstrap.env`, if the host should bootstrap at first boot.
     pub bootstrap_env: Option<String>,
+    /// The credentials file for the harness's password-protected registry
+    /// ([`crate::registry::GUEST_AUTH_FILE`], mode 0600), if it has one.
+    pub registry_auth: Option<String>,
     /// Merge `image/label-containerd.bu`.
     pub label_containerd: bool,
 }
@@ -49,13 +52,22 @@ fn yaml_str(s: &str) -> String {
     serde_json::to_string(s).unwrap_or_else(|_| "\"\"".into())
 }
 
-/// The harness's base config as Butane YAML: its user and the hostname.
+/// The harness's base config as Butane YAML: its user, the hostname and, with a
+/// password-protected registry, the credentials file for it.
 pub fn additions_butane(a: &Additions) -> String {
-    format!(
+    let mut y = format!(
         "variant: flatcar\nversion: 1.1.0\npasswd:\n  users:\n    - name: {USER}\n      groups: [sudo]\n      ssh_authorized_keys:\n        - {}\nstorage:\n  files:\n    - path: /etc/hostname\n      mode: 0644\n      overwrite: true\n      contents:\n        inline: {}\n",
         yaml_str(&a.ssh_public_key),
         yaml_str(&format!("{}\n", a.hostname)),
-    )
+    );
+    if let Some(creds) = &a.registry_auth {
+        y.push_str(&format!(
+            "    - path: {}\n      mode: 0600\n      overwrite: true\n      contents:\n        inline: {}\n",
+            crate::registry::GUEST_AUTH_FILE,
+            yaml_str(creds),
+        ));
+    }
+    y
 }
 
 /// The bootstrap inputs of a `bootstrap.env` text as the bootstrap arguments
@@ -71,10 +83,23 @@ pub fn bootstrap_args(env: &str) -> anyhow::Result<BootstrapArgs> {
 }
 
 /// The registry (`host[:port]`) of an image reference: the part before the first `/`. The
-/// harness's images all live on its own registry, so this is the one registry it opts in to
-/// plain HTTP.
+/// harness's images all live on its own registry (or its password-protected instance), so
+/// these are the registries it opts in to plain HTTP.
 pub fn registry_of(image: &str) -> &str {
     image.split_once('/').map_or(image, |(r, _)| r)
+}
+
+/// The distinct registries of `images`, in order, comma-separated (an
+/// `AKS_FLEX_NODE_INSECURE_REGISTRIES` value).
+pub fn registries_of(images: &[&str]) -> String {
+    let mut out: Vec<&str> = Vec::new();
+    for i in images {
+        let r = registry_of(i);
+        if !out.contains(&r) {
+            out.push(r);
+        }
+    }
+    out.join(",")
 }
 
 /// The bootstrap inputs that join the harness's kind cluster: its API server as the guest
@@ -125,7 +150,12 @@ pub fn cluster_bootstrap_env(
         format!("AKS_FLEX_NODE_OCI_IMAGE={machine_image}"),
         format!(
             "AKS_FLEX_NODE_INSECURE_REGISTRIES={}",
-            registry_of(machine_image)
+            registries_of(
+                &[Some(machine_image), bundle.map(|b| b.reference.as_str())]
+                    .into_iter()
+                    .flatten()
+                    .collect::<Vec<_>>()
+            )
         ),
         "AKS_FLEX_NODE_LOG_LEVEL=debug".into(),
         "AKS_FLEX_NODE_PREFLIGHT_IGNORE=disk-space".into(),
@@ -248,6 +278,7 @@ mod tests {
                 insecure_registries: vec!["10.0.2.100:5000".into()],
             },
             bootstrap_env: Some("AKS_FLEX_NODE_NODE_NAME=\"$(touch /tmp/x)\"\n".into()),
+            registry_auth: None,
             label_containerd: true,
         }
     }
@@ -405,6 +436,60 @@ mod tests {
     /// The bootstrap inputs go to bootstrap.env (0600), which the bootstrap's own parser reads
     /// back as the harness wrote them (the hostile value literal), and the first-boot unit has
     /// the drop-in that removes the file after a successful bootstrap.
+    /// The password-protected registry's credentials file is written 0600 where
+    /// `AKS_FLEX_NODE_REGISTRY_AUTH_FILE` points, as given, in both modes' Ignition configs
+    /// (parsed back by the project's Ignition parser).
+    #[test]
+    fn the_registry_credentials_file_is_written_0600_in_both_modes() {
+        let reg = crate::registry::Registry {
+            port: 5000,
+            dir: "/w/registry".into(),
+            auth: Some(crate::registry::AuthRegistry {
+                port: 5001,
+                password: "pw-0123".into(),
+            }),
+        };
+        let creds = reg.guest_credentials().unwrap();
+        let doc = flex_oci::DockerConfig::parse("test", creds.as_bytes()).unwrap();
+        assert_eq!(
+            doc.get("10.0.2.2:5001"),
+            Some(&flex_oci::RegistryCredential::Basic {
+                username: crate::registry::AUTH_USER.into(),
+                password: flex_host::secret::Secret::new("pw-0123"),
+            })
+        );
+        assert_eq!(reg.guest_auth_addr().as_deref(), Some("10.0.2.2:5001"));
+        let a = Additions {
+            registry_auth: Some(creds.clone()),
+            ..additions()
+        };
+        for json in [
+            render(&repo(), &a, SpecVersion::V3_3_0).unwrap(),
+            render_host(&repo(), &a, SpecVersion::V3_3_0).unwrap(),
+        ] {
+            let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+            let file = v["storage"]["files"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|f| f["path"] == crate::registry::GUEST_AUTH_FILE)
+                .unwrap();
+            assert_eq!(file["mode"], 0o600);
+            let config = flex_ignition::parse_ignition(&json).unwrap();
+            let Some(flex_ignition::Contents::Data { data, .. }) = &config
+                .file(crate::registry::GUEST_AUTH_FILE)
+                .unwrap()
+                .contents
+            else {
+                panic!("not embedded")
+            };
+            assert_eq!(std::str::from_utf8(data).unwrap(), creds);
+        }
+        // Without one, no file.
+        let json = render(&repo(), &additions(), SpecVersion::V3_3_0).unwrap();
+        assert!(!json.contains(crate::registry::GUEST_AUTH_FILE));
+    }
+
     #[test]
     fn bootstrap_env_is_written_0600_and_removed_after_a_successful_bootstrap() {
         let env = "# comment\nAKS_FLEX_NODE_NODE_NAME=\"$(touch /tmp/x)\"\nAKS_FLEX_NODE_BOOTSTRAP_TOKEN=abcdef.0123456789abcdef\n";
@@ -475,6 +560,7 @@ mod tests {
         );
         let a = Additions {
             bootstrap_env: Some(env.clone()),
+            registry_auth: None,
             label_containerd: false,
             ..additions()
         };

@@ -46,7 +46,7 @@ pub fn offline_bootstrap_env(machine_image: &str, bundle: &str, kubernetes: &str
         format!("AKS_FLEX_NODE_OFFLINE_ARTIFACTS=oci://{bundle}"),
         format!(
             "AKS_FLEX_NODE_INSECURE_REGISTRIES={}",
-            provision::registry_of(machine_image)
+            provision::registries_of(&[machine_image, bundle])
         ),
         "AKS_FLEX_NODE_LOG_LEVEL=debug".into(),
         "AKS_FLEX_NODE_PREFLIGHT_IGNORE=api-server-reachable,disk-space".into(),
@@ -193,6 +193,12 @@ pub async fn up(
     let mut env = cluster_env.unwrap_or_else(|| {
         offline_bootstrap_env(&images.machine, &images.bundle, &images.kubernetes)
     });
+    if images.registry.auth.is_some() {
+        env.push_str(&format!(
+            "AKS_FLEX_NODE_REGISTRY_AUTH_FILE={}\n",
+            registry::GUEST_AUTH_FILE
+        ));
+    }
     let served = match opts.mode {
         AgentMode::Image => None,
         AgentMode::Host => {
@@ -430,7 +436,9 @@ async fn push_images(
     pod_images: bool,
 ) -> anyhow::Result<Pushed> {
     p.say("starting the registry");
-    let reg = vm::start_registry(r, work).await?;
+    let mut reg = vm::start_registry(r, work).await?;
+    p.say("starting the registry's password-protected instance (the machine image's)");
+    registry::start_auth(r, &mut reg).await?;
     let client = vm::registry_client(&reg.host_addr())?;
     let epoch = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)?
@@ -495,10 +503,14 @@ async fn push_images(
         tmp2.path(),
     )
     .await?;
+    // The guest pulls the machine image from the password-protected instance (same storage).
+    let machine_registry = reg
+        .guest_auth_addr()
+        .unwrap_or_else(|| guest_registry.clone());
     Ok(Pushed {
         agent: agent_image,
         machine: images::pinned(
-            &format!("{guest_registry}/aks-flex/machine"),
+            &format!("{machine_registry}/aks-flex/machine"),
             &machine_digest,
         ),
         bundle: images::pinned(&format!("{guest_registry}/aks-flex/bundle"), &bundle_digest),
@@ -677,6 +689,7 @@ fn write_ignition(
                 insecure_registries: vec![images.registry.guest_addr()],
             },
             bootstrap_env: Some(env.to_string()),
+            registry_auth: images.registry.guest_credentials(),
             label_containerd: opts.labels_containerd(),
         },
         os.spec,
@@ -1026,7 +1039,7 @@ mod tests {
     #[test]
     fn offline_env_is_valid_bootstrap_input() {
         let env = offline_bootstrap_env(
-            "10.0.2.100:5000/aks-flex/machine@sha256:00",
+            "10.0.2.100:5001/aks-flex/machine@sha256:00",
             "10.0.2.100:5000/aks-flex/bundle@sha256:11",
             "1.35.0",
         );
@@ -1037,12 +1050,13 @@ mod tests {
             .map(|e| e.value.clone())
             .unwrap();
         assert_eq!(loc, provision::hostile_location());
-        // The harness's registry, and only it, is opted in to plain HTTP.
+        // The harness's registries (the machine image's password-protected instance and the
+        // bundle's), and only they, are opted in to plain HTTP.
         let insecure: Vec<&str> = vars
             .iter()
             .filter(|e| e.key == "AKS_FLEX_NODE_INSECURE_REGISTRIES")
             .map(|e| e.value.as_str())
             .collect();
-        assert_eq!(insecure, ["10.0.2.100:5000"]);
+        assert_eq!(insecure, ["10.0.2.100:5001,10.0.2.100:5000"]);
     }
 }

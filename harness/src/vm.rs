@@ -388,14 +388,15 @@ pub async fn down(r: &dyn Runner, work: &Path) -> anyhow::Result<()> {
             registry::stop(r, reg).await?;
         }
     }
-    // A registry started by an `up` that failed before it saved its state has a PID file only.
+    // A registry started by an `up` that failed before it saved its state has PID files only.
     let reg_dir = work.join("registry");
-    if reg_dir.join("registry.pid").exists() {
+    if reg_dir.join("registry.pid").exists() || reg_dir.join("registry-auth.pid").exists() {
         registry::stop(
             r,
             &Registry {
                 port: 0,
                 dir: reg_dir,
+                auth: None,
             },
         )
         .await?;

@@ -155,13 +155,38 @@ pub async fn run_reset(c: &Ctx<'_>) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Writes bootstrap.env in the guest. The content goes on stdin, not in an argument: with a
+/// Writes bootstrap.env in the guest, and the password-protected registry's credentials file
+/// ([`write_registry_credentials`]). The content goes on stdin, not in an argument: with a
 /// cluster it holds a real bootstrap token, which an error would otherwise show.
 pub async fn write_bootstrap_env(c: &Ctx<'_>, env: &str) -> anyhow::Result<()> {
     c.guest()
         .sh_stdin(
             "mkdir -p /etc/aks-flex-node && umask 077 && cat > /etc/aks-flex-node/bootstrap.env",
             &flex_host::secret::Secret::new(env),
+            &[],
+        )
+        .await?;
+    write_registry_credentials(&c.guest(), c.state.registry.as_ref()).await
+}
+
+/// Writes the credentials file of `registry`'s password-protected instance where the bootstrap
+/// inputs name it ([`crate::registry::GUEST_AUTH_FILE`], mode 0600, on stdin): as the Ignition
+/// config did at first boot; `reset` removes it with `/etc/aks-flex-node`, so every bootstrap
+/// after one needs it again, as it needs `bootstrap.env`. Nothing without such an instance.
+pub async fn write_registry_credentials(
+    guest: &crate::ssh::Guest<'_>,
+    registry: Option<&crate::registry::Registry>,
+) -> anyhow::Result<()> {
+    let Some(creds) = registry.and_then(crate::registry::Registry::guest_credentials) else {
+        return Ok(());
+    };
+    guest
+        .sh_stdin(
+            &format!(
+                "mkdir -p /etc/aks-flex-node && umask 077 && cat > {}",
+                crate::registry::GUEST_AUTH_FILE
+            ),
+            &flex_host::secret::Secret::new(creds),
             &[],
         )
         .await?;

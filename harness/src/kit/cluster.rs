@@ -443,6 +443,7 @@ pub async fn bootstrap_again(
             &hide,
         )
         .await?;
+    super::agent::write_registry_credentials(&e.guest, e.registry).await?;
     if let Some(image) = image {
         e.guest
             .sh(&format!(
