@@ -225,6 +225,59 @@ pub enum TokenCommand {
         long_about = "Print a Microsoft Entra ID token for the API server as a Kubernetes ExecCredential on stdout: the exec credential plugin kubelet and the daemon run for a service principal or managed identity. The request comes from KUBERNETES_EXEC_INFO, the credential from AAD_LOGIN_METHOD (spn: AAD_SERVICE_PRINCIPAL_CLIENT_ID, AAD_SERVICE_PRINCIPAL_CLIENT_SECRET, AZURE_TENANT_ID; msi: AZURE_CLIENT_ID for a user-assigned identity). AZURE_AUTHORITY_HOST and AKS_FLEX_NODE_IMDS_ENDPOINT override the endpoints."
     )]
     Kubelogin(KubeloginArgs),
+    /// Answer kubelet's image credential provider request for Azure Container Registry (the
+    /// exec plugin of --image-credential-provider-config)
+    #[command(
+        long_about = "Read a CredentialProviderRequest (credentialprovider.kubelet.k8s.io/v1 or v1beta1) on stdin and print the CredentialProviderResponse: for an image on *.azurecr.io, *.azurecr.cn, *.azurecr.us or a --registry, ACR's refresh token for the node's Azure identity (exchanged at https://<registry>/oauth2/exchange) as the password of ACR's null user, cached by registry for as long as the token is reused; for any other image, no credentials. The identity comes from the environment token kubelogin reads (AAD_LOGIN_METHOD spn or msi, with their variables)."
+    )]
+    Acr(AcrArgs),
+}
+
+/// `token acr` flags.
+#[derive(Debug, Args)]
+pub struct AcrArgs {
+    /// Another registry (host[:port]) served by ACR's exchange, beyond *.azurecr.io, *.azurecr.cn
+    /// and *.azurecr.us (repeatable)
+    #[arg(long = "registry", value_name = "HOST[:PORT]")]
+    pub registries: Vec<String>,
+    /// The Resource Manager endpoint whose audience the Entra ID token is for (default: the
+    /// public cloud's)
+    #[arg(long, value_name = "URL", default_value = "")]
+    pub resource_manager_endpoint: String,
+}
+
+/// `token acr`: logs (warnings and worse) on stderr, the response on stdout.
+async fn run_acr(a: AcrArgs) -> anyhow::Result<()> {
+    use crate::flows::credential_provider::{REQUEST_LIMIT, respond};
+    use crate::goalclient::azure;
+    use std::io::Read as _;
+    crate::logging::init("warning", None);
+    let mut input = Vec::new();
+    std::io::stdin()
+        .take(REQUEST_LIMIT as u64 + 1)
+        .read_to_end(&mut input)
+        .context("read the request from stdin")?;
+    if input.len() > REQUEST_LIMIT {
+        anyhow::bail!("the request on stdin is larger than {REQUEST_LIMIT} bytes");
+    }
+    let env = azure::process_env();
+    let insecure = match env.get(flex_host::http::INSECURE_REGISTRIES_ENV) {
+        Some(v) => {
+            flex_host::http::InsecureRegistries::parse(flex_host::http::INSECURE_REGISTRIES_ENV, v)?
+        }
+        None => flex_host::http::InsecureRegistries::none(),
+    };
+    for (i, r) in a.registries.iter().enumerate() {
+        flex_host::http::InsecureRegistries::from_entries(&format!("--registry[{i}]"), [r])?;
+    }
+    let exchange = std::sync::Arc::new(flex_oci::AcrExchange::new(
+        flex_host::http::client()?,
+        crate::goalclient::acr::kubelogin_identity(env, &a.resource_manager_endpoint),
+        &a.registries,
+        insecure,
+    ));
+    print!("{}", respond(&input, &exchange).await?);
+    Ok(())
 }
 
 /// `token kubelogin` flags.
@@ -770,6 +823,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             crate::flows::daemon::run(cfg, shutdown).await
         }
         Command::Token(TokenCommand::Kubelogin(a)) => run_kubelogin(a).await,
+        Command::Token(TokenCommand::Acr(a)) => run_acr(a).await,
         Command::Debug(d) => run_debug(d).await,
         Command::Operation(o) => run_operation(o).await,
         Command::Repave(a) => run_repave(a).await,

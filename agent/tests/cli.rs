@@ -392,6 +392,67 @@ fn token_kubelogin_prints_an_exec_credential_from_entra_id() {
     assert_eq!(f["scope"], format!("{AKS_SERVER_ID}/.default"));
 }
 
+/// `token acr` run as kubelet runs an image credential provider: the request on stdin, the
+/// node's identity from the exec credential's environment (a service principal against a
+/// scripted Entra ID), ACR's `/oauth2/exchange` scripted on loopback (named with `--registry`,
+/// plain HTTP through `AKS_FLEX_NODE_INSECURE_REGISTRIES`): the response carries the refresh
+/// token for the registry; an image elsewhere gets an empty response and no exchange.
+#[test]
+fn token_acr_answers_kubelets_credential_provider_request() {
+    let aad = ScriptedServer::start(vec![Reply::json(
+        200,
+        &format!(r#"{{"token_type":"Bearer","expires_in":3599,"access_token":"{AAD_TOKEN}"}}"#),
+    )])
+    .unwrap();
+    let acr = ScriptedServer::start(vec![Reply::json(
+        200,
+        r#"{"refresh_token":"acr-refresh-token"}"#,
+    )])
+    .unwrap();
+    let registry = acr.url("").trim_start_matches("http://").to_string();
+    let mut env = spn_env(&aad.url("/"));
+    env.push(("AKS_FLEX_NODE_INSECURE_REGISTRIES", registry.clone()));
+    let run = |image: &str| {
+        let mut c = bin();
+        c.env_clear()
+            .args(["token", "acr", "--registry", &registry])
+            .write_stdin(format!(
+                r#"{{"apiVersion":"credentialprovider.kubelet.k8s.io/v1","kind":"CredentialProviderRequest","image":"{image}"}}"#
+            ));
+        for (k, v) in &env {
+            c.env(k, v);
+        }
+        let out = c.assert().success().stderr("").get_output().stdout.clone();
+        serde_json::from_slice::<serde_json::Value>(&out).unwrap()
+    };
+    let v = run(&format!("{registry}/team/app:1.0"));
+    assert_eq!(v["kind"], "CredentialProviderResponse");
+    assert_eq!(v["apiVersion"], "credentialprovider.kubelet.k8s.io/v1");
+    assert_eq!(v["cacheKeyType"], "Registry");
+    assert_eq!(v["cacheDuration"], "30m0s");
+    assert_eq!(
+        v["auth"][&registry],
+        serde_json::json!({"username": "00000000-0000-0000-0000-000000000000", "password": "acr-refresh-token"})
+    );
+    let exchanged = acr.requests();
+    assert_eq!(exchanged.len(), 1);
+    assert_eq!(exchanged[0].target, "/oauth2/exchange");
+    let f = form(&exchanged[0].body_text());
+    assert_eq!(f["grant_type"], "access_token");
+    assert_eq!(f["access_token"], AAD_TOKEN);
+    assert_eq!(f["service"], registry);
+    assert_eq!(f["tenant"], "tenant-1");
+    assert_eq!(
+        form(&aad.requests()[0].body_text())["scope"],
+        "https://management.core.windows.net/.default"
+    );
+
+    let v = run("registry.k8s.io/pause:3.10");
+    assert_eq!(v["auth"], serde_json::json!({}));
+    assert_eq!(v["cacheDuration"], "0s");
+    assert_eq!(acr.requests().len(), 1, "no exchange for another registry");
+}
+
 #[test]
 fn token_kubelogin_with_a_managed_identity_asks_imds() {
     let imds = ScriptedServer::start(vec![Reply::json(

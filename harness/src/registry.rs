@@ -187,11 +187,15 @@ async fn run_daemon(
 
 /// How many requests under `uri_prefix` the password-protected instance's log `log` shows it
 /// let through (`msg="authorized request"`: the password was given and right, since it refuses
-/// anonymous requests).
+/// anonymous requests). The registry's logger quotes a value with a `:` in it (a digest), so
+/// the URI is matched quoted or not.
 pub fn authorized_requests(log: &str, uri_prefix: &str) -> usize {
-    let uri = format!("http.request.uri={uri_prefix}");
+    let bare = format!("http.request.uri={uri_prefix}");
+    let quoted = format!("http.request.uri=\"{uri_prefix}");
     log.lines()
-        .filter(|l| l.contains("msg=\"authorized request\"") && l.contains(&uri))
+        .filter(|l| {
+            l.contains("msg=\"authorized request\"") && (l.contains(&bare) || l.contains(&quoted))
+        })
         .count()
 }
 
@@ -328,9 +332,16 @@ mod tests {
         let with = plain.with_credentials(std::sync::Arc::new(creds));
         let resolved = with.resolve(&behind, Arch::host()).await.unwrap();
         assert_eq!(resolved.digest, pushed.digest);
+        // By digest too, as the guest pulls (the logger quotes a URI with a `:`).
+        let pinned = behind.with_digest(pushed.digest.clone());
+        with.resolve(&pinned, Arch::host()).await.unwrap();
         let log = std::fs::read_to_string(reg.auth_log()).unwrap();
         assert!(
-            authorized_requests(&log, "/v2/aks-flex/tiny/manifests/") >= 1,
+            authorized_requests(&log, "/v2/aks-flex/tiny/manifests/") >= 2,
+            "{log}"
+        );
+        assert!(
+            authorized_requests(&log, "/v2/aks-flex/tiny/manifests/sha256:") >= 1,
             "{log}"
         );
         assert_eq!(authorized_requests(&log, "/v2/aks-flex/other/"), 0);

@@ -547,6 +547,21 @@ impl CredentialSource for AcrExchange {
         &self,
         registry: &str,
     ) -> Result<Option<RegistryCredential>, CredentialError> {
+        Ok(self
+            .refresh_token(registry)
+            .await?
+            .map(|(t, _)| RegistryCredential::RefreshToken(t)))
+    }
+}
+
+impl AcrExchange {
+    /// ACR's refresh token for `registry` and how long it is reused (until 5 minutes before it
+    /// expires); `None` for a registry this exchange does not serve. Kubelet's credential
+    /// provider (`aks-flex-node token acr`) answers with it.
+    pub async fn refresh_token(
+        &self,
+        registry: &str,
+    ) -> Result<Option<(Secret, Duration)>, CredentialError> {
         if !self.serves(registry) {
             return Ok(None);
         }
@@ -558,9 +573,11 @@ impl CredentialSource for AcrExchange {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .get(&key)
-            && Instant::now() < *until
         {
-            return Ok(Some(RegistryCredential::RefreshToken(t.clone())));
+            let left = until.saturating_duration_since(Instant::now());
+            if !left.is_zero() {
+                return Ok(Some((t.clone(), left)));
+            }
         }
         let aad = self
             .aad
@@ -612,7 +629,7 @@ impl CredentialSource for AcrExchange {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(key, (token.clone(), Instant::now() + reuse));
-        Ok(Some(RegistryCredential::RefreshToken(token)))
+        Ok(Some((token, reuse)))
     }
 }
 

@@ -16,9 +16,12 @@
 //! - [`preflight`]: preflight checks and their report;
 //! - [`setup_host`]: host setup (`setupHost`: packages, OS configuration);
 //! - [`token`]: `token kubelogin`, the exec credential plugin (an Entra ID token as an
-//!   `ExecCredential`).
+//!   `ExecCredential`);
+//! - [`credential_provider`]: `token acr`, kubelet's image credential provider for Azure
+//!   Container Registry (ACR's refresh token as a `CredentialProviderResponse`).
 
 pub mod bootstrap;
+pub mod credential_provider;
 pub mod daemon;
 pub mod drain;
 pub mod ignition;

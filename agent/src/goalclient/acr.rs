@@ -40,12 +40,10 @@ pub fn scope(endpoint: &str) -> String {
     }
 }
 
-/// The node's identity for ACR's exchange, or `None` when `config` has no Azure credential
-/// (a bootstrap token, Arc: ACR's exchange is then not offered).
+/// The node's identity for ACR's exchange: the config's Azure credential, or the default
+/// chain ([`azure::from_config_or_default`]; asked only when an ACR answers `401`).
 pub fn identity(config: &Config, env: &Env) -> Result<Option<Arc<dyn AadTokenSource>>, AuthError> {
-    let Some(credential) = azure::from_config(config, env)? else {
-        return Ok(None);
-    };
+    let credential = azure::from_config_or_default(config, env)?;
     tracing::debug!(
         credential = credential.kind(),
         "ACR's token exchange uses the node's Azure credential"
@@ -58,8 +56,41 @@ pub fn identity(config: &Config, env: &Env) -> Result<Option<Arc<dyn AadTokenSou
             .service_principal
             .as_ref()
             .map(|sp| sp.tenant_id.clone())
+            .or_else(|| env.get(azure::TENANT_ID_ENV).cloned())
             .filter(|t| !t.trim().is_empty()),
     })))
+}
+
+/// The identity kubelet's exec credential environment selects (`AAD_LOGIN_METHOD`,
+/// [`azure::from_kubelogin_env`]), made when ACR's exchange first asks for a token: kubelet's
+/// image credential provider (`aks-flex-node token acr`) runs with that environment.
+struct KubeloginIdentity {
+    env: Env,
+    scope: String,
+}
+
+#[async_trait]
+impl AadTokenSource for KubeloginIdentity {
+    async fn aad_token(&self) -> Result<Secret, flex_oci::auth::AadError> {
+        let credential = azure::from_kubelogin_env(&self.env)?;
+        Ok(credential.token(&self.scope).await?.token)
+    }
+
+    fn tenant(&self) -> Option<String> {
+        self.env
+            .get(azure::TENANT_ID_ENV)
+            .map(|t| t.trim().to_string())
+            .filter(|t| !t.is_empty())
+    }
+}
+
+/// [`KubeloginIdentity`] over `env`, for the Resource Manager audience of
+/// `resource_manager_endpoint` (empty: the public cloud's).
+pub fn kubelogin_identity(env: Env, resource_manager_endpoint: &str) -> Arc<dyn AadTokenSource> {
+    Arc::new(KubeloginIdentity {
+        env,
+        scope: scope(resource_manager_endpoint),
+    })
 }
 
 /// [`identity`] for the process's environment; a misconfigured credential is a warning and no

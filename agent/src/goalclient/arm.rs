@@ -2,10 +2,9 @@
 //! `<cluster>/agentPools/<pool>/machines/<node>` read and written through Azure Resource
 //! Manager, authenticated by an [`AzureCredential`].
 //!
-//! The credential is the config's ([`super::azure::from_config`]): a service principal's client
-//! secret or a managed identity. A config with neither selects upstream's default Azure
-//! credential chain, which this agent does not implement: [`NoAzureCredential`] stands in for
-//! it and every call fails with [`NO_CREDENTIAL`]. The dev-test proxy variant
+//! The credential is the config's ([`super::azure::from_config_or_default`]): a service
+//! principal's client secret or a managed identity, or with neither the default Azure credential
+//! chain, as upstream. The dev-test proxy variant
 //! (`agent.machineClient.endpointUrl` set in `arm` mode) uses upstream's static bearer token
 //! ([`StaticToken`], `aks-flex-node-e2e`): every request goes to the proxy's scheme and host,
 //! with the proxy's path prefixed and its query kept before the request's own.
@@ -29,8 +28,6 @@ use flex_api::goal::GoalState;
 use flex_host::retry::Backoff;
 use flex_host::secret::Secret;
 
-/// What every call of an ARM client without a credential fails with.
-pub const NO_CREDENTIAL: &str = "ARM machine client needs an Azure credential: the config sets neither azure.servicePrincipal nor azure.managedIdentity, and the default Azure credential chain is not implemented in this agent (set one of them, or use agent.machineClient.mode=in-cluster)";
 /// The API version of the machines API the agent speaks.
 pub const API_VERSION: &str = "2026-01-02-preview";
 /// The bearer token the dev-test proxy accepts.
@@ -197,19 +194,6 @@ pub fn arm_audience(endpoint: &str) -> String {
 /// The scope asked of a credential: the audience + `.default`.
 pub fn arm_scope(endpoint: &str) -> String {
     format!("{}.default", arm_audience(endpoint))
-}
-
-/// The stand-in for the default Azure credential chain (a config with neither
-/// `azure.servicePrincipal` nor `azure.managedIdentity`), which this agent does not implement:
-/// fails with [`NO_CREDENTIAL`].
-#[derive(Clone, Copy, Debug, Default)]
-pub struct NoAzureCredential;
-
-#[async_trait]
-impl AzureCredential for NoAzureCredential {
-    async fn token(&self, _scope: &str) -> Result<AccessToken, AuthError> {
-        Err(AuthError::Unavailable(NO_CREDENTIAL.into()))
-    }
 }
 
 /// A fixed bearer token (the dev-test proxy's `aks-flex-node-e2e`).
@@ -522,6 +506,20 @@ impl MachineClient for ArmMachineClient {
 
 #[cfg(test)]
 mod tests {
+    /// What every call of an ARM client over [`NoAzureCredential`] fails with.
+    const NO_CREDENTIAL: &str = "no Azure credential (test)";
+
+    /// A credential that never gives a token (fake, test code).
+    #[derive(Clone, Copy, Debug, Default)]
+    struct NoAzureCredential;
+
+    #[async_trait]
+    impl AzureCredential for NoAzureCredential {
+        async fn token(&self, _scope: &str) -> Result<AccessToken, AuthError> {
+            Err(AuthError::Unavailable(NO_CREDENTIAL.into()))
+        }
+    }
+
     use super::*;
     use crate::config::TargetCluster;
 

@@ -7,8 +7,9 @@
 //!   `GET <endpoint>?api-version=2018-02-01&resource=<scope without /.default>[&client_id=<id>]`
 //!   with `Metadata: true`.
 //!
-//! Which one: [`from_config`] (`azure.servicePrincipal`, else `azure.managedIdentity`; neither
-//! means the default Azure credential chain, which this agent does not implement) and
+//! Which one: [`from_config`] (`azure.servicePrincipal`, else `azure.managedIdentity`), with
+//! [`from_config_or_default`] the default Azure credential chain ([`chain`]) when a config names
+//! neither, and
 //! [`from_kubelogin_env`] (`AAD_LOGIN_METHOD=spn|msi` with the variables
 //! `crate::machine::nodegoal` gives kubelet's exec credential).
 //!
@@ -43,6 +44,8 @@ use url::Url;
 use super::retry::{parse_retry_after, retryable_status};
 use crate::config::Config;
 use flex_host::secret::Secret;
+
+pub mod chain;
 
 /// The public cloud's authority host.
 pub const DEFAULT_AUTHORITY_HOST: &str = "https://login.microsoftonline.com/";
@@ -385,6 +388,7 @@ struct TokenEndpoint {
     retry_status: fn(u16) -> bool,
     http: reqwest::Client,
     backoff: Backoff,
+    timeout: Duration,
     cache: TokenCache,
 }
 
@@ -397,6 +401,7 @@ impl TokenEndpoint {
             http: flex_host::http::client()
                 .map_err(|e| AuthError::Setting(format!("build the token HTTP client: {e}")))?,
             backoff: Backoff::default(),
+            timeout: REQUEST_TIMEOUT,
             cache: TokenCache::default(),
         })
     }
@@ -416,7 +421,7 @@ impl TokenEndpoint {
         let (what, endpoint) = (self.what, shown(&self.url));
         let request = request(&self.http)
             .header(reqwest::header::ACCEPT, "application/json")
-            .timeout(REQUEST_TIMEOUT)
+            .timeout(self.timeout)
             .build()
             .map_err(|e| AuthError::Setting(format!("{what} {endpoint}: {e}")))?;
         let transport = |e: reqwest::Error| AuthError::Transport {
@@ -610,6 +615,12 @@ impl ManagedIdentityCredential {
         self
     }
 
+    /// Replaces the request timeout (the default chain's probe of IMDS).
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.endpoint.timeout = timeout;
+        self
+    }
+
     /// The user-assigned identity's client id (`None`: system-assigned).
     pub fn client_id(&self) -> Option<&str> {
         self.client_id.as_deref()
@@ -645,22 +656,26 @@ pub enum Credential {
     ClientSecret(ClientSecretCredential),
     /// A managed identity.
     ManagedIdentity(ManagedIdentityCredential),
+    /// The default credential chain ([`chain`]), for a config that names neither.
+    Default(Box<chain::DefaultAzureCredential>),
 }
 
 impl Credential {
-    /// `service principal` or `managed identity`, for logs.
+    /// `service principal`, `managed identity` or `default credential chain`, for logs.
     pub fn kind(&self) -> &'static str {
         match self {
             Credential::ClientSecret(_) => "service principal",
             Credential::ManagedIdentity(_) => "managed identity",
+            Credential::Default(_) => "default credential chain",
         }
     }
 
-    /// Replaces the retry backoff.
+    /// Replaces the retry backoff (the default chain keeps its sources' own).
     pub fn with_backoff(self, backoff: Backoff) -> Self {
         match self {
             Credential::ClientSecret(c) => Credential::ClientSecret(c.with_backoff(backoff)),
             Credential::ManagedIdentity(c) => Credential::ManagedIdentity(c.with_backoff(backoff)),
+            d @ Credential::Default(_) => d,
         }
     }
 }
@@ -671,6 +686,7 @@ impl AzureCredential for Credential {
         match self {
             Credential::ClientSecret(c) => c.token(scope).await,
             Credential::ManagedIdentity(c) => c.token(scope).await,
+            Credential::Default(c) => c.token(scope).await,
         }
     }
 }
@@ -697,6 +713,25 @@ pub fn from_config(config: &Config, env: &Env) -> Result<Option<Credential>, Aut
             .map(|c| Some(Credential::ManagedIdentity(c)));
     }
     Ok(None)
+}
+
+/// [`from_config`], and without either the default credential chain ([`chain`], upstream's
+/// `DefaultAzureCredential`) over `env`, the host's files and processes, the config's cloud's
+/// authority host (or `AZURE_AUTHORITY_HOST`) and the IMDS endpoint.
+pub fn from_config_or_default(config: &Config, env: &Env) -> Result<Credential, AuthError> {
+    if let Some(c) = from_config(config, env)? {
+        return Ok(c);
+    }
+    let cloud_host = cloud_of(&config.azure.resource_manager_endpoint)
+        .map_or(DEFAULT_AUTHORITY_HOST, |c| c.authority_host);
+    chain::DefaultAzureCredential::new(
+        env,
+        flex_host::fs::HostFs::host(),
+        std::sync::Arc::new(flex_host::runner::ProcessRunner::new()),
+        &authority_host(env, cloud_host)?,
+        &imds_endpoint(env)?,
+    )
+    .map(|c| Credential::Default(Box::new(c)))
 }
 
 /// The credential kubelogin's environment selects: `AAD_LOGIN_METHOD=spn` with

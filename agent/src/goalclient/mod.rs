@@ -15,7 +15,7 @@ pub mod incluster;
 pub mod retry;
 pub mod select;
 
-pub use arm::{ArmMachineClient, MachineResourceId, NoAzureCredential};
+pub use arm::{ArmMachineClient, MachineResourceId};
 pub use azure::{AccessToken, AuthError, AzureCredential};
 pub use flex_api::arm::{ArmMachine, parse_arm_machine};
 pub use incluster::{Endpoint, InClusterClient};

@@ -14,10 +14,11 @@
 //!    reach (a development or test cluster; not upstream's);
 //! 4. `arm` with `endpointUrl` → [`ArmMachineClient::proxy`] (the dev-test proxy, static token);
 //! 5. `arm` → [`ArmMachineClient`] with the config's credential
-//!    ([`super::azure::from_config`]: service principal or managed identity); with neither (the
-//!    default credential chain, not implemented) [`NoAzureCredential`]: built, but every call
-//!    fails with [`super::arm::NO_CREDENTIAL`] (so `start` fails only with
-//!    `agent.requireMachineRegistration`, and the daemon keeps running and reports it).
+//!    ([`super::azure::from_config_or_default`]: service principal or managed identity; with
+//!    neither, the default Azure credential chain, as upstream's `DefaultAzureCredential`).
+//!    Built in any case; when the chain finds nothing every call fails listing what it tried
+//!    (so `start` fails only with `agent.requireMachineRegistration`, and the daemon keeps
+//!    running and reports it).
 //!
 //! Building a Kubernetes client needs a Tokio runtime: call these from async code.
 
@@ -25,7 +26,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
-use super::arm::{ArmMachineClient, NoAzureCredential};
+use super::arm::ArmMachineClient;
 use super::azure::{self, AzureCredential};
 use super::incluster::InClusterClient;
 use super::{Machine, MachineClient, MachineError};
@@ -33,6 +34,16 @@ use crate::config::{Config, ControllerEndpoint};
 use crate::kubeclient::KubeClients;
 use crate::machine::seams::{MachineRegistry, RemoteMachine};
 use flex_api::goal::GoalState;
+
+/// The ARM machine client for `config` with the credential [`azure::from_config_or_default`]
+/// selects in `env`.
+fn arm_client(config: &Config, env: &azure::Env) -> Result<Arc<dyn MachineClient>, MachineError> {
+    let c =
+        azure::from_config_or_default(config, env).map_err(|e| MachineError::Other(e.into()))?;
+    tracing::info!(credential = c.kind(), "using the AKS machine API");
+    let credential: Arc<dyn AzureCredential> = Arc::new(c);
+    Ok(Arc::new(ArmMachineClient::new(config, credential)?))
+}
 
 /// The machine client for `config`; `kube` is the daemon's Kubernetes clients (`None` in
 /// `start`, which uses the bootstrap credentials).
@@ -86,22 +97,7 @@ pub async fn machine_client(
             );
             Ok(Arc::new(ArmMachineClient::proxy(config, &mc.endpoint_url)?))
         }
-        "arm" | "" => {
-            let credential: Arc<dyn AzureCredential> =
-                match azure::from_config(config, &azure::process_env())
-                    .map_err(|e| MachineError::Other(e.into()))?
-                {
-                    Some(c) => {
-                        tracing::info!(credential = c.kind(), "using the AKS machine API");
-                        Arc::new(c)
-                    }
-                    None => {
-                        tracing::warn!("{}", super::arm::NO_CREDENTIAL);
-                        Arc::new(NoAzureCredential)
-                    }
-                };
-            Ok(Arc::new(ArmMachineClient::new(config, credential)?))
-        }
+        "arm" | "" => arm_client(config, &azure::process_env()),
         other => Err(MachineError::Other(anyhow::anyhow!(
             "agent.machineClient.mode {other:?} is not one of arm, in-cluster, controller"
         ))),
@@ -269,11 +265,30 @@ mod tests {
         c
     }
 
+    /// No credential in the config and none the default chain finds: the environment holds
+    /// nothing, IMDS is a closed loopback port (real socket: the probe's connection is
+    /// refused), `az` is not on this machine's PATH (CI installs no Azure CLI; the chain's own
+    /// tests drive a fake `az`).
     #[tokio::test]
     async fn arm_without_credential_builds_and_fails_on_use() {
-        let c = client_for_start(&arm_config()).await.unwrap();
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let imds = format!(
+            "http://{}/metadata/identity/oauth2/token",
+            closed.local_addr().unwrap()
+        );
+        drop(closed);
+        let env = azure::Env::from([(azure::IMDS_ENDPOINT_ENV.to_string(), imds)]);
+        let c = arm_client(&arm_config(), &env).unwrap();
         let e = c.get().await.unwrap_err().to_string();
-        assert!(e.contains(super::super::arm::NO_CREDENTIAL), "{e}");
+        assert!(
+            e.contains(
+                "the default Azure credential chain found no credential; tried environment:"
+            ),
+            "{e}"
+        );
+        for source in azure::chain::SOURCES {
+            assert!(e.contains(&format!("{source}: ")), "{source}: {e}");
+        }
         // `start` with requireMachineRegistration=false warns and goes on.
         let mut goal = GoalState {
             kubernetes_version: "1.35.0".into(),
@@ -289,7 +304,7 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(
-            e.starts_with("ensure-machine: get machine: get AKS machine: get an Azure token: ARM machine client needs an Azure credential"),
+            e.starts_with("ensure-machine: get machine: get AKS machine: get an Azure token: the default Azure credential chain found no credential"),
             "{e}"
         );
     }

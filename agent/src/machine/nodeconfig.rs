@@ -174,6 +174,12 @@ pub fn render_rootfs(
         ),
         file(
             &root,
+            "etc/systemd/system/kubelet.service.d/40-image-credential-provider.conf",
+            render_credential_provider_dropin(goal),
+            0o644,
+        ),
+        file(
+            &root,
             "etc/systemd/system/kubelet.service.d/50-env-file.conf",
             "[Service]\nEnvironmentFile=-/etc/default/kubelet\n",
             0o644,
@@ -181,6 +187,10 @@ pub fn render_rootfs(
     ]);
     let (kubeconfig_path, kubeconfig) = render_kubeconfig(goal);
     out.push(file(&root, kubeconfig_path, kubeconfig, 0o600));
+    if let Some(config) = render_credential_provider_config(goal) {
+        // 0600: the plugin's environment may hold the service principal's secret.
+        out.push(file(&root, CREDENTIAL_PROVIDER_CONFIG, config, 0o600));
+    }
     out.push(file(
         &root,
         "etc/tmpfiles.d/kmsg.conf",
@@ -412,8 +422,71 @@ pub fn render_kubelet_unit() -> String {
         let _ = writeln!(s, "  {f} \\");
     }
     let _ = writeln!(s, "  --tls-cipher-suites={TLS_CIPHER_SUITES} \\");
-    s.push_str("  $KUBELET_NODE_CONFIG_ARGS $KUBELET_TUNING_ARGS $KUBELET_KUBECONFIG_ARGS $KUBELET_EXTRA_ARGS\n\n[Install]\nWantedBy=multi-user.target\n");
+    s.push_str("  $KUBELET_NODE_CONFIG_ARGS $KUBELET_TUNING_ARGS $KUBELET_KUBECONFIG_ARGS $KUBELET_IMAGE_CREDENTIAL_PROVIDER_ARGS $KUBELET_EXTRA_ARGS\n\n[Install]\nWantedBy=multi-user.target\n");
     s
+}
+
+/// kubelet's image credential provider config inside the machine.
+pub const CREDENTIAL_PROVIDER_CONFIG: &str = "/etc/kubernetes/image-credential-provider.yaml";
+
+/// The registries `token acr` serves by their name (kubelet's `matchImages` patterns).
+pub const ACR_MATCH_IMAGES: [&str; 3] = ["*.azurecr.io", "*.azurecr.cn", "*.azurecr.us"];
+
+/// kubelet's flags for its image credential provider: the config and the directory holding
+/// `aks-flex-node` (the plugin), or nothing when the node has no Azure identity. Written in
+/// every case, so a goal that drops the identity drops the flags.
+fn render_credential_provider_dropin(goal: &MachineGoal) -> String {
+    let args = match goal.acr_provider {
+        Some(_) => format!(
+            "--image-credential-provider-config={CREDENTIAL_PROVIDER_CONFIG} --image-credential-provider-bin-dir={}",
+            Path::new(AGENT_IN_ROOTFS)
+                .parent()
+                .map_or_else(|| "/usr/local/bin".into(), |p| p.display().to_string())
+        ),
+        None => String::new(),
+    };
+    format!(
+        "[Service]\n{}",
+        environment("KUBELET_IMAGE_CREDENTIAL_PROVIDER_ARGS", &args)
+    )
+}
+
+/// kubelet's `CredentialProviderConfig` (`kubelet.config.k8s.io/v1`): `aks-flex-node token acr`
+/// for the ACR names and the config's other ACR registries, with the exec credential's
+/// environment; `None` without an Azure identity.
+pub fn render_credential_provider_config(goal: &MachineGoal) -> Option<String> {
+    let p = goal.acr_provider.as_ref()?;
+    let name = Path::new(AGENT_IN_ROOTFS).file_name().map_or_else(
+        || "aks-flex-node".into(),
+        |n| n.to_string_lossy().into_owned(),
+    );
+    let mut s = format!(
+        "apiVersion: kubelet.config.k8s.io/v1\nkind: CredentialProviderConfig\nproviders:\n- name: {}\n  apiVersion: credentialprovider.kubelet.k8s.io/v1\n  defaultCacheDuration: 10m\n  matchImages:\n",
+        yaml_str(&name)
+    );
+    for m in ACR_MATCH_IMAGES
+        .iter()
+        .map(|m| m.to_string())
+        .chain(p.registries.iter().cloned())
+    {
+        let _ = writeln!(s, "  - {}", yaml_str(&m));
+    }
+    s.push_str("  args:\n  - token\n  - acr\n");
+    if !p.resource_manager_endpoint.is_empty() {
+        let _ = writeln!(
+            s,
+            "  - --resource-manager-endpoint\n  - {}",
+            yaml_str(&p.resource_manager_endpoint)
+        );
+    }
+    for r in &p.registries {
+        let _ = writeln!(s, "  - --registry\n  - {}", yaml_str(r));
+    }
+    s.push_str("  env:\n");
+    for (k, v) in &p.env {
+        let _ = writeln!(s, "  - name: {k}\n    value: {}", yaml_str(v.expose()));
+    }
+    Some(s)
 }
 
 fn render_kubeconfig_dropin(goal: &MachineGoal) -> String {
@@ -831,6 +904,36 @@ mod tests {
         let node_args = render_node_config_dropin(&g).unwrap();
         assert!(!node_args.contains("--register-with-taints"));
         assert!(!node_args.contains("--node-ip"));
+    }
+
+    /// A node with a service principal (and a bootstrap token, and an ACR under another name)
+    /// gets kubelet's image credential provider: the config, 0600, with the exec credential's
+    /// environment; the flags in their drop-in. A bootstrap token alone gets neither (the
+    /// drop-in with an empty value, `bootstrap_token_machine_files`).
+    #[test]
+    fn a_node_with_an_azure_identity_gets_the_acr_credential_provider() {
+        let g = goal(|v| {
+            v["azure"]["servicePrincipal"] = serde_json::json!({"tenantId": "tenant-1", "clientId": "client-1", "clientSecret": "s3cret"});
+            v["bootstrap"] =
+                serde_json::json!({"registryAuth": {"acrRegistries": ["registry.contoso.example"]}});
+        });
+        assert!(matches!(g.auth, KubeletAuth::BootstrapToken(_)));
+        insta::assert_snapshot!(
+            "acr_credential_provider_config",
+            render_credential_provider_config(&g).unwrap()
+        );
+        assert_eq!(
+            render_credential_provider_dropin(&g),
+            "[Service]\nEnvironment=\"KUBELET_IMAGE_CREDENTIAL_PROVIDER_ARGS=--image-credential-provider-config=/etc/kubernetes/image-credential-provider.yaml --image-credential-provider-bin-dir=/usr/local/bin\"\n"
+        );
+        let entries = render_rootfs(&g, b"").unwrap();
+        let config = entries
+            .iter()
+            .find(|e| e.path().ends_with("etc/kubernetes/image-credential-provider.yaml"))
+            .unwrap();
+        assert!(matches!(config, Entry::File { mode: 0o600, .. }));
+        let plain = goal(|_| {});
+        assert_eq!(render_credential_provider_config(&plain), None);
     }
 
     /// A goal whose values never went through config validation (faked here by editing a

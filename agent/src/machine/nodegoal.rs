@@ -72,6 +72,48 @@ pub struct MachineGoal {
     pub registry_mirrors: BTreeMap<String, String>,
     /// Host devices bound into the machine (paths) and device-group specifiers (DeviceAllow only).
     pub devices: Devices,
+    /// kubelet's image credential provider for ACR (`aks-flex-node token acr`), when the node
+    /// has an Azure identity (a service principal or managed identity).
+    pub acr_provider: Option<AcrProvider>,
+}
+
+/// kubelet's image credential provider for Azure Container Registry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AcrProvider {
+    /// The plugin's environment: the exec credential's (`AAD_LOGIN_METHOD`, …), sorted by name.
+    pub env: BTreeMap<String, Secret>,
+    /// Registries beyond `*.azurecr.*` it serves (`bootstrap.registryAuth.acrRegistries`).
+    pub registries: Vec<String>,
+    /// The Resource Manager endpoint whose audience ACR's exchange gets.
+    pub resource_manager_endpoint: String,
+}
+
+/// The exec credential environment of the config's Azure identity: `AAD_LOGIN_METHOD=spn` with
+/// the service principal's variables, or `msi` with `AZURE_CLIENT_ID` for a user-assigned
+/// identity; `None` without either.
+pub fn azure_identity_env(config: &Config) -> Option<BTreeMap<String, Secret>> {
+    let mut env = BTreeMap::new();
+    if let Some(sp) = &config.azure.service_principal {
+        env.insert("AAD_LOGIN_METHOD".into(), Secret::new("spn"));
+        env.insert(
+            "AAD_SERVICE_PRINCIPAL_CLIENT_ID".into(),
+            Secret::new(&sp.client_id),
+        );
+        env.insert(
+            "AAD_SERVICE_PRINCIPAL_CLIENT_SECRET".into(),
+            sp.client_secret.clone(),
+        );
+        env.insert("AZURE_TENANT_ID".into(), Secret::new(&sp.tenant_id));
+        return Some(env);
+    }
+    if let Some(mi) = &config.azure.managed_identity {
+        env.insert("AAD_LOGIN_METHOD".into(), Secret::new("msi"));
+        if !mi.client_id.is_empty() {
+            env.insert("AZURE_CLIENT_ID".into(), Secret::new(&mi.client_id));
+        }
+        return Some(env);
+    }
+    None
 }
 
 /// Devices the machine gets.
@@ -131,27 +173,10 @@ pub fn resolve(config: &Config, machine: &str, host: &HostFacts) -> Result<Machi
     if api_server.is_empty() {
         return Err(err("node.kubelet.clusterFQDN is required".into()));
     }
+    let identity = azure_identity_env(config);
     let auth = if let Some(bt) = &config.azure.bootstrap_token {
         KubeletAuth::BootstrapToken(bt.token.clone())
-    } else if let Some(sp) = &config.azure.service_principal {
-        let mut env = BTreeMap::new();
-        env.insert("AAD_LOGIN_METHOD".into(), Secret::new("spn"));
-        env.insert(
-            "AAD_SERVICE_PRINCIPAL_CLIENT_ID".into(),
-            Secret::new(&sp.client_id),
-        );
-        env.insert(
-            "AAD_SERVICE_PRINCIPAL_CLIENT_SECRET".into(),
-            sp.client_secret.clone(),
-        );
-        env.insert("AZURE_TENANT_ID".into(), Secret::new(&sp.tenant_id));
-        KubeletAuth::ExecCredential { env }
-    } else if let Some(mi) = &config.azure.managed_identity {
-        let mut env = BTreeMap::new();
-        env.insert("AAD_LOGIN_METHOD".into(), Secret::new("msi"));
-        if !mi.client_id.is_empty() {
-            env.insert("AZURE_CLIENT_ID".into(), Secret::new(&mi.client_id));
-        }
+    } else if let Some(env) = identity.clone() {
         KubeletAuth::ExecCredential { env }
     } else {
         return Err(err(
@@ -212,6 +237,16 @@ pub fn resolve(config: &Config, machine: &str, host: &HostFacts) -> Result<Machi
         sandbox_image,
         registry_mirrors: config.node.registry_mirrors.clone(),
         devices,
+        acr_provider: identity.map(|env| AcrProvider {
+            env,
+            registries: config
+                .bootstrap
+                .registry_auth
+                .as_ref()
+                .map(|a| a.acr_registries.clone())
+                .unwrap_or_default(),
+            resource_manager_endpoint: config.azure.resource_manager_endpoint.trim().to_string(),
+        }),
     })
 }
 
