@@ -914,8 +914,7 @@ mod tests {
     fn a_node_with_an_azure_identity_gets_the_acr_credential_provider() {
         let g = goal(|v| {
             v["azure"]["servicePrincipal"] = serde_json::json!({"tenantId": "tenant-1", "clientId": "client-1", "clientSecret": "s3cret"});
-            v["bootstrap"] =
-                serde_json::json!({"registryAuth": {"acrRegistries": ["registry.contoso.example"]}});
+            v["bootstrap"] = serde_json::json!({"registryAuth": {"acrRegistries": ["registry.contoso.example"]}});
         });
         assert!(matches!(g.auth, KubeletAuth::BootstrapToken(_)));
         insta::assert_snapshot!(
@@ -929,7 +928,10 @@ mod tests {
         let entries = render_rootfs(&g, b"").unwrap();
         let config = entries
             .iter()
-            .find(|e| e.path().ends_with("etc/kubernetes/image-credential-provider.yaml"))
+            .find(|e| {
+                e.path()
+                    .ends_with("etc/kubernetes/image-credential-provider.yaml")
+            })
             .unwrap();
         assert!(matches!(config, Entry::File { mode: 0o600, .. }));
         let plain = goal(|_| {});

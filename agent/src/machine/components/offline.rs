@@ -138,15 +138,16 @@ pub trait ArtifactFetcher: Send + Sync {
 
 /// The real [`ArtifactFetcher`]: [`flex_oci::fetch_artifact`] and
 /// [`flex_oci::manifest_reachable`] through a [`RegistryClient`] over the agent's HTTP
-/// client (anonymous access, plain HTTP only for the registries the client lists as insecure,
-/// retries).
+/// client (anonymous, or with `bootstrap.registryAuth`'s credentials when a registry asks;
+/// plain HTTP only for the registries the client lists as insecure; retries).
 #[derive(Clone, Debug)]
 pub struct OciArtifactFetcher {
     registry: RegistryClient,
 }
 
 impl OciArtifactFetcher {
-    /// A fetcher through `registry` (the node's client, with `bootstrap.insecureRegistries`).
+    /// A fetcher through `registry` (the node's client, with `bootstrap.insecureRegistries` and
+    /// `bootstrap.registryAuth`).
     pub fn new(registry: RegistryClient) -> Self {
         Self { registry }
     }
