@@ -522,23 +522,14 @@ pub(crate) fn form_body(pairs: &[(&str, &str)]) -> String {
         .finish()
 }
 
-/// ACR's error answer, `{"errors":[{"code":…,"message":…}]}` or `{"error":…}`: codes and
-/// messages only, bounded.
+/// ACR's error answer: a registry's (`{"errors":[…]}`, the registry client's reading) or
+/// OAuth2's `{"error":…}`; codes and messages only, bounded.
 fn acr_error_detail(bytes: &[u8]) -> String {
-    let Ok(v) = serde_json::from_slice::<serde_json::Value>(bytes) else {
-        return String::new();
-    };
-    let mut parts = Vec::new();
-    if let Some(errs) = v.get("errors").and_then(|e| e.as_array()) {
-        for e in errs {
-            let code = e.get("code").and_then(|c| c.as_str()).unwrap_or("");
-            let msg = e.get("message").and_then(|c| c.as_str()).unwrap_or("");
-            parts.push(format!("{code} {msg}").trim().to_string());
-        }
-    } else if let Some(e) = v.get("error").and_then(|e| e.as_str()) {
-        parts.push(e.to_string());
-    }
-    parts.join("; ").chars().take(300).collect()
+    let text = crate::error::registry_errors(bytes).or_else(|| {
+        let v = serde_json::from_slice::<serde_json::Value>(bytes).ok()?;
+        v.get("error")?.as_str().map(str::to_string)
+    });
+    text.unwrap_or_default().chars().take(300).collect()
 }
 
 #[async_trait]

@@ -185,3 +185,19 @@ impl OciError {
         }
     }
 }
+
+/// A registry's error answer, `{"errors":[{"code":…,"message":…}]}`, as `code message; …`;
+/// `None` for anything else.
+pub(crate) fn registry_errors(bytes: &[u8]) -> Option<String> {
+    let v = serde_json::from_slice::<serde_json::Value>(bytes).ok()?;
+    let errs = v.get("errors")?.as_array()?;
+    let parts: Vec<String> = errs
+        .iter()
+        .map(|e| {
+            let code = e.get("code").and_then(|c| c.as_str()).unwrap_or("");
+            let msg = e.get("message").and_then(|c| c.as_str()).unwrap_or("");
+            format!("{code} {msg}").trim().to_string()
+        })
+        .collect();
+    Some(parts.join("; "))
+}

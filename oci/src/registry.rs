@@ -241,23 +241,14 @@ async fn error_detail(resp: reqwest::Response) -> String {
     let (bytes, _) = flex_host::http::read_limited(resp, flex_host::http::ERROR_BODY_LIMIT)
         .await
         .unwrap_or_default();
-    let text = String::from_utf8_lossy(&bytes);
-    let text = text.trim();
-    // Registries answer {"errors":[{"code":…,"message":…}]}.
-    if let Ok(v) = serde_json::from_str::<serde_json::Value>(text)
-        && let Some(errs) = v.get("errors").and_then(|e| e.as_array())
-    {
-        let parts: Vec<String> = errs
-            .iter()
-            .map(|e| {
-                let code = e.get("code").and_then(|c| c.as_str()).unwrap_or("");
-                let msg = e.get("message").and_then(|c| c.as_str()).unwrap_or("");
-                format!("{code} {msg}").trim().to_string()
-            })
-            .collect();
-        return parts.join("; ");
+    if let Some(errors) = super::error::registry_errors(&bytes) {
+        return errors;
     }
-    text.chars().take(300).collect()
+    String::from_utf8_lossy(&bytes)
+        .trim()
+        .chars()
+        .take(300)
+        .collect()
 }
 
 /// Why the token realm `realm`, named by a registry, is not asked: a scheme other than HTTP(S);

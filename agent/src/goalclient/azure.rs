@@ -484,6 +484,33 @@ impl TokenEndpoint {
     }
 }
 
+/// `<authority host>/<tenant>/oauth2/v2.0/token` for an application `client_id` of `tenant` (an
+/// id or a domain): the token endpoint of the client credentials grant, whatever proves the
+/// application (a secret, a federated token).
+fn entra_token_url(tenant: &str, client_id: &str, authority_host: &Url) -> Result<Url, AuthError> {
+    let tenant = tenant.trim();
+    if tenant.is_empty()
+        || !tenant
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.')
+    {
+        return Err(AuthError::Setting(format!(
+            "service principal tenant {tenant:?} is not a tenant id or domain"
+        )));
+    }
+    if client_id.trim().is_empty() {
+        return Err(AuthError::Setting(
+            "service principal client id is empty".into(),
+        ));
+    }
+    let mut base = endpoint_url("authority host", authority_host.as_str())?;
+    if !base.path().ends_with('/') {
+        base.set_path(&format!("{}/", base.path()));
+    }
+    base.join(&format!("{tenant}/oauth2/v2.0/token"))
+        .map_err(|e| AuthError::Setting(format!("authority host {base}: {e}")))
+}
+
 /// A service principal's client secret, exchanged at Microsoft Entra ID.
 #[derive(Debug)]
 pub struct ClientSecretCredential {
@@ -501,33 +528,13 @@ impl ClientSecretCredential {
         secret: Secret,
         authority_host: &Url,
     ) -> Result<Self, AuthError> {
-        let tenant = tenant.trim();
-        if tenant.is_empty()
-            || !tenant
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.')
-        {
-            return Err(AuthError::Setting(format!(
-                "service principal tenant {tenant:?} is not a tenant id or domain"
-            )));
-        }
-        if client_id.trim().is_empty() {
-            return Err(AuthError::Setting(
-                "service principal client id is empty".into(),
-            ));
-        }
+        let token_url = entra_token_url(tenant, client_id, authority_host)?;
         if secret.is_blank() {
             return Err(AuthError::Setting(
                 "service principal client secret is empty".into(),
             ));
         }
-        let mut base = endpoint_url("authority host", authority_host.as_str())?;
-        if !base.path().ends_with('/') {
-            base.set_path(&format!("{}/", base.path()));
-        }
-        let token_url = base
-            .join(&format!("{tenant}/oauth2/v2.0/token"))
-            .map_err(|e| AuthError::Setting(format!("authority host {base}: {e}")))?;
+        let tenant = tenant.trim();
         Ok(Self {
             tenant: tenant.to_string(),
             client_id: client_id.trim().to_string(),
@@ -557,16 +564,24 @@ impl ClientSecretCredential {
     }
 }
 
-#[async_trait]
-impl AzureCredential for ClientSecretCredential {
-    async fn token(&self, scope: &str) -> Result<AccessToken, AuthError> {
+impl TokenEndpoint {
+    /// The client credentials grant for `client_id` at this endpoint, the application proven by
+    /// `proof` (`client_secret`, or a `client_assertion` with its type), whose `secret` is cut
+    /// out of error answers.
+    async fn client_credentials(
+        &self,
+        scope: &str,
+        client_id: &str,
+        proof: &[(&str, &str)],
+        secret: &Secret,
+    ) -> Result<AccessToken, AuthError> {
         let body = url::form_urlencoded::Serializer::new(String::new())
             .append_pair("grant_type", "client_credentials")
-            .append_pair("client_id", &self.client_id)
-            .append_pair("client_secret", self.secret.expose())
+            .append_pair("client_id", client_id)
+            .extend_pairs(proof)
             .append_pair("scope", scope)
             .finish();
-        let url = self.endpoint.url.clone();
+        let url = self.url.clone();
         let request = |http: &reqwest::Client| {
             http.post(url)
                 .header(
@@ -575,8 +590,20 @@ impl AzureCredential for ClientSecretCredential {
                 )
                 .body(body)
         };
+        self.token(scope, request, Some(secret)).await
+    }
+}
+
+#[async_trait]
+impl AzureCredential for ClientSecretCredential {
+    async fn token(&self, scope: &str) -> Result<AccessToken, AuthError> {
         self.endpoint
-            .token(scope, request, Some(&self.secret))
+            .client_credentials(
+                scope,
+                &self.client_id,
+                &[("client_secret", self.secret.expose())],
+                &self.secret,
+            )
             .await
     }
 }

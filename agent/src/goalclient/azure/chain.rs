@@ -33,7 +33,8 @@ use url::Url;
 
 use super::{
     AccessToken, AuthError, AzureCredential, ClientSecretCredential, Env,
-    ManagedIdentityCredential, TokenEndpoint, env_value, resource_of, retryable_status,
+    ManagedIdentityCredential, TokenEndpoint, entra_token_url, env_value, resource_of,
+    retryable_status,
 };
 
 /// The client certificate's path (environment credential; recognised, not supported).
@@ -68,18 +69,15 @@ impl WorkloadIdentityCredential {
         fs: HostFs,
         authority_host: &Url,
     ) -> Result<Self, AuthError> {
-        // The tenant and client id are checked, and the token URL made, as a client secret's.
-        let check =
-            ClientSecretCredential::new(tenant, client_id, Secret::new("unused"), authority_host)?;
         Ok(Self {
+            endpoint: TokenEndpoint::new(
+                "Microsoft Entra ID token request to",
+                entra_token_url(tenant, client_id, authority_host)?,
+                retryable_status,
+            )?,
             client_id: client_id.trim().to_string(),
             token_file,
             fs,
-            endpoint: TokenEndpoint::new(
-                "Microsoft Entra ID token request to",
-                check.token_url().clone(),
-                retryable_status,
-            )?,
         })
     }
 
@@ -110,23 +108,17 @@ impl AzureCredential for WorkloadIdentityCredential {
                 "{FEDERATED_TOKEN_FILE_ENV} {shown} is empty"
             )));
         }
-        let body = url::form_urlencoded::Serializer::new(String::new())
-            .append_pair("grant_type", "client_credentials")
-            .append_pair("client_id", &self.client_id)
-            .append_pair("client_assertion_type", JWT_BEARER)
-            .append_pair("client_assertion", assertion.expose())
-            .append_pair("scope", scope)
-            .finish();
-        let url = self.endpoint.url.clone();
-        let request = |http: &reqwest::Client| {
-            http.post(url)
-                .header(
-                    reqwest::header::CONTENT_TYPE,
-                    "application/x-www-form-urlencoded",
-                )
-                .body(body)
-        };
-        self.endpoint.token(scope, request, Some(&assertion)).await
+        self.endpoint
+            .client_credentials(
+                scope,
+                &self.client_id,
+                &[
+                    ("client_assertion_type", JWT_BEARER),
+                    ("client_assertion", assertion.expose()),
+                ],
+                &assertion,
+            )
+            .await
     }
 }
 
