@@ -7,6 +7,8 @@ pub const DEFAULT_CONTAINERD_VERSION: &str = "2.1.8";
 pub const DEFAULT_RUNC_VERSION: &str = "1.5.0";
 /// Default CNI plugins version.
 pub const DEFAULT_CNI_VERSION: &str = "1.5.1";
+/// node-problem-detector's default version (upstream's `npd.version` default).
+pub const DEFAULT_NPD_VERSION: &str = "v1.35.1";
 /// Default pause (sandbox) image of the machines' containerd (`components.sandboxImage`).
 pub const DEFAULT_SANDBOX_IMAGE: &str = "mcr.microsoft.com/oss/v2/kubernetes/pause:3.9";
 

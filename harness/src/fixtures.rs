@@ -74,7 +74,7 @@ pub const ARCH: &str = "amd64";
 /// Bumped when the machine build changes in a way the hashed inputs do not show.
 const MACHINE_RECIPE_VERSION: &str = "machine-rootfs-1";
 /// Bumped when the bundle build changes in a way the hashed inputs do not show.
-const BUNDLE_RECIPE_VERSION: &str = "offline-bundle-1";
+const BUNDLE_RECIPE_VERSION: &str = "offline-bundle-2";
 
 /// A test-fixture script of the bundle: its name and its template (`@VERSION@` is replaced).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -110,6 +110,10 @@ pub const STAND_INS: &[StandIn] = &[
     StandIn {
         name: "loopback",
         template: include_str!("fixtures/loopback"),
+    },
+    StandIn {
+        name: "node-problem-detector",
+        template: include_str!("fixtures/node-problem-detector"),
     },
 ];
 
@@ -657,9 +661,46 @@ pub fn write_bundle(
         &dest.join(format!("cni-plugins-linux-{ARCH}-v{}.tgz", v.cni)),
         members,
     )?;
+    write_npd(dest)?;
     write_file(dest, "README.md", render_readme(v, deb)?.as_bytes(), 0o644)?;
     Ok(())
 }
+
+/// node-problem-detector's release archive at the agent's default version, its stand-in as
+/// `bin/node-problem-detector` and a kernel monitor configuration, with the `.sha256` the
+/// agent checks it against (upstream's releases have none: a mirror or the bundle provides it).
+fn write_npd(dest: &Path) -> Result<()> {
+    let v = flex_api::versions::DEFAULT_NPD_VERSION;
+    let name = format!("node-problem-detector-{v}-linux_{ARCH}.tar.gz");
+    let archive = dest.join(&name);
+    write_tgz(
+        &archive,
+        vec![
+            (
+                "bin/node-problem-detector".into(),
+                Member::Text(render_stand_in(stand_in("node-problem-detector")?, v)),
+            ),
+            (
+                "config/kernel-monitor.json".into(),
+                Member::Text(NPD_KERNEL_MONITOR.into()),
+            ),
+        ],
+    )?;
+    let bytes =
+        std::fs::read(&archive).with_context(|| format!("reading {}", archive.display()))?;
+    let sum = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&bytes));
+    write_file(
+        dest,
+        &format!("{name}.sha256"),
+        format!("{sum}  {name}\n").as_bytes(),
+        0o644,
+    )
+}
+
+/// The bundle's kernel monitor configuration for node-problem-detector (the stand-in does not
+/// read it; the agent installs it where the real one would).
+const NPD_KERNEL_MONITOR: &str =
+    "{\"plugin\": \"kmsg\", \"source\": \"kernel-monitor\", \"rules\": []}\n";
 
 /// The Kubernetes binaries a bundle can take from a directory (`up --k8s-bin-dir`).
 pub const KUBERNETES_BINARIES: &[&str] = &["kubelet", "kubectl", "kube-proxy"];

@@ -122,7 +122,10 @@ pub(crate) const SCHEMA: Shape = Struct(&[
             ),
         ]),
     ),
-    ("npd", VERSION_ONLY),
+    (
+        "npd",
+        Struct(&[("version", Leaf), ("baseURL", Leaf), ("sha256", Leaf)]),
+    ),
     (
         "hostRouting",
         Struct(&[

@@ -47,7 +47,10 @@ pub const DEFAULT_AGENT_POOL: &str = "aksflexnodes";
 /// Default runc version when no offline artifacts are configured.
 pub const DEFAULT_RUNC_VERSION: &str = "1.1.12";
 /// Default node-problem-detector version.
-pub const DEFAULT_NPD_VERSION: &str = "v1.35.1";
+pub const DEFAULT_NPD_VERSION: &str = flex_api::versions::DEFAULT_NPD_VERSION;
+/// Where node-problem-detector's release archives are by default.
+pub const DEFAULT_NPD_BASE_URL: &str =
+    "https://github.com/kubernetes/node-problem-detector/releases/download";
 
 /// The whole configuration.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -358,11 +361,18 @@ pub struct KubeletConfig {
 }
 
 /// `npd`.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", default)]
 pub struct NpdConfig {
     /// Default `v1.35.1`.
     pub version: String,
+    /// Where the release archives are (`<baseURL>/<version>/node-problem-detector-<version>-linux_<arch>.tar.gz`);
+    /// default [`DEFAULT_NPD_BASE_URL`]. Not upstream's.
+    #[serde(rename = "baseURL")]
+    pub base_url: String,
+    /// The archive's SHA-256 (64 hex digits); without it `<archive URL>.sha256` is fetched.
+    /// Not upstream's.
+    pub sha256: String,
 }
 
 /// `hostRouting`.

@@ -7,8 +7,8 @@ use std::sync::LazyLock;
 use regex::Regex;
 
 use super::{
-    Config, DEFAULT_AGENT_POOL, DEFAULT_LOG_DIR, DEFAULT_METRICS_ADDRESS, DEFAULT_NPD_VERSION,
-    DEFAULT_RUNC_VERSION, GoDuration, MANAGED_LABEL,
+    Config, DEFAULT_AGENT_POOL, DEFAULT_LOG_DIR, DEFAULT_METRICS_ADDRESS, DEFAULT_NPD_BASE_URL,
+    DEFAULT_NPD_VERSION, DEFAULT_RUNC_VERSION, GoDuration, MANAGED_LABEL,
 };
 
 /// A failed rule: the field (dotted JSON path) and what is wrong with it.
@@ -395,6 +395,46 @@ pub(crate) fn apply_defaults(c: &mut Config) {
     if c.npd.version.is_empty() {
         c.npd.version = DEFAULT_NPD_VERSION.into();
     }
+    if c.npd.base_url.is_empty() {
+        c.npd.base_url = DEFAULT_NPD_BASE_URL.into();
+    }
+}
+
+/// `npd`: the version and base URL become a download URL and a file name; the checksum pins
+/// the archive.
+fn validate_npd(c: &Config) -> Result<(), ValidationError> {
+    let n = &c.npd;
+    let v = n.version.strip_prefix('v').unwrap_or(&n.version);
+    if !v.starts_with(|ch: char| ch.is_ascii_digit())
+        || !v
+            .chars()
+            .all(|ch| ch.is_ascii_alphanumeric() || matches!(ch, '.' | '-' | '+'))
+    {
+        return Err(err(
+            "npd.version",
+            format!("{} is not a release version (v1.35.1)", shown(&n.version)),
+        ));
+    }
+    match url::Url::parse(&n.base_url) {
+        Ok(u) if matches!(u.scheme(), "http" | "https") && u.has_host() => {}
+        // Shown only when it parses, with its user info and query redacted.
+        Ok(_) => {
+            return Err(err(
+                "npd.baseURL",
+                format!(
+                    "{} is not an absolute http(s) URL",
+                    flex_host::secret::redact_url(&n.base_url)
+                ),
+            ));
+        }
+        Err(e) => return Err(err("npd.baseURL", format!("is not a URL: {e}"))),
+    }
+    if !n.sha256.is_empty()
+        && (n.sha256.len() != 64 || !n.sha256.chars().all(|ch| ch.is_ascii_hexdigit()))
+    {
+        return Err(err("npd.sha256", "is not 64 hexadecimal digits"));
+    }
+    Ok(())
 }
 
 /// Applies defaults then checks every rule in order.
@@ -413,6 +453,7 @@ pub(crate) fn validate(
         check_registry_mirror(registry, mirror)
             .map_err(|m| err(&format!("node.registryMirrors[{registry:?}]"), m))?;
     }
+    validate_npd(c)?;
     super::routing::plan(&c.host_routing).map_err(|e| err(&e.field, e.message))?;
     validate_auth(c)?;
     if c.azure.bootstrap_token.is_some() {

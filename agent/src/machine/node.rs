@@ -189,8 +189,8 @@ impl NodeMachines {
         Ok(())
     }
 
-    /// `StartNode` without provisioning: start the machine, containerd and kubelet, and wait
-    /// for kubelet.
+    /// `StartNode` without provisioning: start the machine, containerd and kubelet, wait for
+    /// kubelet, then start node-problem-detector when it is installed (`start-npd`).
     pub async fn start_machine(&self, machine: &str) -> Result<(), SeamError> {
         let t = self.timings;
         step(
@@ -211,6 +211,7 @@ impl NodeMachines {
         )
         .await
         .map_err(SeamError::transient)?;
+        nspawn::start_npd(&self.host, machine).await;
         Ok(())
     }
 }

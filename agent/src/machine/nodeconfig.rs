@@ -180,6 +180,12 @@ pub fn render_rootfs(
         ),
         file(
             &root,
+            crate::machine::components::NPD_UNIT,
+            render_npd_unit(goal),
+            0o644,
+        ),
+        file(
+            &root,
             "etc/systemd/system/kubelet.service.d/50-env-file.conf",
             "[Service]\nEnvironmentFile=-/etc/default/kubelet\n",
             0o644,
@@ -561,6 +567,26 @@ fn render_node_config_dropin(goal: &MachineGoal) -> Result<String, RenderError> 
         "[Service]\n{}",
         environment("KUBELET_NODE_CONFIG_ARGS", &args)
     ))
+}
+
+/// node-problem-detector's unit, as upstream's: it reports as the node through kubelet's
+/// kubeconfig, its kernel monitor reading the machine's journal. The node name and API server
+/// are quoted `Environment=` values each passed as one word (`${...}`). Written whether or not
+/// the binary is installed; it is started only when it is (`nspawn::start_npd`).
+fn render_npd_unit(goal: &MachineGoal) -> String {
+    format!(
+        "[Unit]\nDescription=Node Problem Detector\nAfter=network.target kubelet.service\n\n[Service]\n{}{}ExecStart=/{} --hostname-override=${{NPD_NODE_NAME}} --apiserver-override=${{NPD_APISERVER}} --config.system-log-monitor=/{}\nRestart=on-failure\nRestartSec=5s\n\n[Install]\nWantedBy=multi-user.target\n",
+        environment("NPD_NODE_NAME", &goal.node_name),
+        environment(
+            "NPD_APISERVER",
+            &format!(
+                "{}?inClusterConfig=false&auth=/var/lib/kubelet/kubeconfig",
+                goal.api_server
+            )
+        ),
+        crate::machine::components::NPD_BIN,
+        crate::machine::components::NPD_KERNEL_MONITOR,
+    )
 }
 
 /// One `Environment="NAME=value"` line, quoted as systemd.syntax(7) reads it, whatever the

@@ -477,6 +477,41 @@ pub async fn start_services(host: &Host, machine: &str) -> Result<(), MachineErr
     Ok(())
 }
 
+/// `start-npd`: enables and starts node-problem-detector inside the machine when its binary
+/// and unit are there (looked up inside the rootfs, as the machine sees it). Not installed
+/// (offline without it in the bundle, or its install failed) or failing to start: a warning,
+/// the node works without it. Returns whether it was started.
+pub async fn start_npd(host: &Host, machine: &str) -> bool {
+    use crate::machine::components::{NPD_BIN, NPD_UNIT};
+    let installed = host.fs.confined(&machine_dir(machine)).is_ok_and(|tree| {
+        [NPD_BIN, NPD_UNIT]
+            .iter()
+            .all(|p| tree.exists(Path::new(p)))
+    });
+    if !installed {
+        tracing::info!(
+            machine,
+            "node-problem-detector is not installed; not started"
+        );
+        return false;
+    }
+    let unit = "node-problem-detector.service";
+    match host
+        .runner
+        .run(&machine_run(
+            machine,
+            &["systemctl", "enable", "--now", unit],
+        ))
+        .await
+    {
+        Ok(_) => true,
+        Err(e) => {
+            tracing::warn!(machine, error = %e, "node-problem-detector did not start; the node runs without it");
+            false
+        }
+    }
+}
+
 /// `wait-for-kubelet`: polls `systemctl is-active kubelet.service` inside the machine until it
 /// prints `active`.
 pub async fn wait_for_kubelet(host: &Host, machine: &str, t: Timings) -> Result<(), MachineError> {
@@ -658,6 +693,29 @@ mod tests {
         systemd-run --machine=kube2 --pipe --wait systemctl is-active kubelet.service
         systemd-run --machine=kube2 --pipe --wait systemctl is-active kubelet.service
         ");
+    }
+
+    /// Recording runner, real files under the fake host's root: node-problem-detector starts
+    /// only when its binary and unit are in the rootfs; a unit that fails is a warning.
+    #[tokio::test]
+    async fn npd_starts_only_when_installed_and_a_failure_does_not_fail_the_start() {
+        let f = FakeHost::new().unwrap();
+        assert!(!start_npd(&f.host, KUBE1).await);
+        assert!(f.runner.calls().is_empty());
+        let root = f.host.fs.path(&machine_dir(KUBE1));
+        for p in [
+            crate::machine::components::NPD_BIN,
+            crate::machine::components::NPD_UNIT,
+        ] {
+            std::fs::create_dir_all(root.join(p).parent().unwrap()).unwrap();
+            std::fs::write(root.join(p), "x").unwrap();
+        }
+        let cmd = "systemd-run --machine=kube1 --pipe --wait systemctl enable --now node-problem-detector.service";
+        f.runner
+            .on_seq(cmd, vec![Output::ok(""), Output::failed(1, "Job failed")]);
+        assert!(start_npd(&f.host, KUBE1).await);
+        assert!(!start_npd(&f.host, KUBE1).await);
+        assert_eq!(f.runner.calls(), vec![cmd.to_string(), cmd.to_string()]);
     }
 
     #[tokio::test]

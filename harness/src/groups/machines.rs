@@ -26,6 +26,10 @@ pub const GROUP: Group = Group {
     checks: &[
         check!("active machine runs in machine.slice", machine_in_slice),
         check!(
+            "node-problem-detector from the offline bundle runs in it",
+            npd_runs_in_machine
+        ),
+        check!(
             "aks-flex-node status says the node is healthy",
             status_healthy
         ),
@@ -67,6 +71,10 @@ pub const HOST_GROUP: Group = Group {
             agent_runs_from_a_slot
         ),
         check!("active machine runs in machine.slice", machine_in_slice),
+        check!(
+            "node-problem-detector from the offline bundle runs in it",
+            npd_runs_in_machine
+        ),
         check!(
             "aks-flex-node status says the node is healthy",
             status_healthy
@@ -155,6 +163,29 @@ async fn machine_in_slice(c: &Ctx<'_>) -> anyhow::Result<Outcome> {
         format!("machine {m} is in {cg}")
     })?;
     Ok(Outcome::Passed)
+}
+
+/// node-problem-detector, from the offline bundle the harness builds (a stand-in script: no
+/// build of it can be had here), was verified and installed into the active machine and its
+/// unit is active there, started by the agent after kubelet.
+async fn npd_runs_in_machine(c: &Ctx<'_>) -> anyhow::Result<Checked> {
+    let m = c.active_machine().await?;
+    let state = c
+        .sh(&format!(
+            "systemd-run --machine={m} --pipe --wait systemctl is-active node-problem-detector.service || true"
+        ))
+        .await?;
+    ensure(state == "active", || {
+        format!("node-problem-detector.service in {m} is {state:?}")
+    })?;
+    let version = c
+        .sh(&format!(
+            "/var/lib/machines/{m}/usr/local/bin/node-problem-detector --version"
+        ))
+        .await?;
+    Ok(Checked::passed_with(format!(
+        "{m}: active, {version} (the bundle's stand-in)"
+    )))
 }
 
 /// `aks-flex-node status` where the agent runs: the JSON report says healthy, in the mode the

@@ -95,12 +95,13 @@ fn for_each_member(
 }
 
 /// Pass 1: checks every member name and returns the chosen regular members with their
-/// destinations relative to the component's directory. A [`Members::Named`] member that is
-/// absent, or a selection that matches nothing, is [`Failure::MissingMember`].
+/// destinations relative to the component's directory and their modes. A [`Members::Named`]
+/// or [`Members::Map`] member that is absent, or a selection that matches nothing, is
+/// [`Failure::MissingMember`].
 pub(crate) fn select_members(
     path: &Path,
     members: &Members,
-) -> Result<BTreeMap<String, PathBuf>, Failure> {
+) -> Result<BTreeMap<String, (PathBuf, u32)>, Failure> {
     let mut chosen = BTreeMap::new();
     for_each_member(path, |name, regular, _| {
         let Some(name) = name.filter(|_| regular) else {
@@ -113,27 +114,40 @@ pub(crate) fn select_members(
                 .filter(|rest| !rest.is_empty())
                 .map(PathBuf::from),
             Members::AllRegular => Some(PathBuf::from(&name)),
+            Members::Map(map) => {
+                if let Some((_, dest, mode)) = map.iter().find(|(m, _, _)| *m == name) {
+                    chosen.insert(name, (dest.clone(), *mode));
+                }
+                return Ok(());
+            }
         };
         if let Some(dest) = dest {
-            chosen.insert(name, dest);
+            chosen.insert(name, (dest, BINARY_MODE));
         }
         Ok(())
     })?;
+    if let Members::Map(map) = members
+        && let Some((m, _, _)) = map.iter().find(|(m, _, _)| !chosen.contains_key(m))
+    {
+        return Err(Failure::MissingMember(format!(
+            "archive has no member {m:?}"
+        )));
+    }
     if chosen.is_empty() {
         return Err(Failure::MissingMember(match members {
             Members::Named(n) => format!("archive has no member {n:?}"),
             Members::Under(p) => format!("archive has no regular files under {p:?}"),
-            Members::AllRegular => "archive has no regular files".into(),
+            Members::AllRegular | Members::Map(_) => "archive has no regular files".into(),
         }));
     }
     Ok(chosen)
 }
 
 /// Pass 2: streams the chosen members into `dest_dir` (relative to the rootfs `fs`, resolved
-/// inside it), each atomically with mode 0755. Returns the rootfs-relative paths written.
+/// inside it), each atomically with its mode. Returns the rootfs-relative paths written.
 pub(crate) fn install_members(
     path: &Path,
-    chosen: &BTreeMap<String, PathBuf>,
+    chosen: &BTreeMap<String, (PathBuf, u32)>,
     fs: &ConfinedFs,
     dest_dir: &Path,
 ) -> Result<Vec<PathBuf>, InstallMemberError> {
@@ -149,7 +163,7 @@ pub(crate) fn install_members(
         }
         let name = clean_member_name(&entry.path_bytes())
             .map_err(|e| InstallMemberError::Read(Failure::Archive(e.to_string())))?;
-        let Some(rel) = name.and_then(|n| chosen.get(&n)) else {
+        let Some((rel, mode)) = name.and_then(|n| chosen.get(&n)) else {
             continue;
         };
         let dest = dest_dir.join(rel);
@@ -157,7 +171,7 @@ pub(crate) fn install_members(
             fs.create_dir_all_mode(parent, BINARY_MODE)
                 .map_err(|e| InstallMemberError::Write(Failure::Fs(e)))?;
         }
-        fs.install(&dest, &mut entry, BINARY_MODE)
+        fs.install(&dest, &mut entry, *mode)
             .map_err(|e| InstallMemberError::Write(Failure::Fs(e)))?;
         if !written.contains(&dest) {
             written.push(dest);

@@ -29,7 +29,9 @@ use super::download;
 use super::error::{ComponentError, ComponentsError, Failure, Step};
 use super::offline::{self, ArtifactFetcher, BundleIndex, OciArtifactFetcher};
 use super::plan::{ComponentPlan, PlanSource};
-use super::spec::{Binary, Component, ComponentSpec, Location, Members, Payload, SkipRule};
+use super::spec::{
+    Binary, Checksum, Component, ComponentSpec, Location, Members, Payload, SkipRule,
+};
 use flex_host::context::Host;
 use flex_host::fs::ConfinedFs;
 use flex_host::retry::Backoff;
@@ -121,11 +123,16 @@ pub async fn install_components_with(
         .map_err(|e| ComponentsError::Staging(e.to_string()))?;
     let (specs, _bundle) = match &plan.source {
         PlanSource::Online { specs, .. } => (specs.clone(), None),
-        PlanSource::Offline { source, versions } => {
+        PlanSource::Offline {
+            source,
+            versions,
+            npd,
+        } => {
             let bundle = offline::materialize(&host.fs, fetcher, source, staging.path()).await?;
             let index = BundleIndex::from_dir(&bundle.root)
                 .map_err(|e| ComponentsError::Offline(format!("cannot list the bundle: {e}")))?;
-            let specs = offline::bundle_specs(&index, &bundle.root, versions, &plan.arch)?;
+            let mut specs = offline::bundle_specs(&index, &bundle.root, versions, &plan.arch)?;
+            specs.extend(offline::bundle_npd(&index, &bundle.root, npd, &plan.arch));
             (specs, Some(bundle))
         }
     };
@@ -143,6 +150,12 @@ pub async fn install_components_with(
     for r in results {
         match r {
             Ok(report) => components.push(report),
+            // node-problem-detector watches the node; the node works without it.
+            Err(errs) if errs.iter().all(|e| e.component == Component::Npd) => {
+                for e in errs {
+                    tracing::warn!(error = %e, "node-problem-detector is not installed; the node starts without it");
+                }
+            }
             Err(errs) => failures.extend(errs),
         }
     }
@@ -206,7 +219,8 @@ async fn install_one(
             source,
             members,
             dest_dir,
-        } => install_archive(ctx, c, source, members, dest_dir)
+            checksum,
+        } => install_archive(ctx, c, source, members, dest_dir, checksum.as_ref())
             .await
             .map_err(|e| vec![e])?,
         Payload::File { source, dest } => {
@@ -362,9 +376,19 @@ async fn install_from(
 }
 
 async fn checksum_of(ctx: &Ctx<'_>, c: Component, b: &Binary) -> Result<String, ComponentError> {
-    let err = |f| failure(c, Step::DownloadChecksum, &b.checksum, f);
-    match &b.checksum {
-        Location::Url(url) => download::fetch_checksum(ctx.http, url, ctx.retry, &b.name)
+    checksum_at(ctx, c, &b.checksum, &b.name).await
+}
+
+/// The hex SHA-256 that the `.sha256` file at `at` gives for `name`.
+async fn checksum_at(
+    ctx: &Ctx<'_>,
+    c: Component,
+    at: &Location,
+    name: &str,
+) -> Result<String, ComponentError> {
+    let err = |f| failure(c, Step::DownloadChecksum, at, f);
+    match at {
+        Location::Url(url) => download::fetch_checksum(ctx.http, url, ctx.retry, name)
             .await
             .map_err(err),
         Location::File(p) => {
@@ -420,16 +444,36 @@ async fn install_archive(
     source: &Location,
     members: &Members,
     dest_dir: &Path,
+    checksum: Option<&Checksum>,
 ) -> Result<Vec<PathBuf>, ComponentError> {
-    let (path, _) = stage(ctx, c, source, "archive").await?;
+    let expected = match checksum {
+        None => None,
+        Some(Checksum::Pinned(hex)) => Some(hex.to_ascii_lowercase()),
+        Some(Checksum::File(at)) => Some(checksum_at(ctx, c, at, "archive").await?),
+    };
+    let (path, actual) = stage(ctx, c, source, "archive").await?;
+    if let Some(expected) = expected.filter(|e| *e != actual) {
+        return Err(failure(
+            c,
+            Step::Verify,
+            source,
+            Failure::ChecksumMismatch {
+                binary: "archive".into(),
+                expected,
+                actual,
+            },
+        ));
+    }
     let tree = ctx.tree.clone();
     let rootfs = ctx.rootfs.to_path_buf();
     let dest_dir = dest_dir.to_path_buf();
     let members = members.clone();
     tokio::task::spawn_blocking(move || {
         let chosen = archive::select_members(&path, &members).map_err(|f| (Step::Extract, f))?;
-        tree.create_dir_all_mode(&dest_dir, BINARY_MODE)
-            .map_err(|e| (Step::Install, Failure::Fs(e)))?;
+        if !dest_dir.as_os_str().is_empty() {
+            tree.create_dir_all_mode(&dest_dir, BINARY_MODE)
+                .map_err(|e| (Step::Install, Failure::Fs(e)))?;
+        }
         archive::install_members(&path, &chosen, &tree, &dest_dir)
             .map(|written| written.iter().map(|rel| rootfs.join(rel)).collect())
             .map_err(|e| match e {

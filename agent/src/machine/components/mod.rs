@@ -1,7 +1,8 @@
 //! The Kubernetes node components installed into a machine's root file system
 //! (`/var/lib/machines/<m>`), as unbounded's rootfs phase does (`DownloadKubeBinaries`,
 //! `DownloadCRIBinaries`, `DownloadCNIBinaries`): kubelet, kubectl, kube-proxy, crictl,
-//! containerd, runc and the CNI plugins.
+//! containerd, runc and the CNI plugins; and, optionally, node-problem-detector (upstream's
+//! `download-npd`).
 //!
 //! One module per concept:
 //! - `versions`: [`Versions`] — which version of each component (pure);
@@ -56,7 +57,8 @@ pub use sources::{
     KUBERNETES_BASE_URL, RUNC_BASE_URL, go_format,
 };
 pub use spec::{
-    Binary, Component, ComponentSpec, Location, Members, Payload, SkipRule, VersionMatch,
+    Binary, CHECK_NPD, Checksum, Component, ComponentSpec, Location, Members, NPD_BIN,
+    NPD_KERNEL_MONITOR, NPD_UNIT, Payload, SkipRule, VersionMatch,
 };
 pub use versions::{
     DEFAULT_CNI_VERSION, DEFAULT_CONTAINERD_VERSION, DEFAULT_RUNC_VERSION, RequestedVersions,

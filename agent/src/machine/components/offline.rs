@@ -24,10 +24,11 @@ use async_trait::async_trait;
 use super::archive;
 use super::error::ComponentsError;
 use super::spec::{
-    Component, ComponentSpec, KUBE_BINARIES, Location, cni_spec, containerd_spec, crictl_spec,
-    kubernetes_spec, runc_spec,
+    Checksum, Component, ComponentSpec, KUBE_BINARIES, Location, cni_spec, containerd_spec,
+    crictl_spec, kubernetes_spec, npd_asset, npd_spec, runc_spec,
 };
 use super::versions::{RequestedVersions, is_version, strip_v};
+use crate::config::NpdConfig;
 use flex_host::fs::HostFs;
 use flex_host::secret::redact_url;
 use flex_oci::{ImageSource, OciError, RegistryClient};
@@ -406,6 +407,8 @@ pub(crate) fn bundle_spec(
         file: name,
     };
     Ok(match component {
+        // Optional: `bundle_npd` looks for it.
+        Component::Npd => return Err(missing(npd_asset("v*", arch))),
         Component::Kubernetes => {
             let v = &versions.kubernetes;
             let mut bins = Vec::new();
@@ -474,6 +477,44 @@ pub(crate) fn bundle_spec(
             }
         }
     })
+}
+
+/// node-problem-detector from a bundle: its release asset for `npd.version` at the bundle's
+/// root or under `npd/<version>/`, checked against `npd.sha256`, else the asset's `.sha256`
+/// beside it. `None`, with the reason logged, when the bundle has neither (upstream disables
+/// node-problem-detector in offline mode; a bundle that carries it turns it on).
+pub(crate) fn bundle_npd(
+    index: &BundleIndex,
+    root: &Path,
+    npd: &NpdConfig,
+    arch: &str,
+) -> Option<ComponentSpec> {
+    let asset = npd_asset(&npd.version, arch);
+    let nested = format!("npd/{}/{asset}", npd.version);
+    let Some(found) = [&asset, &nested].into_iter().find(|p| index.has(p)) else {
+        tracing::info!(
+            file = %asset,
+            "node-problem-detector is disabled in offline mode: the bundle does not carry it"
+        );
+        return None;
+    };
+    let sidecar = format!("{found}.sha256");
+    let checksum = if !npd.sha256.is_empty() {
+        Checksum::Pinned(npd.sha256.clone())
+    } else if index.has(&sidecar) {
+        Checksum::File(Location::File(root.join(&sidecar)))
+    } else {
+        tracing::warn!(
+            file = %sidecar,
+            "node-problem-detector is disabled: the bundle has no checksum for it and npd.sha256 is not set"
+        );
+        return None;
+    };
+    Some(npd_spec(
+        &npd.version,
+        Location::File(root.join(found)),
+        checksum,
+    ))
 }
 
 /// The asset name for a missing-file error: with the wanted version, or with `*`.

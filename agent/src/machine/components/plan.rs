@@ -8,6 +8,7 @@
 //! | containerd | tar.gz members under `bin/` | `usr/local/bin/<name>` | `ctr`, `containerd`, `containerd-shim-runc-v2`, `containerd-stress` executable and `containerd --version` contains `<v>` |
 //! | runc | one file | `usr/local/bin/runc` | executable and `runc --version` contains `<v>` |
 //! | cni-plugins | every regular tgz member | `opt/cni/bin/<name>` | `bridge`, `host-local`, `loopback` executable and `loopback --version` contains `<v>` |
+//! | node-problem-detector | tar.gz members `bin/node-problem-detector`, `config/kernel-monitor.json`, the archive checked against `npd.sha256` or its `.sha256` | `usr/local/bin/node-problem-detector`, `etc/node-problem-detector/kernel-monitor.json` (0644) | executable and `--version` contains `<v>` |
 //!
 //! With offline artifacts and no runc version anywhere (the bundle's `runc.<arch>` carries none),
 //! runc counts as installed when the installed file is byte-identical to the bundle's.
@@ -20,11 +21,11 @@ use super::error::ComponentsError;
 use super::offline::{OfflineSource, expand_source_template};
 use super::sources::{self, Downloads};
 use super::spec::{
-    Component, ComponentSpec, KUBE_BINARIES, Location, cni_spec, containerd_spec, crictl_spec,
-    kubernetes_spec, runc_spec,
+    Checksum, Component, ComponentSpec, KUBE_BINARIES, Location, cni_spec, containerd_spec,
+    crictl_spec, kubernetes_spec, npd_asset, npd_spec, runc_spec,
 };
 use super::versions::{RequestedVersions, Versions};
-use crate::config::Config;
+use crate::config::{Config, NpdConfig};
 use flex_host::retry::Backoff;
 
 /// Where the components come from.
@@ -43,6 +44,8 @@ pub enum PlanSource {
         source: OfflineSource,
         /// The versions given (the rest come from the bundle's file names).
         versions: RequestedVersions,
+        /// node-problem-detector's version and pinned checksum, taken when the bundle has it.
+        npd: NpdConfig,
     },
 }
 
@@ -84,11 +87,15 @@ impl ComponentPlan {
                 PlanSource::Offline {
                     source: OfflineSource::parse(&expanded)?,
                     versions: requested,
+                    npd: config.npd.clone(),
                 }
             }
             _ => {
                 let versions = Versions::from_requested(requested)?;
-                let specs = online_specs(&versions, arch, &downloads)?;
+                let mut specs = online_specs(&versions, arch, &downloads)?;
+                if !config.npd.version.is_empty() {
+                    specs.push(online_npd(&config.npd, arch));
+                }
                 PlanSource::Online { versions, specs }
             }
         };
@@ -116,6 +123,22 @@ impl ComponentPlan {
     pub fn is_offline(&self) -> bool {
         matches!(self.source, PlanSource::Offline { .. })
     }
+}
+
+/// node-problem-detector from `<npd.baseURL>/<version>/<asset>` (validated at load), checked
+/// against `npd.sha256`, else against `<asset URL>.sha256`.
+fn online_npd(npd: &NpdConfig, arch: &str) -> ComponentSpec {
+    let url = format!(
+        "{}/{}/{}",
+        npd.base_url.trim_end_matches('/'),
+        npd.version,
+        npd_asset(&npd.version, arch)
+    );
+    let checksum = match npd.sha256.as_str() {
+        "" => Checksum::File(Location::Url(format!("{url}.sha256"))),
+        pinned => Checksum::Pinned(pinned.to_string()),
+    };
+    npd_spec(&npd.version, Location::Url(url), checksum)
 }
 
 fn online_specs(

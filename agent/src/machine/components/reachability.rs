@@ -58,7 +58,9 @@ pub async fn check_reachable_with(
 ) -> Vec<(String, Result<(), ProbeError>)> {
     let problems: Vec<(Component, String)> = match &plan.source {
         PlanSource::Online { specs, .. } => {
-            let probes = specs.iter().flat_map(|s| {
+            // node-problem-detector is optional and has no check here.
+            let wanted = specs.iter().filter(|s| s.component != Component::Npd);
+            let probes = wanted.flat_map(|s| {
                 let urls: Vec<(String, &str)> = match &s.payload {
                     Payload::Verified(bins) => bins
                         .iter()
@@ -80,23 +82,23 @@ pub async fn check_reachable_with(
             });
             join_all(probes).await.into_iter().flatten().collect()
         }
-        PlanSource::Offline { source, versions } => {
-            match offline_index(fs, fetcher, source).await {
-                Err(why) => Component::ALL
-                    .iter()
-                    .map(|c| (*c, format!("offline artifact bundle cannot be read: {why}")))
-                    .collect(),
-                Ok(OfflineIndex::ManifestOnly) => Vec::new(),
-                Ok(OfflineIndex::Files(index)) => Component::ALL
-                    .iter()
-                    .filter_map(|c| {
-                        offline::bundle_spec(*c, &index, Path::new("/"), versions, &plan.arch)
-                            .err()
-                            .map(|e| (*c, e.to_string()))
-                    })
-                    .collect(),
-            }
-        }
+        PlanSource::Offline {
+            source, versions, ..
+        } => match offline_index(fs, fetcher, source).await {
+            Err(why) => Component::ALL
+                .iter()
+                .map(|c| (*c, format!("offline artifact bundle cannot be read: {why}")))
+                .collect(),
+            Ok(OfflineIndex::ManifestOnly) => Vec::new(),
+            Ok(OfflineIndex::Files(index)) => Component::ALL
+                .iter()
+                .filter_map(|c| {
+                    offline::bundle_spec(*c, &index, Path::new("/"), versions, &plan.arch)
+                        .err()
+                        .map(|e| (*c, e.to_string()))
+                })
+                .collect(),
+        },
     };
     CHECKS
         .iter()

@@ -12,6 +12,14 @@ pub const CHECK_KUBERNETES: &str = "kubernetes-artifacts";
 pub const CHECK_CRI: &str = "cri-artifacts";
 /// Preflight check for the CNI plugins.
 pub const CHECK_CNI: &str = "cni-artifacts";
+/// Preflight check for node-problem-detector (upstream's name).
+pub const CHECK_NPD: &str = "npd-artifact";
+/// node-problem-detector's binary, relative to the rootfs.
+pub const NPD_BIN: &str = "usr/local/bin/node-problem-detector";
+/// Its unit inside a machine, relative to the rootfs (`nodeconfig` writes it).
+pub const NPD_UNIT: &str = "etc/systemd/system/node-problem-detector.service";
+/// Its kernel monitor configuration, relative to the rootfs.
+pub const NPD_KERNEL_MONITOR: &str = "etc/node-problem-detector/kernel-monitor.json";
 /// Where binaries go inside the rootfs.
 pub(crate) const BIN_DIR: &str = "usr/local/bin";
 /// Where CNI plugins go inside the rootfs.
@@ -41,6 +49,9 @@ pub enum Component {
     Runc,
     /// The CNI plugins.
     Cni,
+    /// node-problem-detector: optional, not in [`Component::ALL`]; a failure to install it is a
+    /// warning, never a failed provision.
+    Npd,
 }
 
 impl Component {
@@ -61,6 +72,7 @@ impl Component {
             Component::Containerd => "containerd",
             Component::Runc => "runc",
             Component::Cni => "cni-plugins",
+            Component::Npd => "node-problem-detector",
         }
     }
 
@@ -70,6 +82,7 @@ impl Component {
             Component::Kubernetes => CHECK_KUBERNETES,
             Component::Crictl | Component::Containerd | Component::Runc => CHECK_CRI,
             Component::Cni => CHECK_CNI,
+            Component::Npd => CHECK_NPD,
         }
     }
 }
@@ -122,6 +135,17 @@ pub enum Members {
     Under(String),
     /// Every regular member.
     AllRegular,
+    /// Each named member (all required) to its own path under the destination, with its mode.
+    Map(Vec<(String, PathBuf, u32)>),
+}
+
+/// What an archive's SHA-256 must be.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Checksum {
+    /// Given in the config (64 hex digits).
+    Pinned(String),
+    /// A `.sha256` file: the first whitespace-separated field is the hex SHA-256.
+    File(Location),
 }
 
 /// What a component downloads and where it goes.
@@ -137,6 +161,8 @@ pub enum Payload {
         members: Members,
         /// Destination directory, relative to the rootfs.
         dest_dir: PathBuf,
+        /// Verified before any member is installed, when given.
+        checksum: Option<Checksum>,
     },
     /// One file.
     File {
@@ -263,6 +289,7 @@ pub(crate) fn crictl_spec(version: &str, source: Location) -> ComponentSpec {
             source,
             members: Members::Named("crictl".into()),
             dest_dir: PathBuf::from(BIN_DIR),
+            checksum: None,
         },
         skip: SkipRule::Version {
             executables: vec![bin("crictl")],
@@ -280,6 +307,7 @@ pub(crate) fn containerd_spec(version: &str, source: Location) -> ComponentSpec 
             source,
             members: Members::Under("bin/".into()),
             dest_dir: PathBuf::from(BIN_DIR),
+            checksum: None,
         },
         skip: SkipRule::Version {
             executables: CONTAINERD_BINARIES.iter().map(|b| bin(b)).collect(),
@@ -321,10 +349,43 @@ pub(crate) fn cni_spec(version: &str, source: Location) -> ComponentSpec {
             source,
             members: Members::AllRegular,
             dest_dir: dir.to_path_buf(),
+            checksum: None,
         },
         skip: SkipRule::Version {
             executables: CNI_REQUIRED.iter().map(|p| dir.join(p)).collect(),
             probe: dir.join("loopback"),
+            expect: VersionMatch::Contains(version.to_string()),
+        },
+    }
+}
+
+/// node-problem-detector's release asset for `version` (`v1.35.1`) and `arch`.
+pub(crate) fn npd_asset(version: &str, arch: &str) -> String {
+    format!("node-problem-detector-{version}-linux_{arch}.tar.gz")
+}
+
+/// node-problem-detector from its release archive (`bin/node-problem-detector`,
+/// `config/kernel-monitor.json`), verified against `checksum`.
+pub(crate) fn npd_spec(version: &str, source: Location, checksum: Checksum) -> ComponentSpec {
+    ComponentSpec {
+        component: Component::Npd,
+        version: Some(version.to_string()),
+        payload: Payload::Archive {
+            source,
+            members: Members::Map(vec![
+                ("bin/node-problem-detector".into(), NPD_BIN.into(), 0o755),
+                (
+                    "config/kernel-monitor.json".into(),
+                    NPD_KERNEL_MONITOR.into(),
+                    0o644,
+                ),
+            ]),
+            dest_dir: PathBuf::new(),
+            checksum: Some(checksum),
+        },
+        skip: SkipRule::Version {
+            executables: vec![NPD_BIN.into()],
+            probe: NPD_BIN.into(),
             expect: VersionMatch::Contains(version.to_string()),
         },
     }

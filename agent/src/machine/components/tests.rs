@@ -30,10 +30,12 @@ fn offline_config(k8s: &str, source: &str) -> Config {
     c
 }
 
+/// The URLs of the required components (node-problem-detector has its own tests).
 fn urls(plan: &ComponentPlan) -> Vec<String> {
     plan.specs()
         .unwrap()
         .iter()
+        .filter(|s| s.component != Component::Npd)
         .flat_map(|s| s.payload.locations())
         .map(|l| match l {
             Location::Url(u) => u.clone(),
@@ -397,7 +399,10 @@ fn offline_plan_keeps_the_expanded_source_and_given_versions() {
     )
     .unwrap();
     assert!(plan.is_offline());
-    let PlanSource::Offline { source, versions } = &plan.source else {
+    let PlanSource::Offline {
+        source, versions, ..
+    } = &plan.source
+    else {
         panic!()
     };
     assert_eq!(source, &OfflineSource::Archive("/b/v1.35.0.tgz".into()));
@@ -1099,4 +1104,206 @@ async fn preflight_offline_bundle_checks_name_missing_files_without_paths() {
         );
         assert!(!m.contains("/nope"), "{m}");
     }
+}
+
+/// `npd`'s defaults, as loading a config sets them.
+fn npd_defaults(c: &mut Config) {
+    c.npd.version = crate::config::DEFAULT_NPD_VERSION.into();
+    c.npd.base_url = crate::config::DEFAULT_NPD_BASE_URL.into();
+}
+
+/// node-problem-detector's archive as upstream's release has it (with other members).
+fn npd_archive() -> Vec<u8> {
+    tgz(&[
+        ("bin/node-problem-detector", b"#!/bin/sh\necho v1.35.1\n"),
+        ("bin/health-checker", b"hc"),
+        ("config/kernel-monitor.json", b"{\"plugin\":\"kmsg\"}"),
+        ("config/docker-monitor.json", b"{}"),
+    ])
+}
+
+#[test]
+fn npd_url_is_upstreams_and_moves_with_base_url_and_its_checksum_is_the_sidecar_or_pinned() {
+    let mut c = config("1.35.0");
+    npd_defaults(&mut c);
+    let plan = ComponentPlan::resolve(&c, "arm64", Downloads::default()).unwrap();
+    let npd = plan.spec(Component::Npd).unwrap();
+    let url = "https://github.com/kubernetes/node-problem-detector/releases/download/v1.35.1/node-problem-detector-v1.35.1-linux_arm64.tar.gz";
+    let Payload::Archive {
+        source, checksum, ..
+    } = &npd.payload
+    else {
+        panic!("{npd:?}")
+    };
+    assert_eq!(source, &Location::Url(url.into()));
+    assert_eq!(
+        checksum,
+        &Some(Checksum::File(Location::Url(format!("{url}.sha256"))))
+    );
+    c.npd.base_url = "http://10.0.2.2:8080/npd/".into();
+    c.npd.sha256 = "AB".repeat(32);
+    let plan = ComponentPlan::resolve(&c, "amd64", Downloads::default()).unwrap();
+    let Payload::Archive {
+        source, checksum, ..
+    } = &plan.spec(Component::Npd).unwrap().payload
+    else {
+        panic!()
+    };
+    assert_eq!(
+        source,
+        &Location::Url(
+            "http://10.0.2.2:8080/npd/v1.35.1/node-problem-detector-v1.35.1-linux_amd64.tar.gz"
+                .into()
+        )
+    );
+    assert_eq!(checksum, &Some(Checksum::Pinned("AB".repeat(32))));
+}
+
+#[test]
+fn npd_config_errors_name_the_field() {
+    let base = include_str!("../../../tests/fixtures/config-token.json");
+    for (key, value, field) in [
+        ("version", "v1.2/../x", "npd.version"),
+        ("version", "latest", "npd.version"),
+        ("baseURL", "ftp://mirror/npd", "npd.baseURL"),
+        ("baseURL", "https://user:pw@", "npd.baseURL"),
+        ("sha256", "abc", "npd.sha256"),
+    ] {
+        let mut v: serde_json::Value = serde_json::from_str(base).unwrap();
+        v["npd"] = serde_json::json!({ key: value });
+        let e = crate::config::parse(v.to_string().as_bytes(), &|| Ok("h".into()))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(field), "{key}={value}: {e}");
+        assert!(!e.contains(":pw@"), "{e}");
+    }
+}
+
+/// A real local HTTP server serves the archive and its `.sha256`; the other components are
+/// already installed (recording runner, real files). node-problem-detector's two files land in
+/// the rootfs with their modes; nothing else of the archive does.
+#[tokio::test]
+async fn npd_from_a_local_http_server_is_verified_then_installed() {
+    let archive = npd_archive();
+    let server = flex_testkit::http::ScriptedServer::start(vec![
+        flex_testkit::http::Reply {
+            status: 200,
+            headers: vec![],
+            body: format!("{}  node-problem-detector.tar.gz\n", sha(&archive)).into_bytes(),
+        },
+        flex_testkit::http::Reply {
+            status: 200,
+            headers: vec![],
+            body: archive,
+        },
+    ])
+    .unwrap();
+    let fake = FakeHost::new().unwrap();
+    installed_everything(&fake);
+    let mut plan = unreachable_plan();
+    let mut c = config("1.35.0");
+    npd_defaults(&mut c);
+    c.npd.base_url = server.url("/npd");
+    let PlanSource::Online { specs, .. } = &mut plan.source else {
+        panic!()
+    };
+    specs.retain(|s| s.component != Component::Npd);
+    specs.push(
+        ComponentPlan::resolve(&c, "amd64", Downloads::default())
+            .unwrap()
+            .spec(Component::Npd)
+            .unwrap()
+            .clone(),
+    );
+    let report = install(&fake, &plan).await.unwrap();
+    assert!(matches!(
+        report.get(Component::Npd).unwrap().outcome,
+        Outcome::Installed { .. }
+    ));
+    let paths: Vec<String> = server
+        .requests()
+        .iter()
+        .map(|r| r.path().to_string())
+        .collect();
+    assert_eq!(
+        paths,
+        [
+            "/npd/v1.35.1/node-problem-detector-v1.35.1-linux_amd64.tar.gz.sha256",
+            "/npd/v1.35.1/node-problem-detector-v1.35.1-linux_amd64.tar.gz"
+        ]
+    );
+    let fs = &fake.host.fs;
+    let r = Path::new(ROOTFS);
+    assert_eq!(fs.mode(&r.join(NPD_BIN)), Some(0o755));
+    assert_eq!(fs.mode(&r.join(NPD_KERNEL_MONITOR)), Some(0o644));
+    assert_eq!(
+        fs.read(&r.join(NPD_KERNEL_MONITOR)).unwrap().unwrap(),
+        b"{\"plugin\":\"kmsg\"}"
+    );
+    assert!(!fs.exists(&r.join("usr/local/bin/health-checker")));
+    assert!(!fs.exists(&r.join("etc/node-problem-detector/docker-monitor.json")));
+}
+
+/// The pinned checksum does not match the served archive: the install still succeeds for the
+/// node (node-problem-detector is optional), reports nothing for it, and writes none of its
+/// files. A bundle without it turns it off; one with it and its `.sha256` installs it.
+#[tokio::test]
+async fn npd_checksum_mismatch_installs_nothing_and_bundles_carry_it_or_turn_it_off() {
+    let server = flex_testkit::http::ScriptedServer::start(vec![flex_testkit::http::Reply {
+        status: 200,
+        headers: vec![],
+        body: npd_archive(),
+    }])
+    .unwrap();
+    let fake = FakeHost::new().unwrap();
+    installed_everything(&fake);
+    let mut plan = unreachable_plan();
+    let mut c = config("1.35.0");
+    npd_defaults(&mut c);
+    c.npd.base_url = server.url("/npd");
+    c.npd.sha256 = "0".repeat(64);
+    let PlanSource::Online { specs, .. } = &mut plan.source else {
+        panic!()
+    };
+    specs.retain(|s| s.component != Component::Npd);
+    specs.push(
+        ComponentPlan::resolve(&c, "amd64", Downloads::default())
+            .unwrap()
+            .spec(Component::Npd)
+            .unwrap()
+            .clone(),
+    );
+    let report = install(&fake, &plan).await.unwrap();
+    assert!(report.get(Component::Npd).is_none(), "{report:?}");
+    assert_eq!(server.requests().len(), 1);
+    assert!(!fake.host.fs.exists(&Path::new(ROOTFS).join(NPD_BIN)));
+
+    // Offline: the bundle of the other tests has no node-problem-detector.
+    let fake = FakeHost::new().unwrap();
+    bundle(&fake, "/srv/b");
+    let mut c = offline_config("1.35.0", "/srv/b");
+    npd_defaults(&mut c);
+    let plan = ComponentPlan::resolve(&c, "amd64", Downloads::default()).unwrap();
+    let report = install(&fake, &plan).await.unwrap();
+    assert!(report.get(Component::Npd).is_none());
+    // With it under `npd/<version>/` and its checksum beside it.
+    let archive = npd_archive();
+    let asset = "/srv/b/npd/v1.35.1/node-problem-detector-v1.35.1-linux_amd64.tar.gz";
+    write(&fake, asset, &archive);
+    write(
+        &fake,
+        &format!("{asset}.sha256"),
+        format!("{}\n", sha(&archive)).as_bytes(),
+    );
+    let report = install(&fake, &plan).await.unwrap();
+    assert_eq!(
+        report.get(Component::Npd).unwrap().version.as_deref(),
+        Some("v1.35.1")
+    );
+    assert_eq!(
+        fake.host
+            .fs
+            .mode(&Path::new(ROOTFS).join(NPD_KERNEL_MONITOR)),
+        Some(0o644)
+    );
 }
