@@ -278,6 +278,21 @@ fn invalid_configs_name_their_field() {
             "azure.arc.machineName",
         ),
         (
+            "arc without the installer's digest",
+            |v| {
+                v["azure"]["arc"] = json!({"enabled": true, "machineName": "m", "resourceGroup": "g", "location": "l"})
+            },
+            "azure.arc.installerSha256: is required when azure.arc.enabled is true",
+        ),
+        (
+            "arc with an uppercase installer digest",
+            |v| {
+                v["azure"]["arc"] = json!({"enabled": true, "machineName": "m", "resourceGroup": "g",
+                    "location": "l", "installerSha256": "AB".repeat(32)})
+            },
+            "azure.arc.installerSha256",
+        ),
+        (
             "bad log level",
             |v| v["agent"]["logLevel"] = json!("warn"),
             "agent.logLevel",
