@@ -479,3 +479,103 @@ fn agent_status_is_read_from_azcmagent_show() {
     );
     assert_eq!(agent_status("Agent Version : 1.0\n"), None);
 }
+
+/// Real processes: the real `ProcessRunner`, except that `azcmagent` resolves only in `dir`.
+struct PathRunner {
+    dir: std::path::PathBuf,
+    real: flex_host::runner::ProcessRunner,
+}
+
+#[async_trait::async_trait]
+impl flex_host::runner::Runner for PathRunner {
+    async fn output(
+        &self,
+        cmd: &flex_host::runner::Cmd,
+    ) -> Result<Output, flex_host::runner::CmdError> {
+        use flex_host::runner::Cmd;
+        let Some(p) = self
+            .which(cmd.program())
+            .filter(|_| cmd.program() == "azcmagent")
+        else {
+            return self.real.output(cmd).await;
+        };
+        let args = cmd.arg_list().iter().map(|a| a.value().to_string());
+        self.real
+            .output(&Cmd::new(p.to_string_lossy()).args(args))
+            .await
+    }
+
+    fn which(&self, program: &str) -> Option<std::path::PathBuf> {
+        if program == "azcmagent" {
+            let p = self.dir.join(program);
+            return p.exists().then_some(p);
+        }
+        self.real.which(program)
+    }
+}
+
+/// End to end with real processes: the downloaded installer is run by the real `bash` and
+/// writes a fake `azcmagent` script, which records its argv and the `--config` file's mode and
+/// content as it sees them, and says Connected once connected. HIMDS is a `ScriptedServer`.
+#[tokio::test]
+async fn arc_with_a_real_installer_and_a_fake_azcmagent_script() {
+    use flex_testkit::http::{Reply, ScriptedServer};
+    let f = FakeHost::new().unwrap();
+    let bin = tempfile::tempdir().unwrap();
+    let d = bin.path().display();
+    let script = format!(
+        r#"#!/bin/bash
+set -eu
+cat > {d}/azcmagent <<'END'
+#!/bin/bash
+log={d}/azcmagent.log
+echo "argv: $*" >> "$log"
+case "$1" in
+  show) if [ -e {d}/connected ]; then echo "Agent Status : Connected"; else echo "Agent Status : Disconnected"; fi ;;
+  connect)
+    while [ $# -gt 0 ]; do
+      if [ "$1" = --config ]; then echo "mode: $(stat -c %a "$2")" >> "$log"; echo "config: $(cat "$2")" >> "$log"; fi
+      shift
+    done
+    touch {d}/connected ;;
+esac
+END
+chmod 755 {d}/azcmagent
+"#
+    );
+    let installer = ScriptedServer::start(vec![Reply {
+        status: 200,
+        headers: vec![],
+        body: script.clone().into_bytes(),
+    }])
+    .unwrap();
+    let mut host = f.host.clone();
+    host.runner = std::sync::Arc::new(PathRunner {
+        dir: bin.path().to_path_buf(),
+        real: flex_host::runner::ProcessRunner::new(),
+    });
+    host.fs
+        .write_atomic(Path::new(KEY_FILE), b"k", 0o600)
+        .unwrap();
+    let himds = himds(KEY_FILE);
+    let (c, arc) = arc_config(&installer.url("/i"), &sha256(script.as_bytes()));
+    let cred = token();
+    ensure_arc(&host, &c, &arc, &seams(&cred, &himds))
+        .await
+        .unwrap();
+    let log = std::fs::read_to_string(bin.path().join("azcmagent.log")).unwrap();
+    let lines: Vec<&str> = log.lines().collect();
+    assert_eq!(lines[0], "argv: show");
+    assert!(
+        lines[1].starts_with("argv: connect --resource-group rg-arc ")
+            && lines[1].contains(" --tags team=flex --config /"),
+        "{log}"
+    );
+    assert_eq!(lines[2], "mode: 600");
+    assert_eq!(
+        lines[3],
+        format!(r#"config: {{"access-token":"{ARM_TOKEN}"}}"#)
+    );
+    assert_eq!(lines[4], "argv: show");
+    assert_eq!(log.matches(ARM_TOKEN).count(), 1, "only in the file: {log}");
+}
