@@ -47,6 +47,8 @@ pub(crate) const SCHEMA: Shape = Struct(&[
                     ("tags", FreeMap),
                     ("resourceGroup", Leaf),
                     ("location", Leaf),
+                    ("installerUrl", Leaf),
+                    ("installerSha256", Leaf),
                 ]),
             ),
             (

@@ -44,6 +44,9 @@ pub const DEFAULT_METRICS_ADDRESS: &str = "127.0.0.1:9469";
 pub const MANAGED_LABEL: &str = "kubernetes.azure.com/managed";
 /// Default `azure.targetAgentPoolName`.
 pub const DEFAULT_AGENT_POOL: &str = "aksflexnodes";
+/// Default `azure.arc.installerUrl` (Microsoft's, a moving target: the digest is pinned in
+/// `installerSha256`).
+pub const DEFAULT_ARC_INSTALLER_URL: &str = "https://gbl.his.arc.azure.com/azcmagent-linux";
 /// Default runc version when no offline artifacts are configured.
 pub const DEFAULT_RUNC_VERSION: &str = "1.1.12";
 /// Default node-problem-detector version.
@@ -148,6 +151,10 @@ pub struct ArcConfig {
     pub resource_group: String,
     /// Arc location.
     pub location: String,
+    /// Where the `azcmagent` installer script is downloaded from when `azcmagent` is missing.
+    pub installer_url: String,
+    /// The installer's SHA-256 (64 lowercase hex digits); required when enabled.
+    pub installer_sha256: String,
 }
 
 /// `azure.targetCluster`.

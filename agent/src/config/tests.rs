@@ -104,6 +104,20 @@ fn defaults_table() {
         c.node.labels.get(MANAGED_LABEL).map(String::as_str),
         Some("false")
     );
+    let arc = with(minimal.clone(), |v| {
+        v["azure"]
+            .as_object_mut()
+            .unwrap()
+            .remove("managedIdentity");
+        v["azure"]["tenantId"] = json!("t");
+        v["azure"]["arc"] = json!({"enabled": true, "machineName": "m", "resourceGroup": "g",
+            "location": "l", "installerSha256": "ab".repeat(32)});
+    });
+    let a = parse_value(&arc).unwrap().config.azure.arc.unwrap();
+    assert_eq!(
+        a.installer_url,
+        "https://gbl.his.arc.azure.com/azcmagent-linux"
+    );
 
     let cases: &[(&str, &str)] = &[
         ("AzureUSGovernment", "https://management.usgovcloudapi.net"),
@@ -276,6 +290,21 @@ fn invalid_configs_name_their_field() {
             "arc missing machine",
             |v| v["azure"]["arc"] = json!({"enabled": true, "resourceGroup": "g", "location": "l"}),
             "azure.arc.machineName",
+        ),
+        (
+            "arc without the installer's digest",
+            |v| {
+                v["azure"]["arc"] = json!({"enabled": true, "machineName": "m", "resourceGroup": "g", "location": "l"})
+            },
+            "azure.arc.installerSha256: is required when azure.arc.enabled is true",
+        ),
+        (
+            "arc with an uppercase installer digest",
+            |v| {
+                v["azure"]["arc"] = json!({"enabled": true, "machineName": "m", "resourceGroup": "g",
+                    "location": "l", "installerSha256": "AB".repeat(32)})
+            },
+            "azure.arc.installerSha256",
         ),
         (
             "bad log level",

@@ -7,8 +7,9 @@ use std::sync::LazyLock;
 use regex::Regex;
 
 use super::{
-    Config, DEFAULT_AGENT_POOL, DEFAULT_LOG_DIR, DEFAULT_METRICS_ADDRESS, DEFAULT_NPD_BASE_URL,
-    DEFAULT_NPD_VERSION, DEFAULT_RUNC_VERSION, GoDuration, MANAGED_LABEL,
+    Config, DEFAULT_AGENT_POOL, DEFAULT_ARC_INSTALLER_URL, DEFAULT_LOG_DIR,
+    DEFAULT_METRICS_ADDRESS, DEFAULT_NPD_BASE_URL, DEFAULT_NPD_VERSION, DEFAULT_RUNC_VERSION,
+    GoDuration, MANAGED_LABEL,
 };
 
 /// A failed rule: the field (dotted JSON path) and what is wrong with it.
@@ -341,6 +342,11 @@ pub(crate) fn apply_defaults(c: &mut Config) {
     if a.target_agent_pool_name.is_empty() {
         a.target_agent_pool_name = DEFAULT_AGENT_POOL.into();
     }
+    if let Some(arc) = a.arc.as_mut()
+        && arc.installer_url.trim().is_empty()
+    {
+        arc.installer_url = DEFAULT_ARC_INSTALLER_URL.into();
+    }
     let g = &mut c.agent;
     if g.log_level.is_empty() {
         g.log_level = "info".into();
@@ -574,6 +580,16 @@ fn validate_azure(c: &Config) -> Result<(), ValidationError> {
             if v.trim().is_empty() {
                 return Err(err(field, "is required when azure.arc.enabled is true"));
             }
+        }
+        let h = &arc.installer_sha256;
+        if h.len() != 64 || !h.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
+            return Err(err(
+                "azure.arc.installerSha256",
+                "is required when azure.arc.enabled is true: the SHA-256 of the installer at installerUrl, 64 lowercase hex digits",
+            ));
+        }
+        if !arc.installer_url.starts_with("https://") && !arc.installer_url.starts_with("http://") {
+            return Err(err("azure.arc.installerUrl", "must be an http(s) URL"));
         }
     }
     Ok(())

@@ -369,8 +369,8 @@ async fn arc_detected(host: &Host) -> bool {
         .any(|p| host.fs.exists(Path::new(p)))
 }
 
-/// `uninstall-arc`: if Azure Arc is detected, disconnect locally, stop and disable its services
-/// and remove its files. Best effort: problems are warnings.
+/// `uninstall-arc`: if Azure Arc is detected, disconnect locally, purge the `azcmagent` package
+/// (where dpkg exists), stop and disable its services and remove its files. Best effort: problems are warnings.
 pub async fn uninstall_arc(host: &Host) -> anyhow::Result<()> {
     if !arc_detected(host).await {
         tracing::debug!("Azure Arc not detected");
@@ -383,6 +383,15 @@ pub async fn uninstall_arc(host: &Host) -> anyhow::Result<()> {
             .await
     {
         tracing::warn!(error = %e, "azcmagent disconnect failed");
+    }
+    // The package too, where dpkg installed it (the installer uses the host's package manager).
+    if host.runner.which("dpkg").is_some()
+        && let Err(e) = host
+            .runner
+            .run(&Cmd::new("dpkg").args(["--purge", "azcmagent"]))
+            .await
+    {
+        tracing::warn!(error = %e, "dpkg --purge azcmagent failed");
     }
     for s in ARC_SERVICES {
         let _ = host.systemd.stop(s).await;

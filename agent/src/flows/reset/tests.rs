@@ -196,6 +196,11 @@ async fn arc_is_removed_when_detected() {
             .contains(&"azcmagent disconnect --force-local-only".to_string())
     );
     assert!(
+        f.runner
+            .calls()
+            .contains(&"dpkg --purge azcmagent".to_string())
+    );
+    assert!(
         f.systemd
             .calls()
             .contains(&"disable himdsd.service".to_string())

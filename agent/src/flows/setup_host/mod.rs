@@ -2,11 +2,12 @@
 //!
 //! Serial: `install-packages`, then (upstream runs these in parallel; they touch disjoint files
 //! and units) `configure-os`, `configure-nftables`, `disable-docker`, `disable-swap`,
-//! `harden-apt`, `install-arc`; then host routing, `configure-static-routes` and
+//! `harden-apt`, `install-arc` (module `arc`); then host routing, `configure-static-routes` and
 //! `check-route-overlap` ([`routing`]). In the agent's container `install-packages` is left
 //! out: the container's `PATH` is the image's, and a package manager there would install into
 //! the container.
 
+mod arc;
 mod os;
 mod packages;
 pub mod routing;
@@ -15,6 +16,7 @@ use crate::config::Config;
 use crate::task::{StepError, step};
 use flex_host::context::Host;
 
+pub use arc::{ArcSeams, DEFAULT_HIMDS, agent_status, ensure_arc, himds_token, install_arc};
 pub use os::{
     APT_NEEDRESTART_PATH, APT_UNATTENDED_PATH, DOCKER_DAEMON_JSON, NFT_CLEAR_PATH, NFT_FLUSH_UNIT,
     NFT_FLUSH_UNIT_PATH, SYSCTL_PATH, configure_nftables, configure_os, disable_docker,
@@ -37,7 +39,7 @@ pub async fn setup_host(host: &Host, config: &Config) -> Result<(), StepError> {
     step("disable-docker", disable_docker(host)).await?;
     step("disable-swap", disable_swap(host)).await?;
     step("harden-apt", harden_apt(host)).await?;
-    step("install-arc", install_arc(config)).await?;
+    step("install-arc", install_arc(host, config)).await?;
     // Validated when the config loaded; a config that was not (a test's) fails here.
     let plan = crate::config::routing::plan(&config.host_routing).map_err(|e| StepError {
         name: "configure-static-routes".into(),
@@ -53,19 +55,6 @@ pub async fn setup_host(host: &Host, config: &Config) -> Result<(), StepError> {
         routing::check_route_overlap(host, &plan),
     )
     .await?;
-    Ok(())
-}
-
-/// `install-arc`: a no-op unless `azure.arc.enabled`. Connecting a host to Azure Arc needs
-/// Azure credentials and the `azcmagent` installer from the network; this agent does not
-/// implement it yet and says so rather than pretending.
-pub async fn install_arc(config: &Config) -> anyhow::Result<()> {
-    if config.azure.arc.as_ref().is_some_and(|a| a.enabled) {
-        anyhow::bail!(
-            "azure.arc.enabled is true, but Azure Arc onboarding is not implemented by this agent; use a bootstrap token, service principal or managed identity"
-        );
-    }
-    tracing::info!("Arc is disabled, skipping installation");
     Ok(())
 }
 
