@@ -14,8 +14,10 @@ use std::path::Path;
 use std::sync::Mutex;
 
 use tracing::Level;
-use tracing_subscriber::EnvFilter;
+use tracing_subscriber::filter::Targets;
 use tracing_subscriber::fmt::writer::MakeWriterExt;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
 
 /// Log file name inside `agent.logDir`.
 pub const LOG_FILE: &str = "aks-flex-node.log";
@@ -28,6 +30,28 @@ pub fn parse_level(s: &str) -> Option<Level> {
         "warning" => Some(Level::WARN),
         "error" => Some(Level::ERROR),
         _ => None,
+    }
+}
+
+/// The log filter: `level` for everything, zbus (chatty at debug) at warn, then the directives
+/// of `AKS_FLEX_NODE_LOG` (`target=level` or `level`, comma-separated, as `tracing`'s
+/// `Targets`) on top. A value that does not parse is ignored with a warning on stderr.
+fn filter(level: Level, env: Option<&str>) -> Targets {
+    let base = Targets::new()
+        .with_default(level)
+        .with_target("zbus", Level::WARN);
+    match env.map(str::trim).filter(|v| !v.is_empty()) {
+        None => base,
+        Some(v) => match v.parse::<Targets>() {
+            Ok(t) => match t.default_level() {
+                Some(d) => base.with_default(d).with_targets(t),
+                None => base.with_targets(t),
+            },
+            Err(e) => {
+                eprintln!("Warning: AKS_FLEX_NODE_LOG={v:?} is not a log filter ({e}); ignored");
+                base
+            }
+        },
     }
 }
 
@@ -47,12 +71,7 @@ pub fn init(level: &str, log_dir: Option<&Path>) {
         );
         Level::INFO
     });
-    let filter = EnvFilter::builder()
-        .with_default_directive(lvl.into())
-        .with_env_var("AKS_FLEX_NODE_LOG")
-        .from_env_lossy()
-        // zbus is chatty at debug; keep it at warn unless asked for explicitly.
-        .add_directive("zbus=warn".parse().unwrap_or_else(|_| lvl.into()));
+    let filter = filter(lvl, std::env::var("AKS_FLEX_NODE_LOG").ok().as_deref());
     let file = log_dir.and_then(|dir| match open_log_file(dir) {
         Ok(f) => Some(f),
         Err(e) => {
@@ -64,22 +83,32 @@ pub fn init(level: &str, log_dir: Option<&Path>) {
         }
     });
     let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+        .with_max_level(tracing::level_filters::LevelFilter::TRACE)
         .with_target(false)
         .with_ansi(false);
     let result = match (file, under_systemd()) {
         (Some(f), true) => builder
             .without_time()
             .with_writer(std::io::stderr.and(Mutex::new(f)))
+            .finish()
+            .with(filter)
             .try_init(),
         (Some(f), false) => builder
             .with_writer(std::io::stderr.and(Mutex::new(f)))
+            .finish()
+            .with(filter)
             .try_init(),
         (None, true) => builder
             .without_time()
             .with_writer(std::io::stderr)
+            .finish()
+            .with(filter)
             .try_init(),
-        (None, false) => builder.with_writer(std::io::stderr).try_init(),
+        (None, false) => builder
+            .with_writer(std::io::stderr)
+            .finish()
+            .with(filter)
+            .try_init(),
     };
     // A second init (tests) keeps the first subscriber.
     let _ = result;
@@ -107,6 +136,23 @@ mod tests {
         assert_eq!(parse_level("DEBUG"), Some(Level::DEBUG));
         assert_eq!(parse_level("warn"), None);
         assert_eq!(parse_level(""), None);
+    }
+
+    #[test]
+    fn filter_takes_the_level_quiets_zbus_and_lets_the_environment_override() {
+        let f = filter(Level::INFO, None);
+        assert!(f.would_enable("aks_flex_node::flows", &Level::INFO));
+        assert!(!f.would_enable("aks_flex_node::flows", &Level::DEBUG));
+        assert!(!f.would_enable("zbus::connection", &Level::INFO));
+        assert!(f.would_enable("zbus::connection", &Level::WARN));
+        let f = filter(Level::INFO, Some("debug,kube=trace,zbus=debug"));
+        assert!(f.would_enable("aks_flex_node::flows", &Level::DEBUG));
+        assert!(f.would_enable("kube::client", &Level::TRACE));
+        assert!(f.would_enable("zbus::connection", &Level::DEBUG));
+        assert!(!f.would_enable("aks_flex_node::flows", &Level::TRACE));
+        let f = filter(Level::WARN, Some("not a [filter"));
+        assert!(f.would_enable("x", &Level::WARN));
+        assert!(!f.would_enable("x", &Level::INFO));
     }
 
     #[test]
