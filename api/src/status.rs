@@ -33,6 +33,13 @@ pub enum Read<T> {
     },
 }
 
+impl<T> Default for Read<T> {
+    /// [`Read::Missing`]: a report from an agent that did not gather the record.
+    fn default() -> Self {
+        Read::Missing
+    }
+}
+
 impl<T> Read<T> {
     /// The value, when read.
     pub fn value(&self) -> Option<&T> {
@@ -95,6 +102,22 @@ pub struct UpgradeView {
     pub operation: Option<String>,
     /// Its result, once finished.
     pub result: Option<ResultView>,
+}
+
+/// The last step of the node's latest drain (the agent's record of the Event it recorded on
+/// the Node: cordoned, evicted, blocked by a PodDisruptionBudget, waiting for a disruption
+/// slot, drained, timed out, uncordoned).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DrainView {
+    /// The Event's reason (`Cordoned`, `EvictionBlocked`, `WaitingForDisruptionSlot`, …).
+    pub reason: String,
+    /// The Event's note.
+    pub note: String,
+    /// Whether it was a warning.
+    pub warning: bool,
+    /// When (RFC 3339).
+    pub at: String,
 }
 
 /// An operation's result.
@@ -188,6 +211,9 @@ pub struct Facts {
     pub kubelet: KubeletView,
     /// Why containerd could not be asked (image mode), if it could not.
     pub containerd_error: Option<String>,
+    /// The last step of the latest drain (`Missing` when the node never drained).
+    #[serde(default)]
+    pub drain: Read<DrainView>,
 }
 
 /// The agent's unit (what must be active). The one definition of the unit names: the harness
@@ -553,6 +579,16 @@ pub fn render_text(r: &Report) -> String {
             }
         }
     }
+    s.push_str(&format!(
+        "drain:          {}\n",
+        read_line(&f.drain, |d| format!(
+            "{}{} at {}: {}",
+            d.reason,
+            if d.warning { " (warning)" } else { "" },
+            d.at,
+            one_line(&d.note)
+        ))
+    ));
     s.push_str("units:\n");
     for u in &f.units {
         match &u.error {

@@ -19,8 +19,8 @@ use crate::state::{BootstrapMarkStore, JsonStore, StateError, StateStore};
 use crate::systemd::{AGENT_UNIT, CTR_NAMESPACE, RECOVERY_UNIT};
 
 pub use flex_api::status::{
-    AgentView, Facts, KubeletView, OperationView, Read, Report, ResultView, StateView, UnitView,
-    UpgradeView, assess, machine_unit, render_json, render_text,
+    AgentView, DrainView, Facts, KubeletView, OperationView, Read, Report, ResultView, StateView,
+    UnitView, UpgradeView, assess, machine_unit, render_json, render_text,
 };
 
 /// How many operation records status shows (the newest).
@@ -237,6 +237,10 @@ pub async fn gather(host: &Host) -> Facts {
         units,
         kubelet,
         containerd_error,
+        drain: read(
+            crate::flows::drain::progress::store(host.fs.clone()).load(),
+            |d| d,
+        ),
     }
 }
 

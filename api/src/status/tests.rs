@@ -87,7 +87,49 @@ pub(crate) fn healthy() -> Facts {
             machine: "kube1".into(),
         },
         containerd_error: None,
+        drain: Read::Ok {
+            value: DrainView {
+                reason: "Uncordoned".into(),
+                note: "uncordoned after MachineOperation reboot-1 (NodeReboot)".into(),
+                warning: false,
+                at: "2026-12-01T10:05:00Z".into(),
+            },
+        },
     }
+}
+
+/// The drain line: the last step, a warning marked, a missing record `none`; a report of an
+/// agent that had no drain field reads as `Missing`.
+#[test]
+fn drain_line_and_reports_without_it() {
+    let mut f = healthy();
+    let text = render_text(&assess(f.clone()));
+    assert!(
+        text.contains("drain:          Uncordoned at 2026-12-01T10:05:00Z: uncordoned after MachineOperation reboot-1 (NodeReboot)\n"),
+        "{text}"
+    );
+    f.drain = Read::Ok {
+        value: DrainView {
+            reason: "WaitingForDisruptionSlot".into(),
+            note: "every slot is held\n(by node-2)".into(),
+            warning: true,
+            at: "t".into(),
+        },
+    };
+    let r = assess(f.clone());
+    assert!(r.healthy, "a drain step is not a problem: {:?}", r.problems);
+    assert!(
+        render_text(&r)
+            .contains("drain:          WaitingForDisruptionSlot (warning) at t: every slot is held | (by node-2)\n"),
+        "{}",
+        render_text(&r)
+    );
+    let mut json: serde_json::Value = serde_json::from_str(&render_json(&r)).unwrap();
+    json.as_object_mut().unwrap().remove("drain").unwrap();
+    let back: Report = serde_json::from_value(json).unwrap();
+    assert_eq!(back.facts.drain, Read::Missing);
+    f.drain = Read::Missing;
+    assert!(render_text(&assess(f)).contains("drain:          none\n"));
 }
 
 fn set_unit(f: &mut Facts, u: UnitView) {

@@ -12,6 +12,8 @@
 //! - [`wait_ready`]: after a NodeReboot, waits for the Node's `Ready` condition with a heartbeat
 //!   newer than the reboot.
 //! - [`release`]: lifts the cordon only when [`CORDONED_BY`] names this agent's operation.
+//! - [`progress`]: each step told to the Node is also kept on the host as the last drain step,
+//!   which `aks-flex-node status` shows.
 //!
 //! The drain runs while the operation's record is `claiming` (before `executing`), so a daemon
 //! that dies mid-drain drains again when it restarts: the cordon it finds is its own
@@ -20,6 +22,7 @@
 pub mod budget;
 #[cfg(test)]
 pub(crate) mod fakes;
+pub mod progress;
 #[cfg(test)]
 mod tests;
 
@@ -830,9 +833,15 @@ pub async fn wait_ready(
 /// Makes the drain's seam from a client and the node's name (real: [`KubeNodeDrain`]).
 pub type DrainApiFactory = Arc<dyn Fn(Client, &str) -> Arc<dyn NodeDrainApi> + Send + Sync>;
 
-/// The real factory: [`KubeNodeDrain`] over the client.
+/// The real factory: [`KubeNodeDrain`] over the client, each step also recorded on the host
+/// for `status` ([`progress`]).
 pub fn kube_drain_api() -> DrainApiFactory {
-    Arc::new(|client, node| Arc::new(KubeNodeDrain::new(client, node)))
+    Arc::new(|client, node| {
+        Arc::new(progress::Recorded::new(
+            Arc::new(KubeNodeDrain::new(client, node)),
+            flex_host::fs::HostFs::host(),
+        ))
+    })
 }
 
 /// The cordon owner of a repave (the [`CORDONED_BY`] value): its goal's settings version.

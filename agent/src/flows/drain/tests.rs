@@ -677,3 +677,57 @@ async fn the_daemon_frees_at_start_only_a_stale_slot_of_its_own_on_a_ready_node(
     node_drain(&f).release_stale(&nothing_runs).await;
     assert!(f.holder(N).is_some(), "not Ready: kept");
 }
+
+/// The progress recorder over the recording fake, writing real files under a temporary root:
+/// the last step told to the Node is kept (once, though it is told to the operation too), and
+/// status reads it back through its checksum.
+#[tokio::test(start_paused = true)]
+async fn each_step_told_to_the_node_is_kept_as_the_last_drain_step() {
+    let root = tempfile::tempdir().unwrap();
+    let fs = flex_host::fs::HostFs::new(root.path());
+    let fake = std::sync::Arc::new(FakeNodeDrain::new(
+        node(N, false, None),
+        vec![pod("default", "web")],
+    ));
+    let recorded = progress::Recorded::new(fake.clone(), fs.clone());
+    let store = progress::store(fs.clone());
+    assert_eq!(store.load().unwrap(), None);
+    let s = Subject {
+        related: Some(ObjectReference {
+            kind: Some("MachineOperation".into()),
+            name: Some("op".into()),
+            ..ObjectReference::default()
+        }),
+        ..subject()
+    };
+    cordon_and_drain(
+        &recorded,
+        N,
+        &s,
+        DrainPolicy::default(),
+        DrainTimings::default(),
+    )
+    .await
+    .unwrap();
+    let last = store.load().unwrap().unwrap();
+    assert_eq!(last.reason, reasons::DRAINED);
+    assert!(!last.warning);
+    assert!(last.note.contains("evicted 1 pod(s)"), "{last:?}");
+    assert!(last.at.ends_with('Z'), "{last:?}");
+    assert_eq!(
+        fs.mode(std::path::Path::new(progress::PROGRESS_PATH)),
+        Some(0o600)
+    );
+    // Only the operation's copy of an Event: nothing recorded.
+    recorded
+        .event(
+            s.related.as_ref().unwrap(),
+            true,
+            "Other",
+            "told to the operation only",
+        )
+        .await;
+    assert_eq!(store.load().unwrap().unwrap().reason, reasons::DRAINED);
+    release(&recorded, N, Some(UID)).await.unwrap();
+    assert_eq!(store.load().unwrap().unwrap().reason, reasons::UNCORDONED);
+}
