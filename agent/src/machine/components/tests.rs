@@ -1179,6 +1179,36 @@ fn npd_config_errors_name_the_field() {
     }
 }
 
+/// [`unreachable_plan`] (every required component already installed in the tests that use
+/// it) with node-problem-detector from `base_url`, pinned to `sha256` when it is not empty.
+fn npd_plan(base_url: String, sha256: &str) -> ComponentPlan {
+    let mut c = config("1.35.0");
+    npd_defaults(&mut c);
+    c.npd.base_url = base_url;
+    c.npd.sha256 = sha256.into();
+    let npd = ComponentPlan::resolve(&c, "amd64", Downloads::default())
+        .unwrap()
+        .spec(Component::Npd)
+        .unwrap()
+        .clone();
+    let mut plan = unreachable_plan();
+    let PlanSource::Online { specs, .. } = &mut plan.source else {
+        panic!()
+    };
+    specs.retain(|s| s.component != Component::Npd);
+    specs.push(npd);
+    plan
+}
+
+/// A 200 with `body`.
+fn ok(body: Vec<u8>) -> flex_testkit::http::Reply {
+    flex_testkit::http::Reply {
+        status: 200,
+        headers: vec![],
+        body,
+    }
+}
+
 /// A real local HTTP server serves the archive and its `.sha256`; the other components are
 /// already installed (recording runner, real files). node-problem-detector's two files land in
 /// the rootfs with their modes; nothing else of the archive does.
@@ -1186,35 +1216,13 @@ fn npd_config_errors_name_the_field() {
 async fn npd_from_a_local_http_server_is_verified_then_installed() {
     let archive = npd_archive();
     let server = flex_testkit::http::ScriptedServer::start(vec![
-        flex_testkit::http::Reply {
-            status: 200,
-            headers: vec![],
-            body: format!("{}  node-problem-detector.tar.gz\n", sha(&archive)).into_bytes(),
-        },
-        flex_testkit::http::Reply {
-            status: 200,
-            headers: vec![],
-            body: archive,
-        },
+        ok(format!("{}  node-problem-detector.tar.gz\n", sha(&archive)).into_bytes()),
+        ok(archive),
     ])
     .unwrap();
     let fake = FakeHost::new().unwrap();
     installed_everything(&fake);
-    let mut plan = unreachable_plan();
-    let mut c = config("1.35.0");
-    npd_defaults(&mut c);
-    c.npd.base_url = server.url("/npd");
-    let PlanSource::Online { specs, .. } = &mut plan.source else {
-        panic!()
-    };
-    specs.retain(|s| s.component != Component::Npd);
-    specs.push(
-        ComponentPlan::resolve(&c, "amd64", Downloads::default())
-            .unwrap()
-            .spec(Component::Npd)
-            .unwrap()
-            .clone(),
-    );
+    let plan = npd_plan(server.url("/npd"), "");
     let report = install(&fake, &plan).await.unwrap();
     assert!(matches!(
         report.get(Component::Npd).unwrap().outcome,
@@ -1249,30 +1257,10 @@ async fn npd_from_a_local_http_server_is_verified_then_installed() {
 /// files. A bundle without it turns it off; one with it and its `.sha256` installs it.
 #[tokio::test]
 async fn npd_checksum_mismatch_installs_nothing_and_bundles_carry_it_or_turn_it_off() {
-    let server = flex_testkit::http::ScriptedServer::start(vec![flex_testkit::http::Reply {
-        status: 200,
-        headers: vec![],
-        body: npd_archive(),
-    }])
-    .unwrap();
+    let server = flex_testkit::http::ScriptedServer::start(vec![ok(npd_archive())]).unwrap();
     let fake = FakeHost::new().unwrap();
     installed_everything(&fake);
-    let mut plan = unreachable_plan();
-    let mut c = config("1.35.0");
-    npd_defaults(&mut c);
-    c.npd.base_url = server.url("/npd");
-    c.npd.sha256 = "0".repeat(64);
-    let PlanSource::Online { specs, .. } = &mut plan.source else {
-        panic!()
-    };
-    specs.retain(|s| s.component != Component::Npd);
-    specs.push(
-        ComponentPlan::resolve(&c, "amd64", Downloads::default())
-            .unwrap()
-            .spec(Component::Npd)
-            .unwrap()
-            .clone(),
-    );
+    let plan = npd_plan(server.url("/npd"), &"0".repeat(64));
     let report = install(&fake, &plan).await.unwrap();
     assert!(report.get(Component::Npd).is_none(), "{report:?}");
     assert_eq!(server.requests().len(), 1);
