@@ -1,6 +1,17 @@
 //! The optional CSR approver (`--enable-csr-approver`): approves the agent daemon's
 //! client-certificate requests (signer `kubernetes.io/kube-apiserver-client`), as unbounded's
-//! `daemoncred` approver with AKSFlexNode's `AuthorizeBootstrap` / `AuthorizeRenewal`.
+//! `daemoncred` approver with AKSFlexNode's `AuthorizeBootstrap` / `AuthorizeRenewal`, and
+//! kubelet's client-certificate requests (signer `kubernetes.io/kube-apiserver-client-kubelet`)
+//! under the same token binding: kube-controller-manager's own approver (`nodeclient`) would
+//! approve any node's certificate for any token in a bound group, so `deploy/controller` no
+//! longer binds it for the flex bootstrap group.
+//!
+//! A kubelet request ([`Credential::Kubelet`]) differs from the daemon's in its subject and
+//! lifetime only: organizations exactly `system:nodes`, and no `expirationSeconds` needed
+//! (kubelet never asks for one; the signer's `--cluster-signing-duration` applies, a year by
+//! default); one asked for is capped like the daemon's. Its bootstrap checks are the daemon's,
+//! its single-use record `<token-id>.kubelet`; its renewal comes from `system:node:<node>` in
+//! `system:nodes` (kubelet with its own certificate, or the daemon for its kubelet).
 //!
 //! A request is ours when it is pending (no `Approved`/`Denied` condition, no certificate), is
 //! for the signer above, and its PKCS#10 request (signature verified) asks for CN
@@ -50,6 +61,10 @@ use crate::store::{MachineStore, StoreError};
 
 /// The signer the daemon's certificates use.
 pub const SIGNER: &str = "kubernetes.io/kube-apiserver-client";
+/// The signer of kubelet's client certificates (kube-controller-manager signs them; its own
+/// approver approves only for groups bound to `certificatesigningrequests:nodeclient`, which
+/// `deploy/controller` no longer binds for the flex bootstrap group).
+pub const KUBELET_SIGNER: &str = "kubernetes.io/kube-apiserver-client-kubelet";
 /// Bootstrap token users: `system:bootstrap:<token-id>`.
 pub const BOOTSTRAP_USER_PREFIX: &str = "system:bootstrap:";
 /// Node users and common names: `system:node:<node>`.
@@ -149,8 +164,55 @@ pub enum Requester {
         /// The token id.
         token_id: String,
     },
-    /// The daemon's current certificate.
+    /// The node itself, with a certificate it holds: the daemon renewing its own, or (for
+    /// kubelet's credential) kubelet renewing its own.
     Renewal,
+}
+
+/// Which credential a request is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Credential {
+    /// The daemon's ([`SIGNER`]; organizations within {`system:nodes`, daemon group},
+    /// including the daemon group).
+    Daemon,
+    /// kubelet's ([`KUBELET_SIGNER`]; organization exactly `system:nodes`).
+    Kubelet,
+}
+
+impl Credential {
+    /// The signer its requests name.
+    pub fn signer(self) -> &'static str {
+        match self {
+            Credential::Daemon => SIGNER,
+            Credential::Kubelet => KUBELET_SIGNER,
+        }
+    }
+
+    /// How messages name it.
+    pub fn noun(self) -> &'static str {
+        match self {
+            Credential::Daemon => "daemon",
+            Credential::Kubelet => "kubelet client",
+        }
+    }
+
+    /// The key of [`ISSUED_CONFIGMAP`] that records `token_id` used for this credential: the
+    /// token id itself for the daemon's (as before kubelet's were approved here),
+    /// `<token-id>.kubelet` for kubelet's.
+    pub fn record_key(self, token_id: &str) -> String {
+        match self {
+            Credential::Daemon => token_id.to_string(),
+            Credential::Kubelet => format!("{token_id}.kubelet"),
+        }
+    }
+
+    /// The `Approved` condition's reason.
+    pub fn approve_reason(self) -> &'static str {
+        match self {
+            Credential::Daemon => "AKSFlexNodeDaemonApprove",
+            Credential::Kubelet => "AKSFlexNodeKubeletApprove",
+        }
+    }
 }
 
 /// A request that passed the checks that need no API call.
@@ -160,6 +222,8 @@ pub struct Candidate {
     pub node: String,
     /// Who asks.
     pub requester: Requester,
+    /// Which credential.
+    pub credential: Credential,
 }
 
 /// What to do with a request.
@@ -215,7 +279,7 @@ pub enum Refusal {
     #[error("already issued")]
     Issued,
     /// For another signer.
-    #[error("signer {0:?} is not {SIGNER}")]
+    #[error("signer {0:?} is neither {SIGNER} nor {KUBELET_SIGNER}")]
     Signer(String),
     /// The PKCS#10 request does not parse or verify.
     #[error(transparent)]
@@ -237,6 +301,9 @@ pub enum Refusal {
     /// An organization beyond the daemon group and `system:nodes`.
     #[error("organization {0:?} is not allowed")]
     Organization(String),
+    /// A kubelet request whose organizations are not exactly `system:nodes` (what it has).
+    #[error("a kubelet client request's organizations are {0:?}, want exactly [\"system:nodes\"]")]
+    KubeletOrganizations(Vec<String>),
     /// Subject alternative names asked for.
     #[error("subject alternative names are not allowed")]
     Sans,
@@ -270,7 +337,7 @@ pub enum Refusal {
     NoTokenId,
     /// Neither a bootstrap token nor the node itself renewing.
     #[error(
-        "requester {user:?} is neither a bootstrap token in {bootstrap_group:?} nor {NODE_USER_PREFIX}{node} in {daemon_group:?}"
+        "requester {user:?} is neither a bootstrap token in {bootstrap_group:?} nor {NODE_USER_PREFIX}{node} in {group:?}"
     )]
     Requester {
         /// The requester.
@@ -279,8 +346,9 @@ pub enum Refusal {
         node: String,
         /// The bootstrap group.
         bootstrap_group: String,
-        /// The daemon group.
-        daemon_group: String,
+        /// The group a renewal's requester must be in: the daemon group for the daemon's
+        /// credential, `system:nodes` for kubelet's.
+        group: String,
     },
 }
 
@@ -433,9 +501,11 @@ pub fn examine(
         return Err(Refusal::Issued);
     }
     let spec = &csr.spec;
-    if spec.signer_name != SIGNER {
-        return Err(Refusal::Signer(spec.signer_name.clone()));
-    }
+    let credential = match spec.signer_name.as_str() {
+        SIGNER => Credential::Daemon,
+        KUBELET_SIGNER => Credential::Kubelet,
+        other => return Err(Refusal::Signer(other.to_string())),
+    };
     let subject = parse_request(&spec.request.0)?;
     let [cn] = subject.common_names.as_slice() else {
         return Err(Refusal::CommonNames(subject.common_names.len()));
@@ -445,18 +515,28 @@ pub fn examine(
         .filter(|n| !n.is_empty())
         .ok_or_else(|| Refusal::CommonName(cn.clone()))?
         .to_string();
-    if !subject.organizations.contains(&cfg.daemon_group) {
-        return Err(Refusal::NoDaemonGroup {
-            organizations: subject.organizations,
-            group: cfg.daemon_group.clone(),
-        });
-    }
-    if let Some(o) = subject
-        .organizations
-        .iter()
-        .find(|o| **o != cfg.daemon_group && *o != NODES_GROUP)
-    {
-        return Err(Refusal::Organization(o.clone()));
+    match credential {
+        Credential::Daemon => {
+            if !subject.organizations.contains(&cfg.daemon_group) {
+                return Err(Refusal::NoDaemonGroup {
+                    organizations: subject.organizations,
+                    group: cfg.daemon_group.clone(),
+                });
+            }
+            if let Some(o) = subject
+                .organizations
+                .iter()
+                .find(|o| **o != cfg.daemon_group && *o != NODES_GROUP)
+            {
+                return Err(Refusal::Organization(o.clone()));
+            }
+        }
+        // As kube-controller-manager's kubelet signer and nodeclient recognizer require.
+        Credential::Kubelet => {
+            if subject.organizations != [NODES_GROUP] {
+                return Err(Refusal::KubeletOrganizations(subject.organizations));
+            }
+        }
     }
     if subject.has_sans {
         return Err(Refusal::Sans);
@@ -482,6 +562,9 @@ pub fn examine(
                     max: cfg.max_expiration_seconds,
                 });
             }
+            // kubelet never asks for a lifetime: its certificate lives as long as
+            // kube-controller-manager's --cluster-signing-duration (a year unless set).
+            None if credential == Credential::Kubelet => {}
             None => return Err(Refusal::LifetimeUnset(cfg.max_expiration_seconds)),
         }
     }
@@ -502,19 +585,28 @@ pub fn examine(
             requester: Requester::Bootstrap {
                 token_id: id.to_string(),
             },
+            credential,
         });
     }
-    if username == format!("{NODE_USER_PREFIX}{node}") && groups.contains(&cfg.daemon_group) {
+    // The daemon renews with its daemon certificate; kubelet with its kubelet certificate
+    // (and the daemon, whose certificate is also in system:nodes, may ask for its kubelet's).
+    let renewal_group = match credential {
+        Credential::Daemon => cfg.daemon_group.as_str(),
+        Credential::Kubelet => NODES_GROUP,
+    };
+    if username == format!("{NODE_USER_PREFIX}{node}") && groups.iter().any(|g| g == renewal_group)
+    {
         return Ok(Candidate {
             node,
             requester: Requester::Renewal,
+            credential,
         });
     }
     Err(Refusal::Requester {
         user: username,
         node,
         bootstrap_group: cfg.bootstrap_group.clone(),
-        daemon_group: cfg.daemon_group.clone(),
+        group: renewal_group.to_string(),
     })
 }
 
@@ -608,17 +700,18 @@ pub fn authorize_token_for_machine(
     }
 }
 
-/// An unexpired daemon certificate `node` already holds: among `csrs`, those for [`SIGNER`]
-/// with an issued certificate whose subject is `system:node:<node>` and whose `notAfter` is
-/// after `now`; the one that expires last, as (request name, `notAfter`).
+/// An unexpired certificate of `signer` that `node` already holds: among `csrs`, those for
+/// `signer` with an issued certificate whose subject is `system:node:<node>` and whose
+/// `notAfter` is after `now`; the one that expires last, as (request name, `notAfter`).
 pub fn held_certificate(
     node: &str,
+    signer: &str,
     csrs: &[CertificateSigningRequest],
     now: Timestamp,
 ) -> Option<(String, Timestamp)> {
     let cn = format!("{NODE_USER_PREFIX}{node}");
     csrs.iter()
-        .filter(|c| c.spec.signer_name == SIGNER)
+        .filter(|c| c.spec.signer_name == signer)
         .filter_map(|c| {
             let pem = c.status.as_ref()?.certificate.as_ref()?;
             let (subject_cn, not_after) = certificate_subject(&pem.0)?;
@@ -628,18 +721,19 @@ pub fn held_certificate(
         .max_by_key(|(_, t)| *t)
 }
 
-/// Another request for [`SIGNER`] and `system:node:<node>` that is approved (neither denied nor
+/// Another request for `signer` and `system:node:<node>` that is approved (neither denied nor
 /// failed) and has no certificate yet: one the signer is about to issue. It counts as held, so
 /// two requests of one token are not both approved between an approval and its signature.
 /// `self_name` is the request being decided.
 pub fn approved_unsigned(
     node: &str,
+    signer: &str,
     self_name: &str,
     csrs: &[CertificateSigningRequest],
 ) -> Option<String> {
     let cn = format!("{NODE_USER_PREFIX}{node}");
     csrs.iter()
-        .filter(|c| c.spec.signer_name == SIGNER)
+        .filter(|c| c.spec.signer_name == signer)
         .filter(|c| c.metadata.name.as_deref() != Some(self_name))
         .filter(|c| {
             c.status
@@ -695,10 +789,10 @@ pub struct Apis {
 }
 
 /// The ConfigMap (in [`TOKEN_NAMESPACE`], `deploy/controller/configmap.yaml`) that records each
-/// bootstrap token that got a daemon certificate: key the token id, value
-/// `{"node": …, "request": …}` ([`IssuedToken`]). Written before the approval, so a token is
-/// used once for good, also after kube-controller-manager deletes the issued request an hour
-/// later.
+/// bootstrap token that got a certificate: key [`Credential::record_key`] (the token id for the
+/// daemon's, `<token-id>.kubelet` for kubelet's), value `{"node": …, "request": …}`
+/// ([`IssuedToken`]). Written before the approval, so a token gets one certificate of each kind
+/// for good, also after kube-controller-manager deletes the issued request an hour later.
 pub const ISSUED_CONFIGMAP: &str = "aks-flex-issued-tokens";
 
 /// One entry of [`ISSUED_CONFIGMAP`].
@@ -710,36 +804,44 @@ pub struct IssuedToken {
     pub request: String,
 }
 
-/// The merge patch that records `token_id` as used for `issued`.
-pub fn issued_patch(token_id: &str, issued: &IssuedToken) -> serde_json::Value {
+/// The merge patch that records `token_id` as used for `issued`, under `credential`'s key.
+pub fn issued_patch(
+    token_id: &str,
+    credential: Credential,
+    issued: &IssuedToken,
+) -> serde_json::Value {
     serde_json::json!({
-        "data": { token_id: serde_json::to_string(issued).unwrap_or_default() }
+        "data": { credential.record_key(token_id): serde_json::to_string(issued).unwrap_or_default() }
     })
 }
 
-/// Why `token_id` may not bootstrap the request `request`: [`ISSUED_CONFIGMAP`]'s `data`
-/// (`None`: the ConfigMap is missing) records it used for another request. The request it was
-/// recorded for may still be approved (its approval failed after the record was written).
+/// Why `token_id` may not bootstrap the request `request` for `credential`:
+/// [`ISSUED_CONFIGMAP`]'s `data` (`None`: the ConfigMap is missing) records it used for another
+/// request of that credential. The request it was recorded for may still be approved (its
+/// approval failed after the record was written).
 pub fn token_used(
     data: Option<&BTreeMap<String, String>>,
     token_id: &str,
+    credential: Credential,
     request: &str,
 ) -> Option<String> {
+    let key = credential.record_key(token_id);
+    let noun = credential.noun();
     let Some(data) = data else {
         return Some(format!(
             "ConfigMap {TOKEN_NAMESPACE}/{ISSUED_CONFIGMAP}, the record of the bootstrap tokens used, is missing: apply deploy/controller"
         ));
     };
-    let raw = data.get(token_id)?;
+    let raw = data.get(&key)?;
     let entry: Option<IssuedToken> = serde_json::from_str(raw).ok();
     match entry {
         Some(e) if e.request == request => None,
         Some(e) => Some(format!(
-            "bootstrap token {token_id} already got a daemon certificate, for node {} (CertificateSigningRequest {}): a token is used once; give the node a new bootstrap token, or remove key {token_id} of ConfigMap {TOKEN_NAMESPACE}/{ISSUED_CONFIGMAP} to let it be used once more",
+            "bootstrap token {token_id} already got a {noun} certificate, for node {} (CertificateSigningRequest {}): a token is used once; give the node a new bootstrap token, or remove key {key} of ConfigMap {TOKEN_NAMESPACE}/{ISSUED_CONFIGMAP} to let it be used once more",
             e.node, e.request
         )),
         None => Some(format!(
-            "key {token_id} of ConfigMap {TOKEN_NAMESPACE}/{ISSUED_CONFIGMAP} is not a record of a use; the token counts as used"
+            "key {key} of ConfigMap {TOKEN_NAMESPACE}/{ISSUED_CONFIGMAP} is not a record of a use; the token counts as used"
         )),
     }
 }
@@ -770,6 +872,9 @@ pub async fn decide_why(
             return (Decision::Ignore(why.to_string()), Why::not_a_daemon_request);
         }
     };
+    let credential = candidate.credential;
+    let noun = credential.noun();
+    let signer = credential.signer();
     match &candidate.requester {
         Requester::Bootstrap { token_id } => {
             let secret = match apis
@@ -814,10 +919,10 @@ pub async fn decide_why(
                 }
             };
             let data = issued.map(|cm| cm.data.unwrap_or_default());
-            if let Some(why) = token_used(data.as_ref(), token_id, this) {
+            if let Some(why) = token_used(data.as_ref(), token_id, credential, this) {
                 return (Decision::Retry(why), Why::token_used);
             }
-            let lp = ListParams::default().fields(&format!("spec.signerName={SIGNER}"));
+            let lp = ListParams::default().fields(&format!("spec.signerName={signer}"));
             let others = match apis.csrs.list(&lp).await {
                 Ok(l) => l.items,
                 Err(e) => {
@@ -830,10 +935,10 @@ pub async fn decide_why(
                     );
                 }
             };
-            if let Some(name) = approved_unsigned(&candidate.node, this, &others) {
+            if let Some(name) = approved_unsigned(&candidate.node, signer, this, &others) {
                 return (
                     Decision::Retry(format!(
-                        "node {} has another approved daemon certificate request awaiting its \
+                        "node {} has another approved {noun} certificate request awaiting its \
                          certificate (CertificateSigningRequest {name}): a bootstrap token gets \
                          one certificate",
                         candidate.node
@@ -841,10 +946,10 @@ pub async fn decide_why(
                     Why::already_holds_certificate,
                 );
             }
-            if let Some((name, until)) = held_certificate(&candidate.node, &others, now) {
+            if let Some((name, until)) = held_certificate(&candidate.node, signer, &others, now) {
                 return (
                     Decision::Retry(format!(
-                        "node {} already holds a daemon certificate, valid until {until} \
+                        "node {} already holds a {noun} certificate, valid until {until} \
                          (CertificateSigningRequest {name}): it renews with that certificate, and a \
                          bootstrap token does not get it another; to bootstrap it again (after a \
                          reset), delete CertificateSigningRequest {name}",
@@ -855,10 +960,13 @@ pub async fn decide_why(
             }
             (
                 Decision::Approve(format!(
-                    "aks-flex-controller approved the daemon credential of node {} (bootstrap token {token_id})",
+                    "aks-flex-controller approved the {noun} credential of node {} (bootstrap token {token_id})",
                     candidate.node
                 )),
-                Why::bootstrap,
+                match credential {
+                    Credential::Daemon => Why::bootstrap,
+                    Credential::Kubelet => Why::kubelet_bootstrap,
+                },
             )
         }
         Requester::Renewal => {
@@ -867,18 +975,22 @@ pub async fn decide_why(
             }
             (
                 Decision::Approve(format!(
-                    "aks-flex-controller approved the daemon credential renewal of node {}",
+                    "aks-flex-controller approved the {noun} credential renewal of node {}",
                     candidate.node
                 )),
-                Why::renewal,
+                match credential {
+                    Credential::Daemon => Why::renewal,
+                    Credential::Kubelet => Why::kubelet_renewal,
+                },
             )
         }
     }
 }
 
-/// `csr` with an `Approved` condition added.
+/// `csr` with an `Approved` condition added (`reason`: [`Credential::approve_reason`]).
 pub fn approved(
     csr: &CertificateSigningRequest,
+    reason: &str,
     message: &str,
     now: Timestamp,
 ) -> CertificateSigningRequest {
@@ -890,7 +1002,7 @@ pub fn approved(
         .push(CertificateSigningRequestCondition {
             type_: "Approved".into(),
             status: "True".into(),
-            reason: Some("AKSFlexNodeDaemonApprove".into()),
+            reason: Some(reason.into()),
             message: Some(message.into()),
             last_update_time: Some(Time(now)),
             last_transition_time: Some(Time(now)),
@@ -942,13 +1054,19 @@ async fn reconcile(
         Decision::Approve(message) => {
             // A bootstrap: the token is recorded used before the approval (a crash between
             // the two leaves it used without a certificate, never the other way round).
+            let examined = examine(&csr, &ctx.cfg);
+            let credential = examined
+                .as_ref()
+                .map_or(Credential::Daemon, |c| c.credential);
             if let Ok(Candidate {
                 requester: Requester::Bootstrap { token_id },
                 node,
-            }) = examine(&csr, &ctx.cfg)
+                credential,
+            }) = examined
             {
                 let patch = issued_patch(
                     &token_id,
+                    credential,
                     &IssuedToken {
                         node,
                         request: name.clone(),
@@ -967,13 +1085,19 @@ async fn reconcile(
                         ApproveError {
                             name: name.clone(),
                             reason: format!(
-                                "record bootstrap token {token_id} used in ConfigMap {TOKEN_NAMESPACE}/{ISSUED_CONFIGMAP}: {}",
+                                "record bootstrap token {token_id} used for a {} certificate in ConfigMap {TOKEN_NAMESPACE}/{ISSUED_CONFIGMAP}: {}",
+                                credential.noun(),
                                 flex_api::kube_errors::describe(&e)
                             ),
                         }
                     })?;
             }
-            let body = approved(&csr, &message, Timestamp::now());
+            let body = approved(
+                &csr,
+                credential.approve_reason(),
+                &message,
+                Timestamp::now(),
+            );
             ctx.apis
                 .csrs
                 .replace_subresource("approval", &name, &PostParams::default(), &body)

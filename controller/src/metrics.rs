@@ -68,6 +68,11 @@ pub enum Why {
     bootstrap,
     /// A daemon's renewal with its own certificate.
     renewal,
+    /// kubelet's first client certificate, with its node's bootstrap token.
+    kubelet_bootstrap,
+    /// kubelet's client certificate asked for by its node itself (kubelet renewing, or the
+    /// daemon).
+    kubelet_renewal,
     /// Not a daemon request, already decided, or asking for more than a daemon credential.
     not_a_daemon_request,
     /// The bootstrap token is not one the approver accepts (group, expiry, usage).

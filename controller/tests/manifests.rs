@@ -39,7 +39,7 @@ fn find<'a>(objs: &'a [Value], kind: &str, name: &str) -> &'a Value {
 #[test]
 fn every_object_is_named_and_placed() {
     let objs = objects();
-    assert_eq!(objs.len(), 24);
+    assert_eq!(objs.len(), 23);
     for o in &objs {
         let kind = o["kind"].as_str().unwrap();
         assert!(o["apiVersion"].is_string(), "{o}");
@@ -179,9 +179,19 @@ fn rbac_grants_what_is_used() {
     let defaults = Args::try_parse_from(["x"]).unwrap();
     let csr = find(&objs, "ClusterRole", "aks-flex-controller-csr-approver");
     let rules = csr["rules"].as_array().unwrap();
-    assert!(rules.iter().any(|r| r["resources"][0] == "signers"
-        && r["resourceNames"][0] == aks_flex_controller::csr::SIGNER
-        && r["verbs"][0] == "approve"));
+    // The approver approves the daemon's certificates and kubelet's client certificates.
+    let signers = rules
+        .iter()
+        .find(|r| r["resources"][0] == "signers")
+        .unwrap();
+    assert_eq!(signers["verbs"], serde_json::json!(["approve"]));
+    assert_eq!(
+        signers["resourceNames"],
+        serde_json::json!([
+            aks_flex_controller::csr::SIGNER,
+            aks_flex_controller::csr::KUBELET_SIGNER
+        ])
+    );
     assert!(rules.iter().any(
         |r| r["resources"][0] == "certificatesigningrequests/approval"
             && r["verbs"] == serde_json::json!(["update"])
@@ -315,20 +325,21 @@ fn rbac_grants_what_is_used() {
         defaults.daemon_group.as_str(),
         flex_api::machina::DAEMON_GROUP
     );
-    // kubelet's TLS bootstrap with the Flex bootstrap group: it may create its CSR, and
-    // kube-controller-manager approves its node client certificate (kubeadm binds these for its
-    // own token group only).
-    for (binding, role) in [
-        ("aks-flex-node-bootstrapper", "system:node-bootstrapper"),
-        (
-            "aks-flex-node-autoapprove-bootstrap",
-            "system:certificates.k8s.io:certificatesigningrequests:nodeclient",
-        ),
-    ] {
-        let b = find(&objs, "ClusterRoleBinding", binding);
-        assert_eq!(b["roleRef"]["name"], role);
-        assert_eq!(b["subjects"][0]["kind"], "Group");
-        assert_eq!(b["subjects"][0]["name"], defaults.bootstrap_group.as_str());
+    // kubelet's TLS bootstrap with the Flex bootstrap group: it may create its CSR, and the
+    // controller's approver (not kube-controller-manager's) approves it, under the token's
+    // binding to one node. Nothing binds the flex group to `nodeclient` or `selfnodeclient`:
+    // kube-controller-manager would approve any node's certificate for any flex token.
+    let b = find(&objs, "ClusterRoleBinding", "aks-flex-node-bootstrapper");
+    assert_eq!(b["roleRef"]["name"], "system:node-bootstrapper");
+    assert_eq!(b["subjects"][0]["kind"], "Group");
+    assert_eq!(b["subjects"][0]["name"], defaults.bootstrap_group.as_str());
+    for o in &objs {
+        let role = o["roleRef"]["name"].as_str().unwrap_or_default();
+        assert!(
+            !role.starts_with("system:certificates.k8s.io:certificatesigningrequests:"),
+            "{} binds {role}: kube-controller-manager's approver would approve without the token binding",
+            o["metadata"]["name"]
+        );
     }
     // Every binding names an existing role (or one Kubernetes ships: `system:`).
     for b in objs

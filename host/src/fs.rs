@@ -847,6 +847,19 @@ impl ConfinedFs {
         Ok(true)
     }
 
+    /// The target of the symlink `p`, as stored (never followed); `Ok(None)` when nothing or
+    /// something other than a symlink is there.
+    pub fn read_link(&self, p: &Path) -> Result<Option<PathBuf>, FsError> {
+        let Some((dir, name)) = self.parent("readlink", p, None)? else {
+            return Ok(None);
+        };
+        match rustix::fs::readlinkat(dir.fd.as_fd(), name, Vec::new()) {
+            Ok(t) => Ok(Some(PathBuf::from(OsStr::from_bytes(t.as_bytes())))),
+            Err(Errno::NOENT | Errno::INVAL) => Ok(None),
+            Err(e) => Err(self.err("readlink", p, e)),
+        }
+    }
+
     /// Removes a file or symlink (never what it points to) and syncs its directory; returns
     /// whether something was there.
     pub fn remove_file(&self, p: &Path) -> Result<bool, FsError> {
@@ -1253,9 +1266,17 @@ mod tests {
         assert!(c.remove_all(Path::new("var/lib/secret")).is_err());
         assert!(!c.exists(Path::new("var/lib/secret")));
         assert!(c.resolved_host_path(Path::new("var/lib/secret")).is_err());
-        // A final symlink is neither read through nor written through: it is replaced.
+        // A final symlink is neither read through nor written through: it is replaced. Its
+        // target can be read as stored.
         let hostname = Path::new("etc/hostname");
         assert!(c.read(hostname).is_err());
+        let stored = std::fs::read_link(m.join("etc/hostname")).unwrap();
+        assert_eq!(c.read_link(hostname).unwrap(), Some(stored));
+        assert_eq!(c.read_link(Path::new("etc/absent")).unwrap(), None);
+        assert!(
+            c.read_link(Path::new("var/lib/secret")).is_err(),
+            "below a link out"
+        );
         assert_eq!(c.resolved_host_path(hostname).unwrap(), None);
         assert!(c.write_if_changed(hostname, b"node\n", 0o644).unwrap());
         outside_untouched(&outside);

@@ -9,22 +9,15 @@
 //! a new pair is stored.
 
 use std::path::Path;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 use rcgen::KeyPair;
 
 use super::{CERT_FILE, CREDENTIAL_DIR, KEY_FILE, KubeClientError, PAIR_FILE, PENDING_KEY_FILE};
+pub use crate::machine::pki::{PairError, Validity};
+pub(crate) use crate::machine::pki::{cert_facts, join_pair, split_pair};
 use flex_host::fs::HostFs;
 use flex_host::secret::Secret;
-
-/// A certificate's validity period.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Validity {
-    /// Not valid before.
-    pub not_before: SystemTime,
-    /// Not valid after.
-    pub not_after: SystemTime,
-}
 
 /// When a certificate is due for rotation: once 80 % of its lifetime has passed.
 pub fn rotation_deadline(v: &Validity) -> SystemTime {
@@ -50,81 +43,6 @@ pub struct Issued {
     pub cert_pem: String,
     /// Its validity.
     pub validity: Validity,
-}
-
-fn unix(ts: i64) -> SystemTime {
-    if ts >= 0 {
-        UNIX_EPOCH + Duration::from_secs(ts.unsigned_abs())
-    } else {
-        UNIX_EPOCH - Duration::from_secs(ts.unsigned_abs())
-    }
-}
-
-/// What a certificate says about itself.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct CertFacts {
-    pub validity: Validity,
-    pub common_name: String,
-    pub public_key: Vec<u8>,
-}
-
-/// Why a stored or issued key and certificate cannot be used. Never holds the key.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum PairError {
-    /// The certificate text is not PEM (the parser's message).
-    #[error("not a PEM certificate: {0}")]
-    NotPem(String),
-    /// The PEM block is not an X.509 certificate (the parser's message).
-    #[error("not an X.509 certificate: {0}")]
-    NotX509(String),
-    /// The certificate's public key is not the stored key's.
-    #[error("the certificate is not for the stored key")]
-    WrongKey,
-    /// The certificate names another node.
-    #[error("the certificate is for {found:?}, not {want:?}")]
-    WrongNode {
-        /// The common name it has.
-        found: String,
-        /// The one this node needs.
-        want: String,
-    },
-    /// Past its `notAfter`.
-    #[error("the certificate has expired")]
-    Expired,
-    /// The key does not parse (rcgen's message, which does not echo the key).
-    #[error("not a usable private key: {0}")]
-    BadKey(String),
-    /// The pair file has no private key block.
-    #[error("no private key in it")]
-    NoKey,
-    /// The pair file has no certificate block.
-    #[error("no certificate in it")]
-    NoCertificate,
-}
-
-/// Parses a PEM certificate (the first one).
-pub(crate) fn cert_facts(cert_pem: &str) -> Result<CertFacts, PairError> {
-    let (_, pem) = x509_parser::pem::parse_x509_pem(cert_pem.as_bytes())
-        .map_err(|e| PairError::NotPem(e.to_string()))?;
-    let cert = pem
-        .parse_x509()
-        .map_err(|e| PairError::NotX509(e.to_string()))?;
-    let v = cert.validity();
-    let common_name = cert
-        .subject()
-        .iter_common_name()
-        .next()
-        .and_then(|a| a.as_str().ok())
-        .unwrap_or_default()
-        .to_string();
-    Ok(CertFacts {
-        validity: Validity {
-            not_before: unix(v.not_before.timestamp()),
-            not_after: unix(v.not_after.timestamp()),
-        },
-        common_name,
-        public_key: cert.public_key().subject_public_key.data.to_vec(),
-    })
 }
 
 /// Checks that `cert_pem` is a certificate for `key` and `node`, valid at `now`.
@@ -155,48 +73,6 @@ pub(crate) fn check(
 pub(crate) fn parse_key(pem: &Secret) -> Result<KeyPair, PairError> {
     // rcgen's parse error does not echo the input.
     KeyPair::from_pem(pem.expose()).map_err(|e| PairError::BadKey(e.to_string()))
-}
-
-/// The pair file's text: the key's PEM, then the certificate's.
-pub(crate) fn join_pair(key_pem: &Secret, cert_pem: &str) -> Secret {
-    let key = key_pem.expose();
-    let sep = if key.ends_with('\n') { "" } else { "\n" };
-    Secret::new(format!("{key}{sep}{cert_pem}"))
-}
-
-/// Splits a pair file into the key's PEM block and the certificate's (the first of each).
-pub(crate) fn split_pair(text: &str) -> Result<(Secret, String), PairError> {
-    let mut key = None;
-    let mut cert = None;
-    let mut block: Option<(String, String)> = None;
-    for line in text.lines() {
-        let t = line.trim();
-        if let Some(label) = t
-            .strip_prefix("-----BEGIN ")
-            .and_then(|l| l.strip_suffix("-----"))
-        {
-            block = Some((label.to_string(), format!("{t}\n")));
-            continue;
-        }
-        if let Some((label, body)) = block.as_mut() {
-            body.push_str(t);
-            body.push('\n');
-            if t.starts_with("-----END ") {
-                let (label, body) = (label.clone(), std::mem::take(body));
-                block = None;
-                if label.ends_with("PRIVATE KEY") {
-                    key.get_or_insert(body);
-                } else if label == "CERTIFICATE" {
-                    cert.get_or_insert(body);
-                }
-            }
-        }
-    }
-    match (key, cert) {
-        (Some(k), Some(c)) => Ok((Secret::new(k), c)),
-        (None, _) => Err(PairError::NoKey),
-        (_, None) => Err(PairError::NoCertificate),
-    }
 }
 
 /// The credential files under a [`HostFs`].

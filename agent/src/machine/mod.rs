@@ -11,18 +11,23 @@
 //! - [`seams`]: the traits the flows drive the machinery through;
 //! - [`containerd`]: the agent's image store in containerd (AgentUpgrade in the container);
 //! - [`registry_auth`]: the credentials of the agent's own registry pulls
-//!   (`bootstrap.registryAuth`: a Docker-config file, ACR's token exchange).
+//!   (`bootstrap.registryAuth`: a Docker-config file, ACR's token exchange);
+//! - [`kubelet_credential`]: kubelet's client credential kept across provisions, so a
+//!   bootstrap token serves the first join only;
+//! - [`pki`]: client certificate pair files and what a certificate says (pure).
 
 pub mod components;
 pub mod containerd;
 #[cfg(test)]
 pub(crate) mod fakes;
+pub mod kubelet_credential;
 pub mod lifecycle;
 pub mod node;
 pub mod nodeconfig;
 pub mod nodegoal;
 pub mod nspawn;
 pub mod pin;
+pub mod pki;
 pub mod registry_auth;
 pub mod seams;
 

@@ -10,6 +10,7 @@ use async_trait::async_trait;
 use super::seams::{NodeOps, NodeStarter, ProbeError, RemoteProbe, SeamError};
 use crate::config::Config;
 use crate::machine::components::{self, ComponentPlan, Downloads};
+use crate::machine::kubelet_credential;
 use crate::machine::lifecycle;
 use crate::machine::nodeconfig;
 use crate::machine::nodegoal::{self, MachineGoal};
@@ -173,6 +174,39 @@ impl NodeMachines {
                 .unwrap_or_default();
             let mut entries = nodeconfig::render_rootfs(&goal, &resolv)?;
             entries.extend(nodeconfig::render_host(&goal));
+            // A bootstrap token serves kubelet's first join only: once kubelet holds its
+            // credential (this machine's, or the other's carried over), it keeps it, and the
+            // token is not written into the machine again.
+            if matches!(goal.auth, nodegoal::KubeletAuth::BootstrapToken(_)) {
+                let kept = kubelet_credential::keep(
+                    &host.fs,
+                    machine,
+                    &goal.node_name,
+                    std::time::SystemTime::now(),
+                )?;
+                match &kept {
+                    kubelet_credential::Kept::Own => {
+                        tracing::info!(machine, "kubelet keeps its client credential")
+                    }
+                    kubelet_credential::Kept::Carried { from } => {
+                        tracing::info!(machine, from = %from, "kubelet's client credential carried over from the other machine")
+                    }
+                    kubelet_credential::Kept::Nothing(why) => {
+                        tracing::info!(machine, why = %why, "kubelet has no client credential to keep; it bootstraps with the token")
+                    }
+                }
+                if kept.holds() {
+                    entries = nodeconfig::with_held_credential(entries, &goal);
+                    nodeconfig::apply(&host.fs, machine, &entries)?;
+                    kubelet_credential::scrub_token(
+                        &host.fs,
+                        machine,
+                        &goal.node_name,
+                        std::time::SystemTime::now(),
+                    )?;
+                    return anyhow::Ok(());
+                }
+            }
             nodeconfig::apply(&host.fs, machine, &entries)?;
             anyhow::Ok(())
         })
@@ -211,6 +245,25 @@ impl NodeMachines {
         )
         .await
         .map_err(SeamError::transient)?;
+        // kubelet answers once it holds its client credential: after a first join the token's
+        // bootstrap kubeconfig has done its work and leaves the machine.
+        match kubelet_credential::scrub_token(
+            &self.host.fs,
+            machine,
+            &self.config.agent.node_name,
+            std::time::SystemTime::now(),
+        ) {
+            Ok(true) => {
+                tracing::info!(
+                    machine,
+                    "removed the bootstrap token's kubeconfig: kubelet holds its client credential"
+                )
+            }
+            Ok(false) => {}
+            Err(e) => {
+                tracing::warn!(machine, error = %e, "could not remove the bootstrap token's kubeconfig")
+            }
+        }
         nspawn::start_npd(&self.host, machine).await;
         Ok(())
     }

@@ -14,6 +14,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use crate::config;
+use crate::machine::kubelet_credential;
 use crate::machine::nodegoal::{AGENT_IN_ROOTFS, AKS_AAD_SERVER_ID, KubeletAuth, MachineGoal};
 use crate::machine::nspawn::{bpffs_dir, dropin_dir, machine_dir, nspawn_file};
 use flex_host::fs::{ConfinedFs, FsError, HostFs};
@@ -638,14 +639,11 @@ fn yaml_str(s: &str) -> String {
 /// `/var/lib/kubelet/bootstrap-kubeconfig` (TLS bootstrap then writes the real kubeconfig); an
 /// exec credential gives `/var/lib/kubelet/kubeconfig`. Mode 0600: it holds the credential.
 pub fn render_kubeconfig(goal: &MachineGoal) -> (&'static str, String) {
-    let mut s = format!(
-        "apiVersion: v1\nkind: Config\nclusters:\n- cluster:\n    certificate-authority: {KUBELET_CA}\n    server: {}\n  name: cluster\ncontexts:\n- context:\n    cluster: cluster\n    user: kubelet\n  name: default\ncurrent-context: default\npreferences: {{}}\nusers:\n- name: kubelet\n  user:\n",
-        yaml_str(&goal.api_server)
-    );
+    let mut s = kubeconfig_head(goal);
     match &goal.auth {
         KubeletAuth::BootstrapToken(t) => {
             let _ = writeln!(s, "    token: {}", yaml_str(t.expose()));
-            ("/var/lib/kubelet/bootstrap-kubeconfig", s)
+            (kubelet_credential::BOOTSTRAP_KUBECONFIG, s)
         }
         KubeletAuth::ExecCredential { env } => {
             let _ = write!(
@@ -660,9 +658,45 @@ pub fn render_kubeconfig(goal: &MachineGoal) -> (&'static str, String) {
                 );
             }
             s.push_str("      interactiveMode: Never\n      provideClusterInfo: false\n");
-            ("/var/lib/kubelet/kubeconfig", s)
+            (kubelet_credential::KUBECONFIG, s)
         }
     }
+}
+
+/// kubelet's kubeconfig once it holds a client certificate
+/// ([`kubelet_credential::CURRENT`], the pair it rotates), as its TLS bootstrap writes it:
+/// `(path inside the machine, content)`, mode 0600.
+pub fn render_certificate_kubeconfig(goal: &MachineGoal) -> (&'static str, String) {
+    let mut s = kubeconfig_head(goal);
+    let current = kubelet_credential::CURRENT;
+    let _ = writeln!(
+        s,
+        "    client-certificate: {current}\n    client-key: {current}"
+    );
+    (kubelet_credential::KUBECONFIG, s)
+}
+
+/// `entries` for a bootstrap-token machine whose kubelet holds its credential
+/// ([`kubelet_credential::keep`]): the token's bootstrap kubeconfig replaced by
+/// [`render_certificate_kubeconfig`], so the token is not written into the machine again.
+/// Other auth is returned unchanged.
+pub fn with_held_credential(mut entries: Vec<Entry>, goal: &MachineGoal) -> Vec<Entry> {
+    if !matches!(goal.auth, KubeletAuth::BootstrapToken(_)) {
+        return entries;
+    }
+    let root = goal.machine_dir();
+    let bootstrap = root.join(kubelet_credential::BOOTSTRAP_KUBECONFIG.trim_start_matches('/'));
+    entries.retain(|e| e.path() != bootstrap);
+    let (path, content) = render_certificate_kubeconfig(goal);
+    entries.push(file(&root, path, content, 0o600));
+    entries
+}
+
+fn kubeconfig_head(goal: &MachineGoal) -> String {
+    format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- cluster:\n    certificate-authority: {KUBELET_CA}\n    server: {}\n  name: cluster\ncontexts:\n- context:\n    cluster: cluster\n    user: kubelet\n  name: default\ncurrent-context: default\npreferences: {{}}\nusers:\n- name: kubelet\n  user:\n",
+        yaml_str(&goal.api_server)
+    )
 }
 
 /// Writes `entries`; returns how many changed.
@@ -910,6 +944,58 @@ mod tests {
                 .iter()
                 .any(|e| matches!(e, Entry::File { path, .. } if path.ends_with("hosts.toml")))
         );
+    }
+
+    /// Once kubelet holds its client credential, a bootstrap-token machine gets the
+    /// certificate kubeconfig instead of the token's bootstrap kubeconfig: the token is in no
+    /// entry. An exec-credential machine is left as it is.
+    #[test]
+    fn a_held_credential_replaces_the_tokens_kubeconfig() {
+        let g = goal(|_| {});
+        let token = match &g.auth {
+            KubeletAuth::BootstrapToken(t) => t.expose().to_string(),
+            other => panic!("{other:?}"),
+        };
+        let entries = render_rootfs(&g, b"").unwrap();
+        let holds_token = |es: &[Entry]| {
+            es.iter().any(|e| {
+                matches!(e, Entry::File { content, .. }
+                    if String::from_utf8_lossy(content).contains(&token))
+            })
+        };
+        assert!(holds_token(&entries));
+        let n = entries.len();
+        let held = with_held_credential(entries, &g);
+        assert_eq!(held.len(), n);
+        assert!(!holds_token(&held), "the token is written nowhere");
+        let kubeconfig = held
+            .iter()
+            .find_map(|e| match e {
+                Entry::File {
+                    path,
+                    content,
+                    mode,
+                } if path.ends_with("var/lib/kubelet/kubeconfig") => {
+                    Some((String::from_utf8_lossy(content).into_owned(), *mode))
+                }
+                _ => None,
+            })
+            .unwrap();
+        assert_eq!(kubeconfig.1, 0o600);
+        assert_eq!(kubeconfig.0, render_certificate_kubeconfig(&g).1);
+        insta::assert_snapshot!("certificate_kubeconfig", kubeconfig.0);
+        assert!(
+            !held
+                .iter()
+                .any(|e| e.path().ends_with("var/lib/kubelet/bootstrap-kubeconfig"))
+        );
+        let exec = goal(|v| {
+            v["azure"].as_object_mut().unwrap().remove("bootstrapToken");
+            v["azure"]["servicePrincipal"] =
+                serde_json::json!({"tenantId": "t", "clientId": "c", "clientSecret": "s"});
+        });
+        let entries = render_rootfs(&exec, b"").unwrap();
+        assert_eq!(with_held_credential(entries.clone(), &exec), entries);
     }
 
     #[test]

@@ -99,14 +99,16 @@ fn examine_accepts_bootstrap_and_renewal() {
             node: "node1".into(),
             requester: Requester::Bootstrap {
                 token_id: "abcdef".into()
-            }
+            },
+            credential: Credential::Daemon,
         }
     );
     assert_eq!(
         examine(&renewal_csr("node1"), &cfg()).unwrap(),
         Candidate {
             node: "node1".into(),
-            requester: Requester::Renewal
+            requester: Requester::Renewal,
+            credential: Credential::Daemon,
         }
     );
     // The daemon group alone is enough.
@@ -444,7 +446,7 @@ fn bootstrap_token_secret_table() {
 #[test]
 fn approval_adds_the_condition() {
     let now: Timestamp = "2026-06-01T00:00:00Z".parse().unwrap();
-    let a = approved(&bootstrap_csr("n"), "ok", now);
+    let a = approved(&bootstrap_csr("n"), "AKSFlexNodeDaemonApprove", "ok", now);
     let c = &a.status.unwrap().conditions.unwrap()[0];
     assert_eq!((c.type_.as_str(), c.status.as_str()), ("Approved", "True"));
     assert_eq!(c.message.as_deref(), Some("ok"));
@@ -519,9 +521,14 @@ fn apis_with_issued(
                     None => not_found(),
                 }
             } else if path == "/apis/certificates.k8s.io/v1/certificatesigningrequests" {
-                assert_eq!(
-                    req.uri().query(),
-                    Some("&fieldSelector=spec.signerName%3Dkubernetes.io%2Fkube-apiserver-client"),
+                let query = req.uri().query().unwrap_or_default();
+                assert!(
+                    [
+                        "&fieldSelector=spec.signerName%3Dkubernetes.io%2Fkube-apiserver-client",
+                        "&fieldSelector=spec.signerName%3Dkubernetes.io%2Fkube-apiserver-client-kubelet",
+                    ]
+                    .contains(&query),
+                    "{query}"
                 );
                 let list = serde_json::json!({
                     "apiVersion": "certificates.k8s.io/v1",
@@ -741,11 +748,11 @@ async fn a_credentialed_node_gets_no_second_certificate_by_token() {
         Decision::Approve(_)
     ));
     assert_eq!(
-        held_certificate("node1", &[expired, held.clone(), other_node], now)
+        held_certificate("node1", SIGNER, &[expired, held.clone(), other_node], now)
             .map(|(n, t)| (n, t.to_string())),
         Some(("first".into(), "2026-06-30T00:00:00Z".into()))
     );
-    assert_eq!(held_certificate("node2", &[held], now), None);
+    assert_eq!(held_certificate("node2", SIGNER, &[held], now), None);
 }
 
 /// A request that is not approvable is looked at again after 15 s, then 30 s, 60 s, … up to
@@ -817,12 +824,12 @@ async fn an_approved_request_awaiting_its_certificate_counts_as_held() {
         "{second:?}"
     );
     assert_eq!(
-        approved_unsigned("node1", "first", std::slice::from_ref(&approved)),
+        approved_unsigned("node1", SIGNER, "first", std::slice::from_ref(&approved)),
         None,
         "the request itself"
     );
     assert_eq!(
-        approved_unsigned("node2", "x", std::slice::from_ref(&approved)),
+        approved_unsigned("node2", SIGNER, "x", std::slice::from_ref(&approved)),
         None
     );
     for settled in [
@@ -887,13 +894,14 @@ async fn a_bootstrap_token_gets_one_daemon_certificate_for_good() {
     let mut garbled = BTreeMap::new();
     garbled.insert("abcdef".to_string(), "not json".to_string());
     assert!(
-        token_used(Some(&garbled), "abcdef", "x")
+        token_used(Some(&garbled), "abcdef", Credential::Daemon, "x")
             .unwrap()
             .contains("counts as used")
     );
     assert_eq!(
         issued_patch(
             "abcdef",
+            Credential::Daemon,
             &IssuedToken {
                 node: "n".into(),
                 request: "r".into()
@@ -902,3 +910,5 @@ async fn a_bootstrap_token_gets_one_daemon_certificate_for_good() {
         serde_json::json!({"data": {"abcdef": "{\"node\":\"n\",\"request\":\"r\"}"}})
     );
 }
+
+mod kubelet;

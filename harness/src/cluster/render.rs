@@ -31,7 +31,9 @@ pub const MACHINES_CONFIG_MAP: &str = "aks-flex-machines";
 /// (`--bootstrap-group`), which `deploy/controller/rbac.yaml` lets reach the machine endpoint.
 pub const AKS_FLEX_BOOTSTRAP_GROUP: &str = "system:bootstrappers:aks-flex-node";
 /// The group kubeadm's RBAC lets bootstrap kubelets (`system:node-bootstrapper`) and whose
-/// node client CSRs it auto-approves.
+/// node client CSRs kube-controller-manager auto-approves for any node. The harness's token is
+/// not in it: kubelet's certificate must come from the controller's approver, under the token's
+/// binding, as on users' clusters (#29 item 1).
 pub const KUBEADM_NODE_GROUP: &str = "system:bootstrappers:kubeadm:default-node-token";
 /// kind's cluster DNS service address (service CIDR 10.96.0.0/16).
 pub const DNS_SERVICE_IP: &str = "10.96.0.10";
@@ -154,7 +156,7 @@ pub fn token_secret(token: &BootstrapToken) -> Secret {
             "token-id": token.id(),
             "token-secret": token.secret().expose(),
             "usage-bootstrap-authentication": "true",
-            "auth-extra-groups": format!("{KUBEADM_NODE_GROUP},{AKS_FLEX_BOOTSTRAP_GROUP}"),
+            "auth-extra-groups": AKS_FLEX_BOOTSTRAP_GROUP,
         },
     })))
 }
@@ -499,14 +501,14 @@ mod tests {
     }
 
     #[test]
-    fn token_secret_is_kubeadms_shape_with_both_groups() {
+    fn token_secret_is_kubeadms_shape_in_the_flex_group_only() {
         let s = token_secret(&token());
         let v: Value = serde_json::from_str(s.expose()).unwrap();
         assert_eq!(v["metadata"]["name"], "bootstrap-token-abcdef");
         assert_eq!(v["type"], "bootstrap.kubernetes.io/token");
         let groups = v["stringData"]["auth-extra-groups"].as_str().unwrap();
-        assert!(groups.split(',').any(|g| g == AKS_FLEX_BOOTSTRAP_GROUP));
-        assert!(groups.split(',').any(|g| g == KUBEADM_NODE_GROUP));
+        assert_eq!(groups, AKS_FLEX_BOOTSTRAP_GROUP);
+        assert!(!groups.contains(KUBEADM_NODE_GROUP));
         assert!(format!("{s:?}").contains("REDACTED"));
         insta::assert_snapshot!(s.expose());
     }

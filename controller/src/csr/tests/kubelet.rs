@@ -1,0 +1,348 @@
+//! kubelet's client certificates (signer `kubernetes.io/kube-apiserver-client-kubelet`): the
+//! approver approves them under the same token binding as the daemon's, once per token, and
+//! kubelet's own renewals for registered machines. Real PKCS#10 requests (rcgen); the API
+//! server is the mock of the parent module, the machine store the in-memory one.
+
+use super::*;
+
+fn kubelet_request(node: &str) -> String {
+    request(&format!("system:node:{node}"), &["system:nodes"], &[])
+}
+
+/// A request as kubelet's TLS bootstrap makes it: the kubelet signer, no lifetime asked for.
+fn kubelet_csr(pem: &str, user: &str, groups: &[&str]) -> CertificateSigningRequest {
+    let mut c = csr(pem, user, groups);
+    c.metadata.name = Some("node-csr-kubelet-0123".into());
+    c.spec.signer_name = KUBELET_SIGNER.into();
+    c.spec.expiration_seconds = None;
+    c
+}
+
+const BOOTSTRAPPER: [&str; 3] = [
+    "system:bootstrappers",
+    "system:bootstrappers:aks-flex-node",
+    "system:authenticated",
+];
+
+fn kubelet_bootstrap_csr(node: &str) -> CertificateSigningRequest {
+    kubelet_csr(
+        &kubelet_request(node),
+        "system:bootstrap:abcdef",
+        &BOOTSTRAPPER,
+    )
+}
+
+fn kubelet_renewal_csr(node: &str) -> CertificateSigningRequest {
+    kubelet_csr(
+        &kubelet_request(node),
+        &format!("system:node:{node}"),
+        &["system:nodes", "system:authenticated"],
+    )
+}
+
+fn capped() -> ApproverConfig {
+    ApproverConfig {
+        max_expiration_seconds: DEFAULT_MAX_EXPIRATION_SECONDS,
+        ..cfg()
+    }
+}
+
+#[test]
+fn examine_accepts_kubelets_bootstrap_and_renewal_without_a_lifetime() {
+    assert_eq!(
+        examine(&kubelet_bootstrap_csr("node1"), &capped()).unwrap(),
+        Candidate {
+            node: "node1".into(),
+            requester: Requester::Bootstrap {
+                token_id: "abcdef".into()
+            },
+            credential: Credential::Kubelet,
+        }
+    );
+    assert_eq!(
+        examine(&kubelet_renewal_csr("node1"), &capped()).unwrap(),
+        Candidate {
+            node: "node1".into(),
+            requester: Requester::Renewal,
+            credential: Credential::Kubelet,
+        }
+    );
+    // The daemon asking for its kubelet's certificate: its identity is in system:nodes too.
+    let by_daemon = kubelet_csr(
+        &kubelet_request("node1"),
+        "system:node:node1",
+        &[
+            "system:nodes",
+            "aks-flex-node-daemons",
+            "system:authenticated",
+        ],
+    );
+    assert_eq!(
+        examine(&by_daemon, &capped()).unwrap().requester,
+        Requester::Renewal
+    );
+}
+
+#[test]
+fn examine_refuses_kubelet_requests_table() {
+    type Edit = fn(&mut CertificateSigningRequest);
+    let cases: Vec<(&str, Edit, &str)> = vec![
+        (
+            "the daemon group as a second organization",
+            |c| {
+                c.spec.request = ByteString(
+                    request(
+                        "system:node:node1",
+                        &["system:nodes", "aks-flex-node-daemons"],
+                        &[],
+                    )
+                    .into_bytes(),
+                )
+            },
+            "want exactly [\"system:nodes\"]",
+        ),
+        (
+            "system:masters",
+            |c| {
+                c.spec.request =
+                    ByteString(request("system:node:node1", &["system:masters"], &[]).into_bytes())
+            },
+            "want exactly [\"system:nodes\"]",
+        ),
+        (
+            "no organization",
+            |c| c.spec.request = ByteString(request("system:node:node1", &[], &[]).into_bytes()),
+            "organizations are []",
+        ),
+        (
+            "a user's common name",
+            |c| c.spec.request = ByteString(request("admin", &["system:nodes"], &[]).into_bytes()),
+            "common name \"admin\"",
+        ),
+        (
+            "subject alternative names",
+            |c| {
+                c.spec.request = ByteString(
+                    request("system:node:node1", &["system:nodes"], &["evil.example"]).into_bytes(),
+                )
+            },
+            "subject alternative names are not allowed",
+        ),
+        (
+            "server auth",
+            |c| c.spec.usages = Some(vec!["client auth".into(), "server auth".into()]),
+            "usage \"server auth\" is not allowed",
+        ),
+        (
+            "a year asked for, over the cap",
+            |c| c.spec.expiration_seconds = Some(365 * 24 * 3600),
+            "exceeds the maximum",
+        ),
+        (
+            "another node renewing for node1",
+            |c| {
+                c.spec.username = Some("system:node:node2".into());
+                c.spec.groups = Some(vec!["system:nodes".into()]);
+            },
+            "nor system:node:node1 in \"system:nodes\"",
+        ),
+        (
+            "node1's name without system:nodes",
+            |c| {
+                c.spec.username = Some("system:node:node1".into());
+                c.spec.groups = Some(vec!["system:authenticated".into()]);
+            },
+            "nor system:node:node1 in \"system:nodes\"",
+        ),
+        (
+            "a token outside the flex bootstrap group",
+            |c| {
+                c.spec.groups = Some(vec![
+                    "system:bootstrappers".into(),
+                    "system:bootstrappers:kubeadm:default-node-token".into(),
+                ])
+            },
+            "is not in the bootstrap group",
+        ),
+    ];
+    for (name, edit, want) in cases {
+        let mut c = kubelet_bootstrap_csr("node1");
+        edit(&mut c);
+        let e = examine(&c, &capped()).unwrap_err().to_string();
+        assert!(e.contains(want), "{name}: {e} does not contain {want}");
+    }
+}
+
+/// The hole of #29 item 1: before, kube-controller-manager approved any kubelet request from a
+/// flex token (`nodeclient`); now the approver checks the token's binding, as for the daemon.
+#[tokio::test]
+async fn a_token_bound_to_node1_gets_no_kubelet_certificate_for_node2() {
+    let now: Timestamp = "2026-06-01T00:00:00Z".parse().unwrap();
+    let store = MemoryStore::new();
+    store.insert("node1.json", BOUND);
+    store.insert(
+        "node2.json",
+        r#"{"name":"node2","properties":{"tags":{"aks-flex-bootstrap-token-id":"zzzzzz"}}}"#,
+    );
+    let a = apis(Some(with(&[])), vec![]);
+    let (d, why) = decide_why(&kubelet_bootstrap_csr("node2"), &cfg(), &a, &store, now).await;
+    assert!(
+        matches!(&d, Decision::Retry(m) if m.contains("machine \"node2\" may be bootstrapped only with bootstrap token zzzzzz, not abcdef")),
+        "{d:?}"
+    );
+    assert_eq!(why, Why::token_not_bound);
+    let (d, why) = decide_why(&kubelet_bootstrap_csr("node1"), &cfg(), &a, &store, now).await;
+    assert!(
+        matches!(&d, Decision::Approve(m) if m == "aks-flex-controller approved the kubelet client credential of node node1 (bootstrap token abcdef)"),
+        "{d:?}"
+    );
+    assert_eq!(why, Why::kubelet_bootstrap);
+    // `node1.json` is not node1: lookups are by exact key.
+    let (d, _) = decide_why(
+        &kubelet_bootstrap_csr("node1.json"),
+        &cfg(),
+        &a,
+        &store,
+        now,
+    )
+    .await;
+    assert!(
+        matches!(&d, Decision::Retry(m) if m.contains("is not registered")),
+        "{d:?}"
+    );
+}
+
+/// A token gets one kubelet certificate and one daemon certificate, each recorded under its
+/// own key: the daemon's record does not use up kubelet's, and kubelet's second request is
+/// refused, also once the first is gone.
+#[tokio::test]
+async fn a_token_gets_one_kubelet_certificate_for_good() {
+    let now: Timestamp = "2026-06-01T00:00:00Z".parse().unwrap();
+    let store = MemoryStore::new();
+    store.insert("node1.json", BOUND);
+    let record = |key: &str, request: &str| {
+        let mut m = BTreeMap::new();
+        m.insert(
+            key.to_string(),
+            serde_json::to_string(&IssuedToken {
+                node: "node1".into(),
+                request: request.into(),
+            })
+            .unwrap(),
+        );
+        Some(m)
+    };
+    let daemon_used = apis_with_issued(Some(with(&[])), vec![], record("abcdef", "daemon-req"));
+    assert!(matches!(
+        decide(
+            &kubelet_bootstrap_csr("node1"),
+            &cfg(),
+            &daemon_used,
+            &store,
+            now
+        )
+        .await,
+        Decision::Approve(_)
+    ));
+    let kubelet_used = apis_with_issued(
+        Some(with(&[])),
+        vec![],
+        record("abcdef.kubelet", "node-csr-first"),
+    );
+    let (d, why) = decide_why(
+        &kubelet_bootstrap_csr("node1"),
+        &cfg(),
+        &kubelet_used,
+        &store,
+        now,
+    )
+    .await;
+    assert!(
+        matches!(&d, Decision::Retry(m) if m.contains("bootstrap token abcdef already got a kubelet client certificate, for node node1 (CertificateSigningRequest node-csr-first)") && m.contains("remove key abcdef.kubelet")),
+        "{d:?}"
+    );
+    assert_eq!(why, Why::token_used);
+    // …and the daemon's first certificate is not refused by kubelet's record.
+    assert!(matches!(
+        decide(&bootstrap_csr("node1"), &cfg(), &kubelet_used, &store, now).await,
+        Decision::Approve(_)
+    ));
+    assert_eq!(
+        issued_patch(
+            "abcdef",
+            Credential::Kubelet,
+            &IssuedToken {
+                node: "n".into(),
+                request: "r".into()
+            }
+        ),
+        serde_json::json!({"data": {"abcdef.kubelet": "{\"node\":\"n\",\"request\":\"r\"}"}})
+    );
+}
+
+/// Two kubelet requests with one token: one approved and awaiting its certificate counts as
+/// held (the kubelet signer's requests, not the daemon's, are counted).
+#[tokio::test]
+async fn an_approved_kubelet_request_awaiting_its_certificate_counts_as_held() {
+    let now: Timestamp = "2026-06-01T00:00:00Z".parse().unwrap();
+    let store = MemoryStore::new();
+    store.insert("node1.json", BOUND);
+    let first = with_conditions(kubelet_bootstrap_csr("node1"), "first", &["Approved"]);
+    let a = apis(Some(with(&[])), vec![first.clone()]);
+    let d = decide(&kubelet_bootstrap_csr("node1"), &cfg(), &a, &store, now).await;
+    assert!(
+        matches!(&d, Decision::Retry(m) if m.contains("another approved kubelet client certificate request awaiting its certificate (CertificateSigningRequest first)")),
+        "{d:?}"
+    );
+    // A daemon request approved and unsigned does not hold kubelet's up, nor the reverse.
+    let daemon_first = with_conditions(bootstrap_csr("node1"), "first", &["Approved"]);
+    let a = apis(Some(with(&[])), vec![daemon_first]);
+    assert!(matches!(
+        decide(&kubelet_bootstrap_csr("node1"), &cfg(), &a, &store, now).await,
+        Decision::Approve(_)
+    ));
+    let a = apis(Some(with(&[])), vec![first]);
+    assert!(matches!(
+        decide(&bootstrap_csr("node1"), &cfg(), &a, &store, now).await,
+        Decision::Approve(_)
+    ));
+}
+
+/// kubelet's renewals (and the daemon asking for its kubelet's certificate) need the machine
+/// registered, nothing else; they are approved with their own condition reason.
+#[tokio::test]
+async fn kubelets_renewal_needs_its_machine_registered() {
+    let now: Timestamp = "2026-06-01T00:00:00Z".parse().unwrap();
+    let store = MemoryStore::new();
+    let a = apis(Some(with(&[])), vec![]);
+    let (d, why) = decide_why(&kubelet_renewal_csr("node1"), &cfg(), &a, &store, now).await;
+    assert_eq!(
+        d,
+        Decision::Retry("machine \"node1\" is not registered".into())
+    );
+    assert_eq!(why, Why::machine_not_registered);
+    store.insert("node1.json", BOUND);
+    let (d, why) = decide_why(&kubelet_renewal_csr("node1"), &cfg(), &a, &store, now).await;
+    assert_eq!(
+        d,
+        Decision::Approve(
+            "aks-flex-controller approved the kubelet client credential renewal of node node1"
+                .into()
+        )
+    );
+    assert_eq!(why, Why::kubelet_renewal);
+    assert_eq!(
+        Credential::Kubelet.approve_reason(),
+        "AKSFlexNodeKubeletApprove"
+    );
+    let c = approved(
+        &kubelet_renewal_csr("node1"),
+        Credential::Kubelet.approve_reason(),
+        "ok",
+        now,
+    );
+    assert_eq!(
+        c.status.unwrap().conditions.unwrap()[0].reason.as_deref(),
+        Some("AKSFlexNodeKubeletApprove")
+    );
+}
