@@ -287,14 +287,28 @@ fn ttl_after_finish() {
 
 #[test]
 fn selector_targets_by_node_labels() {
-    let o = with_selector(op("op", "NodeReboot", ""), &[("pool", "flex")]);
+    let o = with_selector(
+        op("op", "NodeReboot", ""),
+        &[("node-restriction.kubernetes.io/pool", "flex")],
+    );
     assert!(needs_labels(&o));
     assert_eq!(
-        run(&o, None, Some(&[("pool", "flex"), ("zone", "a")])),
+        run(
+            &o,
+            None,
+            Some(&[
+                ("node-restriction.kubernetes.io/pool", "flex"),
+                ("node-restriction.kubernetes.io/zone", "a")
+            ])
+        ),
         Decision::Claim(Action::NodeReboot(Default::default()))
     );
     assert_eq!(
-        ignored(&run(&o, None, Some(&[("pool", "gpu")]))),
+        ignored(&run(
+            &o,
+            None,
+            Some(&[("node-restriction.kubernetes.io/pool", "gpu")])
+        )),
         "its machineSelector does not match the labels of \"node1\""
     );
     assert_eq!(
@@ -305,7 +319,61 @@ fn selector_targets_by_node_labels() {
     let mut both = o.clone();
     both.spec.machine_ref = "node2".into();
     assert!(!needs_labels(&both));
-    assert!(ignored(&run(&both, None, Some(&[("pool", "flex")]))).contains("node2"));
+    assert!(
+        ignored(&run(
+            &both,
+            None,
+            Some(&[("node-restriction.kubernetes.io/pool", "flex")])
+        ))
+        .contains("node2")
+    );
+}
+
+/// A selector may match only labels a node cannot set on itself (NodeRestriction's
+/// `node-restriction.kubernetes.io/` domain): on any other label a node could put itself in
+/// (or out of) an operation aimed at other nodes, and claim it so that they never run it.
+#[test]
+fn a_selector_on_labels_a_node_sets_itself_targets_no_machine() {
+    for (key, restricted) in [
+        ("node-restriction.kubernetes.io/pool", true),
+        ("example.node-restriction.kubernetes.io/pool", true),
+        ("a.b.node-restriction.kubernetes.io/x", true),
+        ("node-restriction.kubernetes.io/", false),
+        ("evilnode-restriction.kubernetes.io/pool", false),
+        (".node-restriction.kubernetes.io/pool", false),
+        ("node-restriction.kubernetes.io.evil/pool", false),
+        ("kubernetes.io/hostname", false),
+        ("kubernetes.io/os", false),
+        ("node.kubernetes.io/instance-type", false),
+        ("pool", false),
+    ] {
+        assert_eq!(node_cannot_set(key), restricted, "{key}");
+    }
+    let node_labels = [("kubernetes.io/hostname", "victim"), ("pool", "flex")];
+    for (what, o) in [
+        (
+            "matchLabels",
+            with_selector(
+                op("op", "NodeReboot", ""),
+                &[("kubernetes.io/hostname", "victim")],
+            ),
+        ),
+        ("a second key", {
+            let mut o = with_selector(
+                op("op", "NodeReboot", ""),
+                &[("node-restriction.kubernetes.io/pool", "flex")],
+            );
+            o.spec.machine_selector.as_mut().unwrap().match_expressions =
+                Some(vec![req("pool", "Exists", None)]);
+            o
+        }),
+    ] {
+        let why = ignored(&run(&o, None, Some(&node_labels)));
+        assert!(
+            why.contains("matches label") && why.contains("which a node may set on itself"),
+            "{what}: {why}"
+        );
+    }
 }
 
 /// An empty selector matches no machine (Kubernetes' would match all): an operation edited to
@@ -319,7 +387,14 @@ fn an_empty_selector_matches_no_machine() {
     ));
     assert!(!needs_labels(&all));
     assert!(!may_target(&all, ME));
-    assert!(ignored(&run(&all, None, Some(&[("pool", "flex")]))).contains("empty"));
+    assert!(
+        ignored(&run(
+            &all,
+            None,
+            Some(&[("node-restriction.kubernetes.io/pool", "flex")])
+        ))
+        .contains("empty")
+    );
     let mut empty_lists = all.clone();
     empty_lists.spec.machine_selector = Some(LabelSelector {
         match_labels: Some(Default::default()),
@@ -339,22 +414,36 @@ fn an_empty_selector_matches_no_machine() {
 /// this agent's, whatever the selector matches; this node's own claim resumes.
 #[test]
 fn another_nodes_claim_is_not_ours() {
-    let o = with_selector(op("op", "NodeReboot", ""), &[("pool", "flex")]);
+    let o = with_selector(
+        op("op", "NodeReboot", ""),
+        &[("node-restriction.kubernetes.io/pool", "flex")],
+    );
     let mut theirs = with_status(o.clone(), "InProgress", Some(NOW), None);
     theirs.status.as_mut().unwrap().claimed_by = "node2".into();
     assert!(!may_target(&theirs, ME));
     assert_eq!(claimed_by_other(&theirs, ME), Some("node2"));
-    assert!(ignored(&run(&theirs, None, Some(&[("pool", "flex")]))).contains("node2"));
+    assert!(
+        ignored(&run(
+            &theirs,
+            None,
+            Some(&[("node-restriction.kubernetes.io/pool", "flex")])
+        ))
+        .contains("node2")
+    );
     let rec = record(Stage::Executing, "2027-01-15T08:00:00Z", None);
     assert!(matches!(
-        run(&theirs, Some(&rec), Some(&[("pool", "flex")])),
+        run(&theirs, Some(&rec), Some(&[("node-restriction.kubernetes.io/pool", "flex")])),
         Decision::Refuse(why) if why.contains("node2")
     ));
     let mut mine = theirs.clone();
     mine.status.as_mut().unwrap().claimed_by = ME.into();
     assert_eq!(claimed_by_other(&mine, ME), None);
     assert_eq!(
-        run(&mine, Some(&rec), Some(&[("pool", "flex")])),
+        run(
+            &mine,
+            Some(&rec),
+            Some(&[("node-restriction.kubernetes.io/pool", "flex")])
+        ),
         Decision::Resume(Resume::Interrupted)
     );
     // A machineRef aimed at another machine with a record of ours: refused.
@@ -380,7 +469,10 @@ fn req(key: &str, operator: &str, values: Option<&[&str]>) -> LabelSelectorRequi
 
 #[test]
 fn selector_expressions() {
-    let node = labels(&[("pool", "flex"), ("zone", "a")]);
+    let node = labels(&[
+        ("node-restriction.kubernetes.io/pool", "flex"),
+        ("node-restriction.kubernetes.io/zone", "a"),
+    ]);
     let sel = |exprs: Vec<LabelSelectorRequirement>| LabelSelector {
         match_labels: None,
         match_expressions: Some(exprs),
@@ -388,17 +480,29 @@ fn selector_expressions() {
     for (what, s, want) in [
         (
             "In",
-            sel(vec![req("zone", "In", Some(&["a", "b"]))]),
+            sel(vec![req(
+                "node-restriction.kubernetes.io/zone",
+                "In",
+                Some(&["a", "b"]),
+            )]),
             Ok(true),
         ),
         (
             "In, absent value",
-            sel(vec![req("zone", "In", Some(&["c"]))]),
+            sel(vec![req(
+                "node-restriction.kubernetes.io/zone",
+                "In",
+                Some(&["c"]),
+            )]),
             Ok(false),
         ),
         (
             "NotIn",
-            sel(vec![req("zone", "NotIn", Some(&["c"]))]),
+            sel(vec![req(
+                "node-restriction.kubernetes.io/zone",
+                "NotIn",
+                Some(&["c"]),
+            )]),
             Ok(true),
         ),
         (
@@ -406,41 +510,61 @@ fn selector_expressions() {
             sel(vec![req("rack", "NotIn", Some(&["c"]))]),
             Ok(true),
         ),
-        ("Exists", sel(vec![req("pool", "Exists", None)]), Ok(true)),
+        (
+            "Exists",
+            sel(vec![req(
+                "node-restriction.kubernetes.io/pool",
+                "Exists",
+                None,
+            )]),
+            Ok(true),
+        ),
         (
             "DoesNotExist",
-            sel(vec![req("pool", "DoesNotExist", None)]),
+            sel(vec![req(
+                "node-restriction.kubernetes.io/pool",
+                "DoesNotExist",
+                None,
+            )]),
             Ok(false),
         ),
         (
             "ANDed",
             sel(vec![
-                req("pool", "Exists", None),
-                req("zone", "In", Some(&["b"])),
+                req("node-restriction.kubernetes.io/pool", "Exists", None),
+                req("node-restriction.kubernetes.io/zone", "In", Some(&["b"])),
             ]),
             Ok(false),
         ),
         (
             "In without values",
-            sel(vec![req("zone", "In", None)]),
+            sel(vec![req("node-restriction.kubernetes.io/zone", "In", None)]),
             Err(SelectorError {
-                key: "zone".into(),
+                key: "node-restriction.kubernetes.io/zone".into(),
                 problem: "operator In needs values".into(),
             }),
         ),
         (
             "Exists with values",
-            sel(vec![req("zone", "Exists", Some(&["a"]))]),
+            sel(vec![req(
+                "node-restriction.kubernetes.io/zone",
+                "Exists",
+                Some(&["a"]),
+            )]),
             Err(SelectorError {
-                key: "zone".into(),
+                key: "node-restriction.kubernetes.io/zone".into(),
                 problem: "operator Exists takes no values".into(),
             }),
         ),
         (
             "unknown operator",
-            sel(vec![req("zone", "Gt", Some(&["1"]))]),
+            sel(vec![req(
+                "node-restriction.kubernetes.io/zone",
+                "Gt",
+                Some(&["1"]),
+            )]),
             Err(SelectorError {
-                key: "zone".into(),
+                key: "node-restriction.kubernetes.io/zone".into(),
                 problem: "unknown operator \"Gt\"".into(),
             }),
         ),
@@ -449,10 +573,18 @@ fn selector_expressions() {
     }
     let bad = with_selector(op("op", "NodeReboot", ""), &[]);
     let mut bad = bad;
-    bad.spec.machine_selector = Some(sel(vec![req("zone", "Gt", Some(&["1"]))]));
+    bad.spec.machine_selector = Some(sel(vec![req(
+        "node-restriction.kubernetes.io/zone",
+        "Gt",
+        Some(&["1"]),
+    )]));
     assert_eq!(
-        ignored(&run(&bad, None, Some(&[("zone", "a")]))),
-        "its machineSelector is invalid: requirement on \"zone\": unknown operator \"Gt\""
+        ignored(&run(
+            &bad,
+            None,
+            Some(&[("node-restriction.kubernetes.io/zone", "a")])
+        )),
+        "its machineSelector is invalid: requirement on \"node-restriction.kubernetes.io/zone\": unknown operator \"Gt\""
     );
 }
 

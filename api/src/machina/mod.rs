@@ -162,7 +162,8 @@ pub struct MachineOperationSpec {
     pub machine_ref: String,
     /// MachineSelector selects machines by labels (the agent matches it against its Node's
     /// labels). Either machineRef or machineSelector must be set; an empty selector matches
-    /// no machine.
+    /// no machine. Its keys must be under node-restriction.kubernetes.io/ (labels a node
+    /// cannot set on itself): the agent ignores an operation whose selector has another key.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "label_selector_schema")]
     pub machine_selector: Option<LabelSelector>,

@@ -378,9 +378,43 @@ fn host_kind(op: &MachineOperation) -> bool {
     op.spec.operation_kind.handler() == Handler::HostControllers
 }
 
+/// The label domain a node cannot set on its own Node: the API server's `NodeRestriction`
+/// admission refuses a node's write of any label under it (or a subdomain of it). A selector
+/// operation may match only such labels, so which nodes it reaches is the administrator's
+/// choice, never a node's: a node can set most other labels on itself (`kubernetes.io/hostname`
+/// included, to any value), and so capture an operation aimed at another node.
+pub const NODE_RESTRICTED_DOMAIN: &str = "node-restriction.kubernetes.io";
+
+/// Whether a node cannot set label `key` on its own Node: its prefix is
+/// [`NODE_RESTRICTED_DOMAIN`] or a subdomain of it.
+pub fn node_cannot_set(key: &str) -> bool {
+    key.split_once('/').is_some_and(|(domain, name)| {
+        !name.is_empty()
+            && (domain == NODE_RESTRICTED_DOMAIN
+                || domain
+                    .strip_suffix(NODE_RESTRICTED_DOMAIN)
+                    .is_some_and(|sub| sub.len() > 1 && sub.ends_with('.')))
+    })
+}
+
+/// The first key of `sel` a node could set on itself ([`node_cannot_set`]), if any.
+pub fn node_settable_key(sel: &LabelSelector) -> Option<&str> {
+    sel.match_labels
+        .iter()
+        .flatten()
+        .map(|(k, _)| k.as_str())
+        .chain(
+            sel.match_expressions
+                .iter()
+                .flatten()
+                .map(|r| r.key.as_str()),
+        )
+        .find(|k| !node_cannot_set(k))
+}
+
 /// Whether `sel` has no requirement. Kubernetes' empty selector selects everything; an
 /// operation's empty selector selects nothing (an operation aimed at every machine must say so
-/// with a requirement, such as `kubernetes.io/os In (linux)`), so that a selector emptied by
+/// with a requirement, such as `node-restriction.kubernetes.io/aks-flex Exists`), so that a selector emptied by
 /// mistake or by an attacker never reaches every node.
 pub fn selector_is_empty(sel: &LabelSelector) -> bool {
     sel.match_labels.as_ref().is_none_or(BTreeMap::is_empty)
@@ -461,6 +495,12 @@ pub enum NotTargeted {
     /// The selector does not parse.
     #[error("its machineSelector is invalid: {0}")]
     InvalidSelector(SelectorError),
+    /// The selector matches a label a node may set on itself.
+    #[error(
+        "its machineSelector matches label {0:?}, which a node may set on itself: a selector \
+         matches only labels under {NODE_RESTRICTED_DOMAIN}/, which only an administrator sets"
+    )]
+    NodeSettableLabel(String),
     /// Another node's agent claimed it.
     #[error("node {0:?} claimed it")]
     ClaimedByOther(String),
@@ -487,6 +527,9 @@ pub fn targets(
     };
     if selector_is_empty(sel) {
         return Err(NotTargeted::EmptySelector);
+    }
+    if let Some(key) = node_settable_key(sel) {
+        return Err(NotTargeted::NodeSettableLabel(key.to_string()));
     }
     let Some(labels) = labels else {
         return Err(NotTargeted::NoLabels(machine_name.to_string()));

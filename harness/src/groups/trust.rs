@@ -55,6 +55,9 @@ pub const GROUP: Group = Group {
 
 /// The label every object of the group carries.
 const TRUST_LABEL: &str = "aks-flex-harness/trust";
+/// The label the group's selector operation matches: a selector matches only labels a node
+/// cannot set on itself (`flex_api::operations::decide::node_cannot_set`).
+const SELECTOR_LABEL: &str = "node-restriction.kubernetes.io/aks-flex-harness-trust";
 /// How long a request that must not be approved is watched (the approver looks at once, then
 /// every 15 s).
 const NOT_APPROVED_FOR: Duration = Duration::from_secs(25);
@@ -208,7 +211,7 @@ fn operation(e: &Env<'_>, name: &str, target: &str) -> String {
     if target.is_empty() {
         doc["spec"] = json!({
             "operationKind": flex_api::machina::OperationKind::NodeReboot.as_str(),
-            "machineSelector": {"matchLabels": {TRUST_LABEL: e.stamp.to_string()}},
+            "machineSelector": {"matchLabels": {SELECTOR_LABEL: e.stamp.to_string()}},
         });
     }
     doc.to_string()
@@ -501,4 +504,19 @@ async fn token_bound_inner(e: &Env<'_>) -> anyhow::Result<String> {
         secs(issued_in),
         secs(NOT_APPROVED_FOR)
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    /// The group's selector operation would be refused by every agent were its label one a
+    /// node may set on itself.
+    #[test]
+    fn the_selector_label_is_one_a_node_cannot_set() {
+        assert!(flex_api::operations::decide::node_cannot_set(
+            super::SELECTOR_LABEL
+        ));
+        assert!(!flex_api::operations::decide::node_cannot_set(
+            super::TRUST_LABEL
+        ));
+    }
 }

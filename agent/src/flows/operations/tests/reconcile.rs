@@ -213,10 +213,10 @@ async fn another_machines_operation_is_left_alone() {
 async fn selector_matches_the_nodes_labels() {
     let rig = Rig::new();
     rig.api
-        .put_node(ME, &[("pool", "flex")])
+        .put_node(ME, &[("node-restriction.kubernetes.io/pool", "flex")])
         .put_op(&with_selector(
             op("op", "NodeReboot", ""),
-            &[("pool", "flex")],
+            &[("node-restriction.kubernetes.io/pool", "flex")],
         ));
     let out = rig.reconcile("op").await.unwrap();
     assert!(finished(&out).succeeded());
@@ -231,10 +231,10 @@ async fn selector_matches_the_nodes_labels() {
 async fn selector_falls_back_to_the_machines_labels_or_ignores() {
     let rig = Rig::new();
     rig.api
-        .put_machine(ME, &[("pool", "gpu")])
+        .put_machine(ME, &[("node-restriction.kubernetes.io/pool", "gpu")])
         .put_op(&with_selector(
             op("op", "NodeReboot", ""),
-            &[("pool", "flex")],
+            &[("node-restriction.kubernetes.io/pool", "flex")],
         ));
     let out = rig.reconcile("op").await.unwrap();
     assert_eq!(
@@ -371,10 +371,10 @@ async fn conflict_on_finish_reports_without_running_again() {
 async fn a_lost_claim_is_not_taken_for_ours() {
     let rig = Rig::new();
     rig.api
-        .put_node(ME, &[("pool", "flex")])
+        .put_node(ME, &[("node-restriction.kubernetes.io/pool", "flex")])
         .put_op(&with_selector(
             op("op", "NodeReboot", ""),
-            &[("pool", "flex")],
+            &[("node-restriction.kubernetes.io/pool", "flex")],
         ));
     // Another agent claims it, in the same second, just before this one's claim lands.
     rig.api.before(2, |st| {
@@ -725,7 +725,7 @@ async fn watch_names_the_operations_worth_reconciling() {
         .put_op(&op("d-host", "HostReboot", ME));
     let added = serde_json::to_value(with_selector(
         op("e-selected", "AgentReset", ""),
-        &[("pool", "flex")],
+        &[("node-restriction.kubernetes.io/pool", "flex")],
     ))
     .unwrap();
     let deleted = serde_json::to_value(op("f-deleted", "NodeReboot", ME)).unwrap();
@@ -773,7 +773,7 @@ async fn the_watch_costs_the_same_whatever_the_fleet_and_falls_back_when_the_fie
         api.put_op(&op("mine", "NodeReboot", ME))
             .put_op(&with_selector(
                 op("selected", "AgentReset", ""),
-                &[("pool", "flex")],
+                &[("node-restriction.kubernetes.io/pool", "flex")],
             ));
         api.state().refuse_field_selectors = !served;
         let stream = watch_stream(api.client(), ME.into());
