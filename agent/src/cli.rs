@@ -222,7 +222,7 @@ pub enum TokenCommand {
     /// Print a Microsoft Entra ID token for the API server as an ExecCredential (kubelet's exec
     /// credential plugin)
     #[command(
-        long_about = "Print a Microsoft Entra ID token for the API server as a Kubernetes ExecCredential on stdout: the exec credential plugin kubelet and the daemon run for a service principal or managed identity. The request comes from KUBERNETES_EXEC_INFO, the credential from AAD_LOGIN_METHOD (spn: AAD_SERVICE_PRINCIPAL_CLIENT_ID, AAD_SERVICE_PRINCIPAL_CLIENT_SECRET, AZURE_TENANT_ID; msi: AZURE_CLIENT_ID for a user-assigned identity). AZURE_AUTHORITY_HOST and AKS_FLEX_NODE_IMDS_ENDPOINT override the endpoints."
+        long_about = "Print a Microsoft Entra ID token for the API server as a Kubernetes ExecCredential on stdout: the exec credential plugin kubelet and the daemon run for a service principal or managed identity. The request comes from KUBERNETES_EXEC_INFO, the credential from AAD_LOGIN_METHOD (spn: AAD_SERVICE_PRINCIPAL_CLIENT_ID, AAD_SERVICE_PRINCIPAL_CLIENT_SECRET or a file named by AAD_SERVICE_PRINCIPAL_CLIENT_SECRET_FILE, AZURE_TENANT_ID; msi: AZURE_CLIENT_ID for a user-assigned identity). AZURE_AUTHORITY_HOST and AKS_FLEX_NODE_IMDS_ENDPOINT override the endpoints."
     )]
     Kubelogin(KubeloginArgs),
     /// Answer kubelet's image credential provider request for Azure Container Registry (the
@@ -260,7 +260,7 @@ async fn run_acr(a: AcrArgs) -> anyhow::Result<()> {
     if input.len() > REQUEST_LIMIT {
         anyhow::bail!("the request on stdin is larger than {REQUEST_LIMIT} bytes");
     }
-    let env = azure::process_env();
+    let env = azure::with_secret_file(azure::process_env(), &flex_host::fs::HostFs::host())?;
     let insecure = match env.get(flex_host::http::INSECURE_REGISTRIES_ENV) {
         Some(v) => {
             flex_host::http::InsecureRegistries::parse(flex_host::http::INSECURE_REGISTRIES_ENV, v)?
@@ -305,7 +305,7 @@ async fn run_kubelogin(a: KubeloginArgs) -> anyhow::Result<()> {
         pop_claims: a.pop_claims.unwrap_or_default(),
     };
     token::check_options(&options)?;
-    let env = azure::process_env();
+    let env = azure::with_secret_file(azure::process_env(), &flex_host::fs::HostFs::host())?;
     let credential = azure::from_kubelogin_env(&env)?;
     print!("{}", token::kubelogin(&options, &env, &credential).await?);
     Ok(())

@@ -392,6 +392,70 @@ fn token_kubelogin_prints_an_exec_credential_from_entra_id() {
     assert_eq!(f["scope"], format!("{AKS_SERVER_ID}/.default"));
 }
 
+/// kubelet in a machine runs `token kubelogin` with the secret's file named
+/// (`AAD_SERVICE_PRINCIPAL_CLIENT_SECRET_FILE`, as its kubeconfig has it), not the secret: the
+/// real binary reads the file and sends its content (trailing newline trimmed) to a scripted
+/// Entra ID. A missing or empty file is an error naming the variable and the path, and no
+/// request is sent.
+#[test]
+fn token_kubelogin_reads_the_secret_from_the_file_a_machine_names() {
+    let aad = ScriptedServer::start(vec![Reply::json(
+        200,
+        &format!(r#"{{"token_type":"Bearer","expires_in":3599,"access_token":"{AAD_TOKEN}"}}"#),
+    )])
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let secret_file = dir.path().join("client-secret");
+    std::fs::write(&secret_file, format!("{SP_SECRET}\n")).unwrap();
+    let file_env = |path: &std::path::Path| {
+        let mut env: Vec<(&'static str, String)> = spn_env(&aad.url("/"))
+            .into_iter()
+            .filter(|(k, _)| *k != "AAD_SERVICE_PRINCIPAL_CLIENT_SECRET")
+            .collect();
+        env.push((
+            "AAD_SERVICE_PRINCIPAL_CLIENT_SECRET_FILE",
+            path.display().to_string(),
+        ));
+        env
+    };
+    let env = file_env(&secret_file);
+    let out = kubelogin(&as_refs(&env))
+        .assert()
+        .success()
+        .get_output()
+        .stdout
+        .clone();
+    let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    assert_eq!(v["status"]["token"], AAD_TOKEN);
+    let reqs = aad.requests();
+    assert_eq!(reqs.len(), 1);
+    assert_eq!(form(&reqs[0].body_text())["client_secret"], SP_SECRET);
+
+    let empty = dir.path().join("empty");
+    std::fs::write(&empty, "\n").unwrap();
+    for (path, want) in [
+        (dir.path().join("absent"), "no such file"),
+        (empty, "empty"),
+    ] {
+        let env = file_env(&path);
+        let err = kubelogin(&as_refs(&env))
+            .assert()
+            .failure()
+            .get_output()
+            .stderr
+            .clone();
+        let err = String::from_utf8(err).unwrap();
+        assert!(
+            err.contains(&format!(
+                "AAD_SERVICE_PRINCIPAL_CLIENT_SECRET_FILE {}: {want}",
+                path.display()
+            )),
+            "{err}"
+        );
+    }
+    assert_eq!(aad.requests().len(), 1, "no request without a secret");
+}
+
 /// `token acr` run as kubelet runs an image credential provider: the request on stdin, the
 /// node's identity from the exec credential's environment (a service principal against a
 /// scripted Entra ID), ACR's `/oauth2/exchange` scripted on loopback (named with `--registry`,

@@ -69,7 +69,7 @@ pub const LOGIN_METHOD_ENV: &str = "AAD_LOGIN_METHOD";
 /// The service principal's client id (`spn`).
 pub const SP_CLIENT_ID_ENV: &str = "AAD_SERVICE_PRINCIPAL_CLIENT_ID";
 /// The service principal's client secret (`spn`).
-pub const SP_CLIENT_SECRET_ENV: &str = "AAD_SERVICE_PRINCIPAL_CLIENT_SECRET";
+pub use crate::machine::nodegoal::SP_CLIENT_SECRET_ENV;
 /// The tenant (`spn`).
 pub const TENANT_ID_ENV: &str = "AZURE_TENANT_ID";
 /// A user-assigned identity's client id (`msi`; unset: the system-assigned identity).
@@ -87,6 +87,40 @@ pub fn process_env() -> Env {
 
 fn env_value<'a>(env: &'a Env, name: &str) -> Option<&'a str> {
     env.get(name).map(|v| v.trim()).filter(|v| !v.is_empty())
+}
+
+/// `env` with the service principal's secret read from the file
+/// `AAD_SERVICE_PRINCIPAL_CLIENT_SECRET_FILE` names, when `AAD_SERVICE_PRINCIPAL_CLIENT_SECRET`
+/// itself is unset: a machine's kubelet runs the exec credential and the image credential
+/// provider so (their files name the secret's file, never the secret:
+/// `crate::machine::nodegoal::SP_SECRET_IN_ROOTFS`). The error names the variable and the
+/// path, never the content.
+pub fn with_secret_file(mut env: Env, fs: &flex_host::fs::HostFs) -> Result<Env, AuthError> {
+    use crate::machine::nodegoal::SP_CLIENT_SECRET_FILE_ENV;
+    if env_value(&env, SP_CLIENT_SECRET_ENV).is_some() {
+        return Ok(env);
+    }
+    let Some(path) = env_value(&env, SP_CLIENT_SECRET_FILE_ENV).map(std::path::PathBuf::from)
+    else {
+        return Ok(env);
+    };
+    let setting = |what: String| {
+        AuthError::Setting(format!(
+            "{SP_CLIENT_SECRET_FILE_ENV} {}: {what}",
+            path.display()
+        ))
+    };
+    let bytes = fs
+        .read(&path)
+        .map_err(|e| setting(e.to_string()))?
+        .ok_or_else(|| setting("no such file".into()))?;
+    let text = String::from_utf8(bytes).map_err(|_| setting("not UTF-8".into()))?;
+    let secret = text.trim();
+    if secret.is_empty() {
+        return Err(setting("empty".into()));
+    }
+    env.insert(SP_CLIENT_SECRET_ENV.into(), secret.to_string());
+    Ok(env)
 }
 
 /// An access token.

@@ -10,14 +10,19 @@
 //! drop-in's `ExecStartPre=` rather than a separate regeneration unit; containerd's config is
 //! version 2 (containerd 2.x migrates it on load).
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use crate::config;
 use crate::machine::kubelet_credential;
-use crate::machine::nodegoal::{AGENT_IN_ROOTFS, AKS_AAD_SERVER_ID, KubeletAuth, MachineGoal};
+use crate::machine::nodegoal::{
+    AGENT_IN_ROOTFS, AKS_AAD_SERVER_ID, KubeletAuth, MachineGoal, SP_CLIENT_SECRET_ENV,
+    SP_CLIENT_SECRET_FILE_ENV, SP_SECRET_IN_ROOTFS,
+};
 use crate::machine::nspawn::{bpffs_dir, dropin_dir, machine_dir, nspawn_file};
 use flex_host::fs::{ConfinedFs, FsError, HostFs};
+use flex_host::secret::Secret;
 
 /// Host path of the lifecycle helper: a copy of the agent binary that host systemd runs as
 /// `nspawn-lifecycle pre-start|post-start <m>`. It is a copy, not a link, so an agent upgrade
@@ -195,8 +200,23 @@ pub fn render_rootfs(
     let (kubeconfig_path, kubeconfig) = render_kubeconfig(goal);
     out.push(file(&root, kubeconfig_path, kubeconfig, 0o600));
     if let Some(config) = render_credential_provider_config(goal) {
-        // 0600: the plugin's environment may hold the service principal's secret.
+        // 0600: the plugin's environment names the identity (the secret is in its own file).
         out.push(file(&root, CREDENTIAL_PROVIDER_CONFIG, config, 0o600));
+    }
+    if let Some(secret) = sp_secret(goal) {
+        let dir = Path::new(SP_SECRET_IN_ROOTFS)
+            .parent()
+            .map_or_else(|| PathBuf::from("/"), Path::to_path_buf);
+        out.push(Entry::Dir {
+            path: root.join(dir.strip_prefix("/").unwrap_or(&dir)),
+            mode: 0o700,
+        });
+        out.push(file(
+            &root,
+            SP_SECRET_IN_ROOTFS,
+            secret.expose().as_bytes().to_vec(),
+            0o600,
+        ));
     }
     out.push(file(
         &root,
@@ -490,10 +510,37 @@ pub fn render_credential_provider_config(goal: &MachineGoal) -> Option<String> {
         let _ = writeln!(s, "  - --registry\n  - {}", yaml_str(r));
     }
     s.push_str("  env:\n");
-    for (k, v) in &p.env {
+    for (k, v) in &in_machine(&p.env) {
         let _ = writeln!(s, "  - name: {k}\n    value: {}", yaml_str(v.expose()));
     }
     Some(s)
+}
+
+/// An exec credential environment as a machine's files carry it: the service principal's
+/// secret replaced by the path of the machine's file that holds it ([`SP_SECRET_IN_ROOTFS`]).
+fn in_machine(env: &BTreeMap<String, Secret>) -> BTreeMap<String, Secret> {
+    let mut out = env.clone();
+    if out.remove(SP_CLIENT_SECRET_ENV).is_some() {
+        out.insert(
+            SP_CLIENT_SECRET_FILE_ENV.into(),
+            Secret::new(SP_SECRET_IN_ROOTFS),
+        );
+    }
+    out
+}
+
+/// The service principal's secret of `goal`'s Azure identity (kubelet's exec credential or the
+/// image credential provider), if it has one.
+fn sp_secret(goal: &MachineGoal) -> Option<&Secret> {
+    let exec = match &goal.auth {
+        KubeletAuth::ExecCredential { env } => env.get(SP_CLIENT_SECRET_ENV),
+        KubeletAuth::BootstrapToken(_) => None,
+    };
+    exec.or_else(|| {
+        goal.acr_provider
+            .as_ref()
+            .and_then(|p| p.env.get(SP_CLIENT_SECRET_ENV))
+    })
 }
 
 fn render_kubeconfig_dropin(goal: &MachineGoal) -> String {
@@ -650,7 +697,7 @@ pub fn render_kubeconfig(goal: &MachineGoal) -> (&'static str, String) {
                 s,
                 "    exec:\n      apiVersion: client.authentication.k8s.io/v1\n      command: {AGENT_IN_ROOTFS}\n      args:\n      - token\n      - kubelogin\n      - --server-id\n      - {AKS_AAD_SERVER_ID}\n      env:\n"
             );
-            for (k, v) in env {
+            for (k, v) in &in_machine(env) {
                 let _ = write!(
                     s,
                     "      - name: {k}\n        value: {}\n",
@@ -996,6 +1043,68 @@ mod tests {
         });
         let entries = render_rootfs(&exec, b"").unwrap();
         assert_eq!(with_held_credential(entries.clone(), &exec), entries);
+    }
+
+    /// The service principal's secret is in one file of the machine, 0600 in a 0700
+    /// directory, and in no other entry: kubelet's kubeconfig and its image credential provider
+    /// config name the file. A bootstrap token with a service principal (the provider only)
+    /// gets it too; a managed identity has no secret and no file.
+    #[test]
+    fn the_service_principals_secret_is_in_its_own_file_only() {
+        let sp = serde_json::json!({"tenantId": "tenant-1", "clientId": "client-1", "clientSecret": "s3cret-value"});
+        for (what, g) in [
+            (
+                "exec credential",
+                goal(|v| {
+                    v["azure"].as_object_mut().unwrap().remove("bootstrapToken");
+                    v["azure"]["servicePrincipal"] = sp.clone();
+                }),
+            ),
+            (
+                "bootstrap token and a service principal",
+                goal(|v| v["azure"]["servicePrincipal"] = sp.clone()),
+            ),
+        ] {
+            let entries = render_rootfs(&g, b"").unwrap();
+            let holding: Vec<(&Path, u32)> = entries
+                .iter()
+                .filter_map(|e| match e {
+                    Entry::File {
+                        path,
+                        content,
+                        mode,
+                    } if String::from_utf8_lossy(content).contains("s3cret-value") => {
+                        Some((path.as_path(), *mode))
+                    }
+                    _ => None,
+                })
+                .collect();
+            let secret_file = g
+                .machine_dir()
+                .join("etc/aks-flex-node/azure/client-secret");
+            assert_eq!(holding, vec![(secret_file.as_path(), 0o600)], "{what}");
+            assert!(
+                entries
+                    .iter()
+                    .any(|e| matches!(e, Entry::Dir { path, mode: 0o700 }
+                    if *path == g.machine_dir().join("etc/aks-flex-node/azure"))),
+                "{what}"
+            );
+            let provider = render_credential_provider_config(&g).unwrap();
+            assert!(provider.contains(
+                "AAD_SERVICE_PRINCIPAL_CLIENT_SECRET_FILE\n    value: \"/etc/aks-flex-node/azure/client-secret\""
+            ));
+        }
+        let msi = goal(|v| {
+            v["azure"].as_object_mut().unwrap().remove("bootstrapToken");
+            v["azure"]["managedIdentity"] = serde_json::json!({});
+        });
+        assert!(
+            !render_rootfs(&msi, b"")
+                .unwrap()
+                .iter()
+                .any(|e| e.path().ends_with("client-secret"))
+        );
     }
 
     #[test]

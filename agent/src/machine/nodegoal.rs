@@ -88,6 +88,16 @@ pub struct AcrProvider {
     pub resource_manager_endpoint: String,
 }
 
+/// The service principal's secret variable of the exec credential environment.
+pub const SP_CLIENT_SECRET_ENV: &str = "AAD_SERVICE_PRINCIPAL_CLIENT_SECRET";
+/// The variable naming a file that holds the service principal's secret instead
+/// (`token kubelogin` and `token acr` read it when [`SP_CLIENT_SECRET_ENV`] is unset).
+pub const SP_CLIENT_SECRET_FILE_ENV: &str = "AAD_SERVICE_PRINCIPAL_CLIENT_SECRET_FILE";
+/// Where a machine keeps the service principal's secret (0600, in a 0700 directory), so that
+/// neither kubelet's kubeconfig nor its image credential provider config holds it: files under
+/// `/var/lib/kubelet` and `/etc/kubernetes` are what node plugins commonly mount from the host.
+pub const SP_SECRET_IN_ROOTFS: &str = "/etc/aks-flex-node/azure/client-secret";
+
 /// The exec credential environment of the config's Azure identity: `AAD_LOGIN_METHOD=spn` with
 /// the service principal's variables, or `msi` with `AZURE_CLIENT_ID` for a user-assigned
 /// identity; `None` without either.
@@ -99,10 +109,7 @@ pub fn azure_identity_env(config: &Config) -> Option<BTreeMap<String, Secret>> {
             "AAD_SERVICE_PRINCIPAL_CLIENT_ID".into(),
             Secret::new(&sp.client_id),
         );
-        env.insert(
-            "AAD_SERVICE_PRINCIPAL_CLIENT_SECRET".into(),
-            sp.client_secret.clone(),
-        );
+        env.insert(SP_CLIENT_SECRET_ENV.into(), sp.client_secret.clone());
         env.insert("AZURE_TENANT_ID".into(), Secret::new(&sp.tenant_id));
         return Some(env);
     }

@@ -527,3 +527,27 @@ async fn imds_retries_404_but_not_400() {
     );
     assert_eq!(server.requests().len(), 1);
 }
+
+/// The secret's file is read only when the secret itself is not in the environment; nothing
+/// named, nothing read. Real files under a temporary root.
+#[test]
+fn the_secret_file_is_read_only_when_the_secret_is_unset() {
+    let t = tempfile::tempdir().unwrap();
+    let fs = flex_host::fs::HostFs::new(t.path());
+    std::fs::create_dir_all(t.path().join("etc")).unwrap();
+    std::fs::write(t.path().join("etc/secret"), "from-file\n").unwrap();
+    let file = "AAD_SERVICE_PRINCIPAL_CLIENT_SECRET_FILE";
+    let got = with_secret_file(env(&[(file, "/etc/secret")]), &fs).unwrap();
+    assert_eq!(got.get(SP_CLIENT_SECRET_ENV).unwrap(), "from-file");
+    let both = env(&[(file, "/etc/secret"), (SP_CLIENT_SECRET_ENV, SECRET)]);
+    assert_eq!(with_secret_file(both.clone(), &fs).unwrap(), both);
+    let neither = env(&[(LOGIN_METHOD_ENV, "spn")]);
+    assert_eq!(with_secret_file(neither.clone(), &fs).unwrap(), neither);
+    let e = with_secret_file(env(&[(file, "/etc/absent")]), &fs)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("AAD_SERVICE_PRINCIPAL_CLIENT_SECRET_FILE /etc/absent: no such file"),
+        "{e}"
+    );
+}
