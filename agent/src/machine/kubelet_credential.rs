@@ -137,12 +137,15 @@ pub fn keep(fs: &HostFs, machine: &str, node: &str, now: SystemTime) -> Result<K
     };
     let this = rootfs(fs, machine).map_err(err(machine))?;
     let mut why = Vec::new();
-    match read_current(&this).map_err(err(machine))? {
-        Some(text) => match usable(&text, node, now) {
+    // What cannot be read (a link planted to lead out of the machine) counts as none: kubelet
+    // then bootstraps, or gets the other machine's.
+    match read_current(&this) {
+        Ok(Some(text)) => match usable(&text, node, now) {
             Ok(_) => return Ok(Kept::Own),
             Err(e) => why.push(format!("{machine}: {e}")),
         },
-        None => why.push(format!("{machine}: none")),
+        Ok(None) => why.push(format!("{machine}: none")),
+        Err(e) => why.push(format!("{machine}: {e}")),
     }
     for other in nspawn::MACHINES.iter().filter(|m| **m != machine) {
         let Ok(root) = rootfs(fs, other) else {
@@ -193,7 +196,8 @@ pub fn scrub_token(
     };
     let root = rootfs(fs, machine).map_err(err)?;
     let holds = read_current(&root)
-        .map_err(err)?
+        .ok()
+        .flatten()
         .is_some_and(|t| usable(&t, node, now).is_ok());
     if !holds {
         return Ok(false);

@@ -165,6 +165,13 @@ fn what_is_not_the_nodes_is_not_carried() {
         matches!(&kept, Kept::Nothing(w) if w.contains("kube1: ") && w.contains("escapes")),
         "{kept:?}"
     );
+    // The same link in the machine being provisioned: none kept, the provision goes on.
+    let kept = keep(&fs, "kube1", "node1", now).unwrap();
+    assert!(
+        matches!(&kept, Kept::Nothing(w) if w.starts_with("kube1: ") && w.contains("escapes")),
+        "{kept:?}"
+    );
+    assert!(!scrub_token(&fs, "kube1", "node1", now).unwrap());
 }
 
 /// After the first join kubelet holds its credential and the token's kubeconfig goes; without
