@@ -177,13 +177,17 @@ pub async fn run_with(
         ),
         None => crate::policy::Readiness::default(),
     });
+    let approver_group = args
+        .enable_csr_approver
+        .then(|| args.bootstrap_group.clone());
     let policy_task = {
         let stop = stop.clone();
         let ready = ready.clone();
         let client = client.clone();
         async move {
             if let Some(c) = client {
-                crate::policy::watch(&crate::policy::KubePolicyApi(c), &ready, stop).await;
+                let group = approver_group.as_deref();
+                crate::policy::watch(&crate::policy::KubePolicyApi(c), &ready, group, stop).await;
             }
         }
     };

@@ -8,6 +8,13 @@
 //! `Deny`) at start and every [`RECHECK`], and stays unready until they are: `/readyz` answers
 //! 503 with the reason ([`Readiness`]), which the log also gives when it changes. The check
 //! reads through [`PolicyApi`] (the API server in production, a fake in tests).
+//!
+//! With the CSR approver on, the same check asks the API server (a SubjectAccessReview) whether
+//! a flex bootstrap token may create `certificatesigningrequests/nodeclient`: then
+//! kube-controller-manager approves kubelet certificates for any node with any flex token, the
+//! approver's token binding is moot, and the controller stays unready until the binding that
+//! grants it goes ([`check_kubelet_approval`]; an upgrade from an older `deploy/controller`
+//! leaves its `aks-flex-node-autoapprove-bootstrap`, since `kubectl apply` deletes nothing).
 
 use std::sync::RwLock;
 use std::time::Duration;
@@ -62,7 +69,19 @@ pub trait PolicyApi: Send + Sync {
     async fn served(&self) -> Result<Option<Vec<String>>, PolicyApiError>;
     /// The object `name` of `kind`, as JSON; `Ok(None)` when there is none.
     async fn get(&self, kind: Kind, name: &str) -> Result<Option<Value>, PolicyApiError>;
+    /// Whether `user` in `groups` may `create` `certificatesigningrequests/<subresource>` (a
+    /// SubjectAccessReview).
+    async fn may_create_csr(
+        &self,
+        user: &str,
+        groups: &[String],
+        subresource: &str,
+    ) -> Result<bool, PolicyApiError>;
 }
+
+/// The user a bootstrap token of the flex group is asked about as (any token id reads the
+/// same to RBAC: bindings name groups).
+pub const PROBE_TOKEN_USER: &str = "system:bootstrap:probe0";
 
 /// Why the daemons' policies are not enforced.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -112,6 +131,23 @@ pub enum PolicyGap {
         name: &'static str,
         /// The policy it binds.
         found: String,
+    },
+    /// kube-controller-manager would approve kubelet certificates for the flex bootstrap group
+    /// without the token's binding.
+    #[error(
+        "bootstrap tokens in {group} may create certificatesigningrequests/nodeclient, so kube-controller-manager approves a kubelet certificate for any node name with any such token (a token bound to one node gets another's): delete the ClusterRoleBinding that grants it (aks-flex-node-autoapprove-bootstrap from an earlier deploy/controller, or one binding system:certificates.k8s.io:certificatesigningrequests:nodeclient to {group} or system:bootstrappers); the controller approves kubelet's requests itself"
+    )]
+    KubeletAutoApproval {
+        /// The bootstrap group.
+        group: String,
+    },
+    /// The SubjectAccessReview could not be made.
+    #[error("cannot ask whether {group} may create certificatesigningrequests/nodeclient: {cause}")]
+    AccessUnknown {
+        /// The bootstrap group.
+        group: String,
+        /// The API server's answer.
+        cause: PolicyApiError,
     },
     /// A binding does not deny.
     #[error(
@@ -173,6 +209,43 @@ pub async fn check(api: &dyn PolicyApi) -> Result<(), PolicyGap> {
     Ok(())
 }
 
+/// Whether kube-controller-manager's own approver would approve kubelet client certificates
+/// for bootstrap tokens in `group` (`nodeclient`), which ties no certificate to the token: the
+/// hole the controller's approver closes only when nothing else approves. `Ok` when it would not.
+pub async fn check_kubelet_approval(api: &dyn PolicyApi, group: &str) -> Result<(), PolicyGap> {
+    let groups = [
+        "system:bootstrappers".to_string(),
+        group.to_string(),
+        "system:authenticated".to_string(),
+    ];
+    match api
+        .may_create_csr(PROBE_TOKEN_USER, &groups, "nodeclient")
+        .await
+    {
+        Ok(false) => Ok(()),
+        Ok(true) => Err(PolicyGap::KubeletAutoApproval {
+            group: group.to_string(),
+        }),
+        Err(cause) => Err(PolicyGap::AccessUnknown {
+            group: group.to_string(),
+            cause,
+        }),
+    }
+}
+
+/// [`check`], then, when the CSR approver runs for `bootstrap_group`,
+/// [`check_kubelet_approval`].
+pub async fn check_all(
+    api: &dyn PolicyApi,
+    bootstrap_group: Option<&str>,
+) -> Result<(), PolicyGap> {
+    check(api).await?;
+    match bootstrap_group {
+        Some(g) => check_kubelet_approval(api, g).await,
+        None => Ok(()),
+    }
+}
+
 /// Whether the controller is ready (`/readyz`), and why not.
 #[derive(Debug, Default)]
 pub struct Readiness(RwLock<Option<String>>);
@@ -227,25 +300,59 @@ impl PolicyApi for KubePolicyApi {
             Err(e) => Err(PolicyApiError(flex_api::kube_errors::describe(&e))),
         }
     }
+
+    async fn may_create_csr(
+        &self,
+        user: &str,
+        groups: &[String],
+        subresource: &str,
+    ) -> Result<bool, PolicyApiError> {
+        use k8s_openapi::api::authorization::v1::{
+            ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
+        };
+        let review = SubjectAccessReview {
+            spec: SubjectAccessReviewSpec {
+                user: Some(user.to_string()),
+                groups: Some(groups.to_vec()),
+                resource_attributes: Some(ResourceAttributes {
+                    group: Some("certificates.k8s.io".into()),
+                    resource: Some("certificatesigningrequests".into()),
+                    subresource: Some(subresource.into()),
+                    verb: Some("create".into()),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let api: kube::Api<SubjectAccessReview> = kube::Api::all(self.0.clone());
+        match api.create(&kube::api::PostParams::default(), &review).await {
+            Ok(r) => Ok(r.status.is_some_and(|s| s.allowed)),
+            Err(e) => Err(PolicyApiError(flex_api::kube_errors::describe(&e))),
+        }
+    }
 }
 
 /// Checks the policies at once and every [`RECHECK`] until `stop`, keeping `ready` up to date
 /// and logging each change.
+/// With the CSR approver on (`bootstrap_group`), it also checks that kube-controller-manager
+/// does not approve kubelet certificates for that group ([`check_kubelet_approval`]).
 pub async fn watch(
     api: &dyn PolicyApi,
     ready: &Readiness,
+    bootstrap_group: Option<&str>,
     stop: tokio_util::sync::CancellationToken,
 ) {
     loop {
-        let checked = check(api).await;
+        let checked = check_all(api, bootstrap_group).await;
         let why = checked.as_ref().err().map(ToString::to_string);
         if ready.set(checked) {
             match why {
                 Some(why) => {
-                    tracing::error!(reason = %why, "not ready: the daemons' admission policies are not enforced")
+                    tracing::error!(reason = %why, "not ready: a node's boundary is not enforced")
                 }
                 None => {
-                    tracing::info!(policies = ?POLICIES, "ready: the daemons' admission policies are enforced")
+                    tracing::info!(policies = ?POLICIES, kubelet_approval_checked = bootstrap_group.is_some(), "ready: the daemons' admission policies are enforced, and only the controller approves the flex tokens' kubelet certificates")
                 }
             }
         }

@@ -179,6 +179,18 @@ fn rbac_grants_what_is_used() {
     let defaults = Args::try_parse_from(["x"]).unwrap();
     let csr = find(&objs, "ClusterRole", "aks-flex-controller-csr-approver");
     let rules = csr["rules"].as_array().unwrap();
+    // It asks whether kube-controller-manager would approve the flex tokens' kubelet
+    // certificates (a SubjectAccessReview), and nothing more of authorization.k8s.io.
+    let reviews: Vec<&Value> = rules
+        .iter()
+        .filter(|r| r["apiGroups"][0] == "authorization.k8s.io")
+        .collect();
+    assert_eq!(reviews.len(), 1);
+    assert_eq!(
+        reviews[0]["resources"],
+        serde_json::json!(["subjectaccessreviews"])
+    );
+    assert_eq!(reviews[0]["verbs"], serde_json::json!(["create"]));
     // The approver approves the daemon's certificates and kubelet's client certificates.
     let signers = rules
         .iter()

@@ -17,6 +17,10 @@ struct FakePolicyApi {
     served: Option<Vec<String>>,
     objects: BTreeMap<(&'static str, String), Value>,
     fail: Option<PolicyApiError>,
+    /// The (user, groups, subresource) triples RBAC allows to create CSR subresources.
+    allowed: Vec<(String, Vec<String>, String)>,
+    /// The SubjectAccessReview's failure.
+    review_fails: Option<PolicyApiError>,
     reads: Mutex<Vec<String>>,
 }
 
@@ -39,6 +43,25 @@ impl PolicyApi for FakePolicyApi {
             .objects
             .get(&(kind.plural(), name.to_string()))
             .cloned())
+    }
+
+    async fn may_create_csr(
+        &self,
+        user: &str,
+        groups: &[String],
+        subresource: &str,
+    ) -> Result<bool, PolicyApiError> {
+        self.reads.lock().unwrap().push(format!(
+            "review {user} {} create certificatesigningrequests/{subresource}",
+            groups.join(",")
+        ));
+        if let Some(e) = &self.review_fails {
+            return Err(e.clone());
+        }
+        Ok(self
+            .allowed
+            .iter()
+            .any(|(u, g, s)| u == user && g == groups && s == subresource))
     }
 }
 
@@ -188,4 +211,67 @@ fn readiness_reports_changes_only() {
     assert_eq!(r.why_not(), None);
     assert!(!r.set(Ok(())));
     assert_eq!(Readiness::default().why_not(), None);
+}
+
+/// With the approver on, the controller is unready while kube-controller-manager would approve
+/// the flex tokens' kubelet certificates (a SubjectAccessReview says the group may create
+/// `nodeclient` requests, as the binding an earlier `deploy/controller` shipped granted); the
+/// review is made as a token of the flex group; without the approver it is not asked.
+#[tokio::test]
+async fn a_nodeclient_grant_for_the_flex_group_keeps_the_controller_unready() {
+    let group = "system:bootstrappers:aks-flex-node";
+    let groups = vec![
+        "system:bootstrappers".to_string(),
+        group.to_string(),
+        "system:authenticated".to_string(),
+    ];
+    let clean = as_deployed();
+    assert_eq!(check_all(&clean, Some(group)).await, Ok(()));
+    assert_eq!(
+        clean.reads.lock().unwrap().last().unwrap(),
+        "review system:bootstrap:probe0 system:bootstrappers,system:bootstrappers:aks-flex-node,system:authenticated create certificatesigningrequests/nodeclient"
+    );
+    let mut upgraded = as_deployed();
+    upgraded.allowed = vec![(
+        PROBE_TOKEN_USER.to_string(),
+        groups.clone(),
+        "nodeclient".to_string(),
+    )];
+    let why = check_all(&upgraded, Some(group))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        why.starts_with("bootstrap tokens in system:bootstrappers:aks-flex-node may create certificatesigningrequests/nodeclient")
+            && why.contains("aks-flex-node-autoapprove-bootstrap"),
+        "{why}"
+    );
+    // Without the approver, nothing to ask.
+    assert_eq!(check_all(&upgraded, None).await, Ok(()));
+    assert!(
+        !upgraded
+            .reads
+            .lock()
+            .unwrap()
+            .iter()
+            .skip(6)
+            .any(|r| r.starts_with("review"))
+    );
+    let mut denied = as_deployed();
+    denied.review_fails = Some(PolicyApiError("403 Forbidden".into()));
+    assert_eq!(
+        check_all(&denied, Some(group))
+            .await
+            .unwrap_err()
+            .to_string(),
+        "cannot ask whether system:bootstrappers:aks-flex-node may create certificatesigningrequests/nodeclient: 403 Forbidden"
+    );
+    // The policies are checked first.
+    let mut old = as_deployed();
+    old.served = None;
+    old.allowed = upgraded.allowed.clone();
+    assert!(matches!(
+        check_all(&old, Some(group)).await,
+        Err(PolicyGap::NotServed(_))
+    ));
 }
