@@ -460,6 +460,27 @@ async fn submit(k: Kubectl<'_>, name: String, node: String) -> anyhow::Result<St
     Ok(name)
 }
 
+/// Submits a kubelet client CSR named `name` for `node` as `k`'s identity, as kubelet's TLS
+/// bootstrap makes it: signer `kube-apiserver-client-kubelet`, organization `system:nodes`
+/// only, no lifetime asked for.
+async fn submit_kubelet(k: Kubectl<'_>, name: String, node: String) -> anyhow::Result<String> {
+    use rcgen::{CertificateParams, DistinguishedName, DnType, KeyPair};
+    let key = KeyPair::generate()?;
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::CommonName, format!("system:node:{node}"));
+    dn.push(DnType::OrganizationName, "system:nodes");
+    let mut params = CertificateParams::default();
+    params.distinguished_name = dn;
+    let pem = params.serialize_request(&key)?.pem()?;
+    let mut doc: Value = serde_json::from_str(&csr_doc(&name, &pem))?;
+    doc["spec"]["signerName"] = json!("kubernetes.io/kube-apiserver-client-kubelet");
+    if let Some(spec) = doc["spec"].as_object_mut() {
+        spec.remove("expirationSeconds");
+    }
+    k.apply(&doc.to_string()).await?;
+    Ok(name)
+}
+
 async fn token_bound_inner(e: &Env<'_>) -> anyhow::Result<String> {
     let s = Scratch::new(e)?;
     let st = e.stamp;
@@ -493,15 +514,44 @@ async fn token_bound_inner(e: &Env<'_>) -> anyhow::Result<String> {
     let issued_in = t.elapsed();
     // Once it holds a certificate, the same token gets no second one.
     let second = submit(k_good, format!("trust-{st}-second"), bound.clone()).await?;
+    // kubelet's certificate, under the same binding (#29 item 1): kube-controller-manager no
+    // longer approves it for the flex group; the controller does, once, for the bound node.
+    let kubelet_wrong_token = submit_kubelet(
+        k_stray,
+        format!("trust-{st}-kubelet-wrong-token"),
+        bound.clone(),
+    )
+    .await?;
+    let kubelet_wrong_node = submit_kubelet(
+        k_good,
+        format!("trust-{st}-kubelet-wrong-node"),
+        e.node().to_string(),
+    )
+    .await?;
+    let kubelet_first =
+        submit_kubelet(k_good, format!("trust-{st}-kubelet-first"), bound.clone()).await?;
+    let t = Instant::now();
+    wait_issued(e, e.kubectl, &kubelet_first).await?;
+    let kubelet_issued_in = t.elapsed();
+    let kubelet_second =
+        submit_kubelet(k_good, format!("trust-{st}-kubelet-second"), bound.clone()).await?;
     tokio::time::sleep(e.pace.timeout(NOT_APPROVED_FOR)).await;
-    for name in [&wrong_token, &wrong_node, &second] {
+    for name in [
+        &wrong_token,
+        &wrong_node,
+        &second,
+        &kubelet_wrong_token,
+        &kubelet_wrong_node,
+        &kubelet_second,
+    ] {
         if let (Some(d), _) = csr_state(&e.kubectl, name).await? {
             anyhow::bail!("CertificateSigningRequest {name} was {d}; it must stay pending");
         }
     }
     Ok(format!(
-        "the named token's request signed in {}; the other token's, the request for another node and the second request still pending after {}",
+        "the named token's daemon request signed in {}, its kubelet request in {}; the other token's, the requests for another node and the second requests (daemon, kubelet) still pending after {}",
         secs(issued_in),
+        secs(kubelet_issued_in),
         secs(NOT_APPROVED_FOR)
     ))
 }
