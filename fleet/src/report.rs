@@ -80,7 +80,7 @@ impl Spread {
 }
 
 /// One node's cost as the API server counted it.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct NodeCost {
     /// HTTP requests.
     pub requests: u64,
@@ -92,6 +92,10 @@ pub struct NodeCost {
     pub listed: u64,
     /// MachineOperations it was sent, by name.
     pub operations_seen: BTreeSet<String>,
+    /// `requests` per minute of the run.
+    pub requests_per_minute: f64,
+    /// `watch_events` per minute of the run.
+    pub watch_events_per_minute: f64,
 }
 
 /// What a run measured.

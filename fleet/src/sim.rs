@@ -49,7 +49,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::apiserver::FakeApiServer;
-use crate::report::{Disruption, FleetReport, NodeCost};
+use crate::report::{Disruption, FleetReport, NodeCost, per_minute};
 
 /// The groups the daemons authenticate with (their client certificates' organisations).
 pub const DAEMON_GROUPS: [&str; 2] = ["system:nodes", "aks-flex-node-daemons"];
@@ -578,6 +578,8 @@ pub async fn run(cfg: &FleetConfig) -> anyhow::Result<FleetReport> {
                             operation_watch_events: c.operation_watch_events,
                             listed: c.listed,
                             operations_seen: c.operations_seen,
+                            requests_per_minute: per_minute(c.requests, elapsed),
+                            watch_events_per_minute: per_minute(c.watch_events, elapsed),
                         },
                     )
                 })
