@@ -2,7 +2,8 @@
 //! MachineOperation reconcile, drain and disruption budget use, implemented honestly, and a
 //! count of what each identity asked and was sent.
 //!
-//! What it serves (anything else is a 404 and is listed in [`Counts::unsupported`]):
+//! What it serves (anything else is a 404, or a 405 for a verb it does not serve, and is listed
+//! in [`Counts::unsupported`]):
 //!
 //! | resource | verbs |
 //! |---|---|
