@@ -7,10 +7,10 @@
 //!
 //! | resource | verbs |
 //! |---|---|
-//! | `machineoperations` (`unbounded-cloud.io`, cluster) | list and watch with field selectors (`spec.machineRef`, `metadata.name`) and label selectors, get, create, delete (UID and resourceVersion preconditions), merge patch of `/status` |
+//! | `machineoperations` (`unbounded-cloud.io`, cluster) | list and watch with field selectors (`spec.machineRef`, `metadata.name`) and label selectors, get, create, delete (UID and resourceVersion preconditions) and delete by selection, merge patch of `/status` |
 //! | `machines` (cluster) | get (none exist: 404) |
-//! | `nodes` | list and watch (`metadata.name`, labels), get, create, merge patch and merge patch of `/status` |
-//! | `pods` | list with `spec.nodeName`, create, `eviction` (UID precondition; the pod is deleted at once) |
+//! | `nodes` | list and watch (`metadata.name`, labels), get, create, delete, merge patch and merge patch of `/status` |
+//! | `pods` | list with `spec.nodeName`, create, delete by selection, `eviction` (UID precondition; the pod is deleted at once) |
 //! | `configmaps` | get, create, replace, merge patch |
 //! | `events` | create |
 //!
@@ -504,6 +504,7 @@ impl Server {
             (&Method::PATCH, false, None) => self.write(&call, Write::Patch),
             (&Method::PATCH, false, Some("status")) => self.write(&call, Write::PatchStatus),
             (&Method::DELETE, false, None) => self.delete(&call),
+            (&Method::DELETE, true, None) => self.delete_collection(&call),
             (&Method::POST, false, Some("eviction")) if call.kind == Kind::Pod => self.evict(&call),
             _ => {
                 let what = format!(
@@ -930,6 +931,37 @@ impl Server {
         drop(st);
         self.notify();
         respond(StatusCode::OK, &written.unwrap_or(Value::Null))
+    }
+
+    /// Deletes every object of the selection; answers the list of them.
+    fn delete_collection(&self, call: &Call) -> Response<Body> {
+        let sel = match self.selection(call) {
+            Ok(s) => s,
+            Err(m) => return status(StatusCode::BAD_REQUEST, "BadRequest", &m),
+        };
+        let mut st = self.state();
+        let doomed: Vec<(Key, Value)> = st
+            .objects
+            .iter()
+            .filter(|((k, _, _), o)| *k == call.kind && sel.matches(o))
+            .map(|(k, o)| (k.clone(), o.clone()))
+            .collect();
+        let items: Vec<Value> = doomed.iter().map(|(_, o)| o.clone()).collect();
+        for (key, o) in doomed {
+            commit(&mut st, key, Some(o), None);
+        }
+        let rv = st.rv;
+        drop(st);
+        self.notify();
+        respond(
+            StatusCode::OK,
+            &json!({
+                "apiVersion": call.kind.api_version(),
+                "kind": format!("{}List", call.kind.name()),
+                "metadata": {"resourceVersion": rv.to_string()},
+                "items": items,
+            }),
+        )
     }
 
     fn delete(&self, call: &Call) -> Response<Body> {

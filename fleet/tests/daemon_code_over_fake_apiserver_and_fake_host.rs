@@ -107,3 +107,50 @@ async fn daemon_watch_without_the_selector_falls_back_to_every_operation_of_the_
     // The cost per node grows with the fleet.
     assert!(means[1] >= means[0] * 1.8, "{means:?}");
 }
+
+/// The `--kubeconfig` path (a real API server's), pointed at the fake one through a kubeconfig
+/// file: each node impersonated, the budget held, and what the run created removed after it.
+/// Not a real control plane: that run is still to be done (docs/drain.md).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn daemon_fleet_through_a_kubeconfig_impersonates_each_node_and_cleans_up_after_itself() {
+    use flex_fleet::apiserver::FakeApiServer;
+    use flex_fleet::sim::{SIM_LABEL, node_identity};
+
+    let server = FakeApiServer::start(true).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("kubeconfig");
+    std::fs::write(
+        &path,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: {}\nusers:\n- name: admin\n  user: {{}}\ncontexts:\n- name: fake\n  context:\n    cluster: fake\n    user: admin\ncurrent-context: fake\n",
+            server.url()
+        ),
+    )
+    .unwrap();
+    let cfg = FleetConfig {
+        kubeconfig: Some(path),
+        pods_per_node: 0,
+        ..config(4, 1, true)
+    };
+    let r = run(&cfg).await.unwrap();
+    assert_eq!(r.phases.get("Complete").copied(), Some(4), "{:?}", r.phases);
+    assert_eq!(r.max_disrupted, 1);
+    assert_eq!(r.reboots_uncordoned, 0);
+    // Only the fake API server's own report counts per node.
+    assert!(r.per_node.is_empty());
+    let counts = server.counts();
+    for i in 0..4 {
+        let c = &counts.by_identity[&node_identity(&node_name(i))];
+        assert!(c.requests > 0 && c.operations_seen.contains(&operation_name(i)));
+    }
+    assert!(counts.unsupported.is_empty(), "{:?}", counts.unsupported);
+
+    let admin =
+        aks_flex_node::kubeclient::client_from(kube::Config::new(server.url().parse().unwrap()))
+            .unwrap();
+    let lp = kube::api::ListParams::default().labels(&format!("{SIM_LABEL}=true"));
+    let nodes = kube::Api::<k8s_openapi::api::core::v1::Node>::all(admin.clone());
+    let ops = kube::Api::<flex_api::machina::MachineOperation>::all(admin);
+    assert!(nodes.list(&lp).await.unwrap().items.is_empty());
+    assert!(ops.list(&lp).await.unwrap().items.is_empty());
+}
