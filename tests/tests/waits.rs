@@ -19,6 +19,7 @@ const COVERED: &[&str] = &[
     "image/src",
     "ignition/src",
     "oci/src",
+    "fleet/src",
 ];
 
 /// `(file, sleeps in it, why they are timers rather than retries or polls)`.
@@ -62,6 +63,11 @@ const TIMERS: &[(&str, usize, &str)] = &[
         "agent/src/flows/drain/budget.rs",
         1,
         "the disruption slot's renewal schedule (every third of its lease while the work runs): a timer, aborted when the work ends",
+    ),
+    (
+        "fleet/src/sim.rs",
+        1,
+        "the simulated host's reboot downtime before its kubelet reports Ready: a timer, not a wait for a condition",
     ),
     (
         "controller/src/server.rs",

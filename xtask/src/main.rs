@@ -10,6 +10,7 @@
 //! - `backports [--write]`: the `-backports` apt source from this machine's own Debian source
 //!   (`.ci/run` adds it before installing QEMU from it);
 //! - `codegen [--check]`: `flex-codegen` (committed generated files);
+//! - `fleet [FLAGS]`: `flex-fleet`, the fleet simulator (docs/drain.md);
 //! - `up`, `check`, `down`, `image`, `ssh`, `console`, `journal`, `selinux`, `bench`: the
 //!   `flex-harness` binary (`harness/src/bin/flex-harness/`), with the task's flags.
 //!
@@ -32,6 +33,7 @@ async fn run(task: &str, rest: &[String]) -> anyhow::Result<()> {
         Task::Layering => xtask::layering::check(&flex_host::runner::ProcessRunner::new()).await,
         Task::Backports { write } => deps::backports_task(write),
         Task::Codegen(args) => Ok(run_inherited(&cargo_run("flex-codegen", &args)).await?),
+        Task::Fleet(args) => Ok(run_inherited(&cargo_run("flex-fleet", &args)).await?),
         Task::Harness(args) => {
             let help = args.iter().any(|a| a == "--help" || a == "-h");
             if !help && task == "up" {

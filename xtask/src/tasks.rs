@@ -36,6 +36,10 @@ Tasks:
                                 verify fails on any; docs/SELINUX.md)
   bench [FLAGS]                 Measure image sizes, memory and recovery times as medians and
                                 compare them with bench/baseline.json (docs/bench.md)
+  fleet [--nodes N] [--operations M] [--budget K] [--no-selector] [--kubeconfig FILE] [--json]
+                                N simulated nodes running the daemon's own operations, drain and
+                                budget code, a burst of M NodeReboots: API cost per node, most
+                                nodes disrupted at once, burst time (docs/drain.md)
 
 Each task installs the Debian packages it needs first (as root on Debian; otherwise it names
 them). `cargo xtask <TASK> --help` shows a task's flags.";
@@ -72,6 +76,8 @@ pub enum Task {
     },
     /// `codegen`, with its flags.
     Codegen(Vec<String>),
+    /// `fleet`, with its flags (`flex-fleet` parses them).
+    Fleet(Vec<String>),
     /// A [`HARNESS_TASKS`] task: `flex-harness`'s whole argument list (the task first).
     Harness(Vec<String>),
     /// `--help` of an own task: its usage text.
@@ -106,6 +112,7 @@ pub fn parse(task: &str, rest: &[String]) -> anyhow::Result<Task> {
             fuzz::DEFAULT_SECONDS
         ))),
         "fuzz" => Ok(Task::Fuzz(fuzz::parse_args(rest)?)),
+        "fleet" => Ok(Task::Fleet(rest.to_vec())),
         "layering" => match rest.first() {
             None => Ok(Task::Layering),
             Some(a) => anyhow::bail!("layering: unexpected argument {a:?}"),
@@ -186,6 +193,20 @@ mod tests {
                 .to_string()
                 .contains("unknown task \"bogus\"")
         );
+    }
+
+    /// `fleet`'s flags go to `flex-fleet` as given (its clap parses them), `--help` too.
+    #[test]
+    fn fleet_passes_its_flags_on() {
+        assert_eq!(
+            p(&["fleet", "--nodes", "50", "--no-selector"]).unwrap(),
+            Task::Fleet(vec!["--nodes".into(), "50".into(), "--no-selector".into()])
+        );
+        assert_eq!(
+            p(&["fleet", "--help"]).unwrap(),
+            Task::Fleet(vec!["--help".into()])
+        );
+        assert!(USAGE.contains("\n  fleet "));
     }
 
     /// Harness tasks go to `flex-harness` whole, the task first, `--` and all.

@@ -255,6 +255,14 @@ impl Reconciler {
         self
     }
 
+    /// The same with other looks for a slot of the disruption budget (default:
+    /// [`BudgetTimings::default`]). For drivers outside the daemon that compress time, as the
+    /// fleet simulator (`cargo xtask fleet`) does; the daemon keeps the default.
+    pub fn with_budget_timings(mut self, timings: BudgetTimings) -> Self {
+        self.budget_timings = timings;
+        self
+    }
+
     /// Counts finished operations in `metrics` (by default in metrics of its own).
     pub fn with_metrics(mut self, metrics: Arc<DaemonMetrics>) -> Self {
         self.metrics = metrics;
