@@ -46,6 +46,9 @@ impl Default for BudgetTimings {
     }
 }
 
+/// What a wait's note says when the budget allows no disruption at all.
+pub const PAUSED: &str = "maxUnavailable is 0: disruptive operations are paused";
+
 /// How long an operation waiting for a slot is left before the next [`acquire`].
 pub const SLOT_RECHECK: Duration = Duration::from_secs(20);
 
@@ -84,8 +87,18 @@ impl std::fmt::Display for NotYet {
 }
 
 /// The holders a [`acquire`] last named in a `WaitingForDisruptionSlot` Event, kept by the
-/// caller across its attempts so the Event is recorded once per change, not once per look.
+/// caller across its attempts: the Event is recorded when a wait begins and when it turns from
+/// held to paused (`maxUnavailable: 0`) or back, not once per look nor once per change of the
+/// holders. A burst larger than the budget changes the holders once per slot handed on: Events
+/// per change would make each waiting node's API cost grow with the burst (the fleet
+/// simulator measured it). Reset when a slot is taken.
 pub type Told = std::sync::Mutex<Option<Vec<String>>>;
+
+/// Whether a wait for `holders` is to be told, after `told` (pure): a wait begins, or turns
+/// from held to paused or back.
+pub fn tell_wait(told: Option<&[String]>, holders: &[String]) -> bool {
+    told.is_none_or(|t| t.is_empty() != holders.is_empty())
+}
 
 /// Takes a slot for `node` and `subject`'s work. Each look is an attempt of
 /// [`flex_host::retry::retry`] with `timings.backoff`; when every slot stays held (the holders
@@ -121,6 +134,7 @@ pub async fn acquire(
         match budget::acquire(&data, &b, node, &subject.owner, Timestamp::now()) {
             Acquire::Write(new) => match api.set_budget(&rv, &changes(&data, &new)).await {
                 Ok(()) => {
+                    *told.lock().unwrap_or_else(|e| e.into_inner()) = None;
                     let note = format!(
                         "took one of {} disruption slot(s) for {}",
                         b.max_unavailable, subject.what
@@ -147,7 +161,7 @@ pub async fn acquire(
             },
             Acquire::Wait { holders, max } => {
                 let by = if holders.is_empty() {
-                    "maxUnavailable is 0: disruptive operations are paused".to_string()
+                    PAUSED.to_string()
                 } else {
                     format!("held by {}", holders.join(", "))
                 };
@@ -157,7 +171,7 @@ pub async fn acquire(
                 );
                 let new_holders = {
                     let mut t = told.lock().unwrap_or_else(|e| e.into_inner());
-                    let changed = t.as_ref() != Some(&holders);
+                    let changed = tell_wait(t.as_deref(), &holders);
                     *t = Some(holders);
                     changed
                 };

@@ -510,6 +510,29 @@ async fn a_held_slot_is_asked_for_briefly_then_again_later_with_one_event_until_
     );
 }
 
+/// When a wait is told: when it begins, and when it turns from held to paused or back; not at
+/// each change of the holders.
+#[test]
+fn a_wait_is_told_when_it_begins_or_turns_paused_or_back() {
+    let h = |names: &[&str]| names.iter().map(|n| n.to_string()).collect::<Vec<_>>();
+    for (told, holders, want) in [
+        (None, h(&["node2"]), true),
+        (None, h(&[]), true),
+        (Some(h(&["node2"])), h(&["node2"]), false),
+        (Some(h(&["node2"])), h(&["node3"]), false),
+        (Some(h(&["node2"])), h(&["node2", "node3"]), false),
+        (Some(h(&["node2"])), h(&[]), true),
+        (Some(h(&[])), h(&["node2"]), true),
+        (Some(h(&[])), h(&[]), false),
+    ] {
+        assert_eq!(
+            budget::tell_wait(told.as_deref(), &holders),
+            want,
+            "{told:?} -> {holders:?}"
+        );
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_holder_that_stopped_renewing_frees_its_slot_after_the_lease() {
     let stale = serde_json::to_string(&flex_api::budget::Holder {

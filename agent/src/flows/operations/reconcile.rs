@@ -700,7 +700,13 @@ impl Reconciler {
     /// (not at each look).
     async fn deferred(&self, apis: &Apis, op: &MachineOperation, why: String) -> Outcome {
         let said = op.status.as_ref().map(|s| s.message.as_str());
-        if status_reason(op) != Some(WAITING_FOR_DISRUPTION_SLOT) || said != Some(why.as_str()) {
+        // Written when the wait begins and when it turns from held to paused or back, not at
+        // each change of the holders (each would be a watch event for every watcher of the
+        // operation, and their number grows with the burst): the holders it names are those
+        // of when it began; the Node's Events and the daemon's log say more.
+        if status_reason(op) != Some(WAITING_FOR_DISRUPTION_SLOT)
+            || said.is_none_or(|s| wait_is_paused(s) != wait_is_paused(&why))
+        {
             self.set_status(apis, op, WAITING_FOR_DISRUPTION_SLOT, &why)
                 .await;
         }
@@ -1170,4 +1176,9 @@ pub fn watch_stream(
 /// Whether operations of `kind` cordon and drain the node first.
 fn drains(kind: &OperationKind) -> bool {
     matches!(kind, OperationKind::NodeReboot | OperationKind::AgentReset)
+}
+
+/// Whether a wait's message says the budget is paused (`maxUnavailable: 0`) rather than held.
+fn wait_is_paused(message: &str) -> bool {
+    message.contains(budget::PAUSED)
 }
