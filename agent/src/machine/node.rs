@@ -245,8 +245,10 @@ impl NodeMachines {
         )
         .await
         .map_err(SeamError::transient)?;
-        // kubelet answers once it holds its client credential: after a first join the token's
-        // bootstrap kubeconfig has done its work and leaves the machine.
+        // A machine whose kubelet holds its client credential (a restart after the first join)
+        // needs the token no more: its bootstrap kubeconfig leaves the machine. On a first
+        // join kubelet is active before its certificate is issued; the daemon's next reconcile
+        // removes it then (`flows::daemon`).
         match kubelet_credential::scrub_token(
             &self.host.fs,
             machine,

@@ -677,6 +677,50 @@ fn assert_all(patches: &[(String, String, String)], want: (&str, &str, &str)) {
     );
 }
 
+/// A pair file as kubelet keeps it (key, then certificate) for this node, valid a year on.
+fn kubelet_pair() -> Vec<u8> {
+    let key = rcgen::KeyPair::generate().unwrap();
+    let mut params = rcgen::CertificateParams::default();
+    let mut dn = rcgen::DistinguishedName::new();
+    dn.push(rcgen::DnType::CommonName, format!("system:node:{NODE}"));
+    params.distinguished_name = dn;
+    let epoch = rcgen::date_time_ymd(1970, 1, 1);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap();
+    let day = Duration::from_secs(24 * 3600);
+    params.not_before = epoch + (now - day);
+    params.not_after = epoch + (now + 365 * day);
+    let cert = params.self_signed(&key).unwrap().pem();
+    format!("{}{cert}", key.serialize_pem()).into_bytes()
+}
+
+/// A reconcile that finds the node as it should be removes the bootstrap token's kubeconfig
+/// from the active machine once kubelet holds its credential there (a first join does not leave
+/// the token in the machine until its next start), and only then. Real files on the fake host's
+/// file system.
+#[tokio::test]
+async fn a_reconcile_removes_the_tokens_kubeconfig_once_kubelet_holds_its_credential() {
+    let bootstrap = "/var/lib/machines/kube1/var/lib/kubelet/bootstrap-kubeconfig";
+    let current = "/var/lib/machines/kube1/var/lib/kubelet/pki/kubelet-client-current.pem";
+    for joined in [false, true] {
+        let mut files = vec![(bootstrap, b"token: abcdef.0123456789abcdef\n".to_vec())];
+        if joined {
+            files.push((current, kubelet_pair()));
+        }
+        let mut h = start(Setup {
+            files,
+            ..Setup::default()
+        });
+        h.until(is(Action::ReportSucceeded)).await;
+        let fs = h.fake.host.fs.clone();
+        let h = h.stop().await;
+        assert_eq!(fs.exists(Path::new(bootstrap)), !joined, "joined: {joined}");
+        assert!(fs.exists(Path::new(current)) == joined);
+        drop(h);
+    }
+}
+
 #[tokio::test]
 async fn seed_reports_succeeded_and_watches_only_its_node() {
     let mut h = start(Setup::default());

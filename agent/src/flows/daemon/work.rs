@@ -80,6 +80,31 @@ impl Ctx {
         }
     }
 
+    /// Once kubelet in `machine` holds its client credential, the bootstrap token's kubeconfig
+    /// leaves the machine ([`crate::machine::kubelet_credential::scrub_token`]): at each
+    /// reconcile that finds the node as it should be, so a first join does not leave the token
+    /// there until the machine's next start. A failure is logged; the next reconcile tries again.
+    fn scrub_token(&self, machine: &str) {
+        if machine.is_empty() {
+            return;
+        }
+        match crate::machine::kubelet_credential::scrub_token(
+            &self.host.fs,
+            machine,
+            &self.node_name,
+            std::time::SystemTime::now(),
+        ) {
+            Ok(true) => tracing::info!(
+                machine,
+                "removed the bootstrap token's kubeconfig: kubelet holds its client credential"
+            ),
+            Ok(false) => {}
+            Err(e) => {
+                tracing::warn!(machine, error = %e, "could not remove the bootstrap token's kubeconfig")
+            }
+        }
+    }
+
     async fn patch(&self, state: &str, observed: &str, message: &str) -> Result<(), MachineError> {
         self.machines
             .patch_status(&MachineStatus {
@@ -138,6 +163,9 @@ impl Ctx {
                     .map_err(|e| {
                         SeamError::transient(anyhow!("report machine status {SUCCEEDED}: {e}"))
                     })?;
+                if let Some(s) = &state {
+                    self.scrub_token(&s.active_machine);
+                }
                 Flow::Done
             }
             (Action::ApplyGoalState, MachineSnapshot::Exists(goal)) => {
