@@ -26,12 +26,22 @@ pub struct DaemonState {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
 #[serde(default)]
 pub struct AgentConfig {
+    /// `agent`.
+    pub agent: Agent,
     /// `azure`.
     pub azure: Azure,
     /// `node`.
     pub node: Node,
     /// `bootstrap`.
     pub bootstrap: Bootstrap,
+}
+
+/// `agent` of the agent's config.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct Agent {
+    /// `agent.nodeName`.
+    pub node_name: String,
 }
 
 /// `bootstrap` of the agent's config.

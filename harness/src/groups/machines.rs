@@ -53,6 +53,10 @@ pub const GROUP: Group = Group {
             "operation run NodeReboot restarts it from the agent's container",
             node_reboot_operation
         ),
+        check!(
+            "a node-local repave carries kubelet's credential and leaves the token out",
+            kubelet_credential_carried
+        ),
         check!("it is back after a VM reboot", back_after_reboot),
     ],
     in_host_mode: HostMode::Variant(&HOST_GROUP),
@@ -98,6 +102,10 @@ pub const HOST_GROUP: Group = Group {
         check!(
             "operation run NodeReboot restarts it from the host",
             node_reboot_operation
+        ),
+        check!(
+            "a node-local repave carries kubelet's credential and leaves the token out",
+            kubelet_credential_carried
         ),
         check!("it is back after a VM reboot", back_after_reboot),
     ],
@@ -413,6 +421,82 @@ async fn node_reboot_operation(c: &Ctx<'_>) -> anyhow::Result<Outcome> {
         format!("after NodeReboot {m} is {state:?} with leader {after} (was {before})")
     })?;
     Ok(Outcome::Passed)
+}
+
+/// kubelet's client pair as its certificate store keeps it, for `node`: the key, then a
+/// certificate for `system:node:<node>` valid from a day ago for a year (self-signed: the agent
+/// checks the node and the validity of what it carries, not who signed it; offline there is no
+/// cluster CA to sign with).
+fn kubelet_pair(node: &str) -> anyhow::Result<String> {
+    use rcgen::{CertificateParams, DistinguishedName, DnType, KeyPair};
+    let key = KeyPair::generate()?;
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::CommonName, format!("system:node:{node}"));
+    dn.push(DnType::OrganizationName, "system:nodes");
+    let mut params = CertificateParams::default();
+    params.distinguished_name = dn;
+    let epoch = rcgen::date_time_ymd(1970, 1, 1);
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?;
+    let day = Duration::from_secs(24 * 3600);
+    params.not_before = epoch + (now - day);
+    params.not_after = epoch + (now + 365 * day);
+    let cert = params.self_signed(&key)?.pem();
+    Ok(format!("{}{cert}", key.serialize_pem()))
+}
+
+/// #29 item 1 on real machines: kubelet's pair, laid out in the active machine as kubelet's
+/// store does (a dated file and the `current` link to it), goes with a node-local repave
+/// (`aks-flex-node repave`, where the agent runs) to the new machine: copied whole (0600,
+/// behind the `current` link kubelet rotates through), kubelet's kubeconfig naming it, and no
+/// bootstrap token's kubeconfig written there.
+async fn kubelet_credential_carried(c: &Ctx<'_>) -> anyhow::Result<Checked> {
+    use base64::Engine as _;
+    use sha2::Digest as _;
+    let from = c.active_machine().await?;
+    let node = c.agent_config().await?.agent.node_name;
+    ensure(!node.is_empty(), || {
+        "the agent's config names no node".into()
+    })?;
+    let pair = kubelet_pair(&node)?;
+    let digest = hex::encode(sha2::Sha256::digest(pair.as_bytes()));
+    let b64 = base64::engine::general_purpose::STANDARD.encode(pair.as_bytes());
+    let pki = format!("/var/lib/machines/{from}/var/lib/kubelet/pki");
+    let dated = "kubelet-client-2026-01-01-00-00-00.pem";
+    c.sh(&format!(
+        "set -e; install -d -m 0700 {pki}; echo {b64} | base64 -d > {pki}/{dated}; chmod 0600 {pki}/{dated}; ln -sfn /var/lib/kubelet/pki/{dated} {pki}/kubelet-client-current.pem"
+    ))
+    .await?;
+    let stamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_secs();
+    let t = std::time::Instant::now();
+    c.run(
+        &agent_command(
+            c.state.mode,
+            &format!("aks-flex-node repave --settings-version harness-carry-{stamp}"),
+        ),
+        Duration::from_secs(900),
+    )
+    .await?;
+    let took = t.elapsed();
+    let to = c.active_machine().await?;
+    ensure(to != from, || format!("the repave left the node on {from}"))?;
+    let root = format!("/var/lib/machines/{to}/var/lib/kubelet");
+    let seen = c
+        .sh(&format!(
+            "readlink {root}/pki/kubelet-client-current.pem; sha256sum < {root}/pki/kubelet-client-carried.pem | cut -d' ' -f1; stat -c %a {root}/pki/kubelet-client-carried.pem; grep -c 'client-certificate: /var/lib/kubelet/pki/kubelet-client-current.pem' {root}/kubeconfig; test -e {root}/bootstrap-kubeconfig && echo token-kubeconfig || echo no-token-kubeconfig"
+        ))
+        .await?;
+    let want = format!(
+        "/var/lib/kubelet/pki/kubelet-client-carried.pem\n{digest}\n600\n1\nno-token-kubeconfig"
+    );
+    ensure(seen == want, || {
+        format!("in {to} after the repave from {from}: {seen:?}, want {want:?}")
+    })?;
+    Ok(Checked::passed_with(format!(
+        "{from} → {to} in {:.1} s: the pair carried whole (0600, behind kubelet's link), the kubeconfig naming it, no token's kubeconfig",
+        took.as_secs_f64()
+    )))
 }
 
 async fn back_after_reboot(c: &Ctx<'_>) -> anyhow::Result<Outcome> {
