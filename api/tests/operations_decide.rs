@@ -374,6 +374,44 @@ fn a_selector_on_labels_a_node_sets_itself_targets_no_machine() {
             "{what}: {why}"
         );
     }
+    // Requirements a label's absence meets narrow a selector; alone they aim at nothing (a
+    // node that re-registers its Node loses its node-restriction labels and would meet them).
+    let mut negative = with_selector(op("op", "NodeReboot", ""), &[]);
+    negative.spec.machine_selector = Some(LabelSelector {
+        match_labels: None,
+        match_expressions: Some(vec![
+            req(
+                "node-restriction.kubernetes.io/pool",
+                "NotIn",
+                Some(&["gpu"]),
+            ),
+            req(
+                "node-restriction.kubernetes.io/drained",
+                "DoesNotExist",
+                None,
+            ),
+        ]),
+    });
+    let why = ignored(&run(&negative, None, Some(&[])));
+    assert!(
+        why.contains("only NotIn or DoesNotExist requirements"),
+        "{why}"
+    );
+    let sel = negative.spec.machine_selector.as_mut().unwrap();
+    sel.match_expressions.as_mut().unwrap().push(req(
+        "node-restriction.kubernetes.io/flex",
+        "Exists",
+        None,
+    ));
+    assert!(has_positive_requirement(sel));
+    assert_eq!(
+        run(
+            &negative,
+            None,
+            Some(&[("node-restriction.kubernetes.io/flex", "")])
+        ),
+        Decision::Claim(Action::NodeReboot(Default::default()))
+    );
 }
 
 /// An empty selector matches no machine (Kubernetes' would match all): an operation edited to

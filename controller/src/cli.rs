@@ -177,9 +177,9 @@ pub async fn run_with(
         ),
         None => crate::policy::Readiness::default(),
     });
-    let approver_group = args
-        .enable_csr_approver
-        .then(|| args.bootstrap_group.clone());
+    // Whether kube-controller-manager would approve the flex tokens' kubelet certificates is
+    // checked with the approver off too: then the cluster's own approval is all there is.
+    let approver_group = Some(args.bootstrap_group.clone());
     let policy_task = {
         let stop = stop.clone();
         let ready = ready.clone();

@@ -301,6 +301,17 @@ pub enum Refusal {
     /// An organization beyond the daemon group and `system:nodes`.
     #[error("organization {0:?} is not allowed")]
     Organization(String),
+    /// A kubelet request whose usages are not exactly what kube-controller-manager's kubelet
+    /// signer signs.
+    #[error(
+        "a kubelet client request's usages are {0:?}, want digital signature and client auth (and key encipherment)"
+    )]
+    KubeletUsages(Vec<String>),
+    /// A kubelet request from the daemon's identity.
+    #[error(
+        "a kubelet client request from an identity in {0:?} (the daemon's): kubelet renews with its own certificate"
+    )]
+    DaemonForKubelet(String),
     /// A kubelet request whose organizations are not exactly `system:nodes` (what it has).
     #[error("a kubelet client request's organizations are {0:?}, want exactly [\"system:nodes\"]")]
     KubeletOrganizations(Vec<String>),
@@ -396,6 +407,18 @@ pub enum TokenRefusal {
         /// The Secret.
         name: String,
         /// `auth-extra-groups`.
+        found: String,
+        /// The bootstrap group.
+        group: String,
+    },
+    /// It is in a group beside the bootstrap group.
+    #[error(
+        "secret {name} auth-extra-groups include {found:?} beside {group:?}: a flex bootstrap token is in the flex group only (another group may be bound to kube-controller-manager's nodeclient approval, which would approve a kubelet certificate for any node with it)"
+    )]
+    OtherGroup {
+        /// The Secret.
+        name: String,
+        /// The other group.
         found: String,
         /// The bootstrap group.
         group: String,
@@ -553,6 +576,20 @@ pub fn examine(
     }) {
         return Err(Refusal::Usage(u.clone()));
     }
+    // kube-controller-manager's kubelet signer fails any other set after the approval (and the
+    // token's single use would be spent on a request that never gets its certificate).
+    if credential == Credential::Kubelet {
+        let mut set: Vec<&str> = usages.iter().map(String::as_str).collect();
+        set.sort_unstable();
+        set.dedup();
+        let allowed: [&[&str]; 2] = [
+            &["client auth", "digital signature"],
+            &["client auth", "digital signature", "key encipherment"],
+        ];
+        if !allowed.contains(&set.as_slice()) {
+            return Err(Refusal::KubeletUsages(usages));
+        }
+    }
     if cfg.max_expiration_seconds > 0 {
         match spec.expiration_seconds {
             Some(s) if s <= cfg.max_expiration_seconds => {}
@@ -596,6 +633,12 @@ pub fn examine(
     };
     if username == format!("{NODE_USER_PREFIX}{node}") && groups.iter().any(|g| g == renewal_group)
     {
+        // kubelet renews with its own certificate. The daemon's (30 days) must not turn into
+        // kubelet's, which lives as long as the signer allows (a year by default) and renews
+        // itself: the agent never asks for one so.
+        if credential == Credential::Kubelet && groups.contains(&cfg.daemon_group) {
+            return Err(Refusal::DaemonForKubelet(cfg.daemon_group.clone()));
+        }
         return Ok(Candidate {
             node,
             requester: Requester::Renewal,
@@ -657,6 +700,20 @@ pub fn authorize_bootstrap_token(
     {
         return Err(TokenRefusal::Groups {
             found: get("auth-extra-groups").to_string(),
+            group: bootstrap_group.to_string(),
+            name,
+        });
+    }
+    // A group beside the flex one may be bound to kube-controller-manager's `nodeclient`
+    // approval (kubeadm's token group is), which approves a kubelet certificate for any node
+    // name with the token: the binding this approver checks would be moot.
+    if let Some(other) = get("auth-extra-groups")
+        .split(',')
+        .map(str::trim)
+        .find(|g| !g.is_empty() && *g != bootstrap_group)
+    {
+        return Err(TokenRefusal::OtherGroup {
+            found: other.to_string(),
             group: bootstrap_group.to_string(),
             name,
         });
@@ -970,8 +1027,21 @@ pub async fn decide_why(
             )
         }
         Requester::Renewal => {
-            if let Err(d) = machine(store, &candidate.node).await {
-                return d;
+            match machine(store, &candidate.node).await {
+                Ok(_) => {}
+                // Every node of the cluster renews kubelet's certificate so: one that is no
+                // flex machine is not this approver's (kube-controller-manager's selfnodeclient
+                // approval, where bound, is its approver).
+                Err((_, Why::machine_not_registered)) if credential == Credential::Kubelet => {
+                    return (
+                        Decision::Ignore(format!(
+                            "machine {:?} is not registered: its kubelet's renewal is not a flex machine's",
+                            candidate.node
+                        )),
+                        Why::machine_not_registered,
+                    );
+                }
+                Err(d) => return d,
             }
             (
                 Decision::Approve(format!(
@@ -985,6 +1055,47 @@ pub async fn decide_why(
             )
         }
     }
+}
+
+/// Records `token_id` used for `issued` (the request about to be approved) in
+/// [`ISSUED_CONFIGMAP`], read afresh and written under its `resourceVersion`: of two approvers
+/// deciding at once (two controller pods during a rollout), one records and the other gets a
+/// conflict and looks again, to find the token used. A token recorded for another request
+/// meanwhile is refused. `Err` says why nothing was recorded (then nothing is approved).
+pub async fn record_use(
+    configmaps: &Api<k8s_openapi::api::core::v1::ConfigMap>,
+    token_id: &str,
+    credential: Credential,
+    issued: &IssuedToken,
+) -> Result<(), String> {
+    let cm = configmaps
+        .get_opt(ISSUED_CONFIGMAP)
+        .await
+        .map_err(|e| flex_api::kube_errors::describe(&e))?;
+    let data = cm.as_ref().map(|cm| cm.data.clone().unwrap_or_default());
+    if let Some(why) = token_used(data.as_ref(), token_id, credential, &issued.request) {
+        return Err(why);
+    }
+    let rv = cm
+        .and_then(|cm| cm.metadata.resource_version)
+        .unwrap_or_default();
+    let mut patch = issued_patch(token_id, credential, issued);
+    patch["metadata"] = serde_json::json!({ "resourceVersion": rv });
+    configmaps
+        .patch(
+            ISSUED_CONFIGMAP,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&patch),
+        )
+        .await
+        .map(|_| ())
+        .map_err(|e| match &e {
+            kube::Error::Api(s) if s.code == 409 => format!(
+                "it changed meanwhile (another approver recorded a use): {}",
+                flex_api::kube_errors::describe(&e)
+            ),
+            _ => flex_api::kube_errors::describe(&e),
+        })
 }
 
 /// `csr` with an `Approved` condition added (`reason`: [`Credential::approve_reason`]).
@@ -1064,30 +1175,19 @@ async fn reconcile(
                 credential,
             }) = examined
             {
-                let patch = issued_patch(
-                    &token_id,
-                    credential,
-                    &IssuedToken {
-                        node,
-                        request: name.clone(),
-                    },
-                );
-                ctx.apis
-                    .configmaps
-                    .patch(
-                        ISSUED_CONFIGMAP,
-                        &kube::api::PatchParams::default(),
-                        &kube::api::Patch::Merge(&patch),
-                    )
+                let issued = IssuedToken {
+                    node,
+                    request: name.clone(),
+                };
+                record_use(&ctx.apis.configmaps, &token_id, credential, &issued)
                     .await
-                    .map_err(|e| {
+                    .map_err(|why| {
                         ctx.metrics.decision(DecisionLabel::approve_failed, reason);
                         ApproveError {
                             name: name.clone(),
                             reason: format!(
-                                "record bootstrap token {token_id} used for a {} certificate in ConfigMap {TOKEN_NAMESPACE}/{ISSUED_CONFIGMAP}: {}",
+                                "record bootstrap token {token_id} used for a {} certificate in ConfigMap {TOKEN_NAMESPACE}/{ISSUED_CONFIGMAP}: {why}",
                                 credential.noun(),
-                                flex_api::kube_errors::describe(&e)
                             ),
                         }
                     })?;

@@ -9,7 +9,7 @@
 //! 503 with the reason ([`Readiness`]), which the log also gives when it changes. The check
 //! reads through [`PolicyApi`] (the API server in production, a fake in tests).
 //!
-//! With the CSR approver on, the same check asks the API server (a SubjectAccessReview) whether
+//! The same check asks the API server (a SubjectAccessReview) whether
 //! a flex bootstrap token may create `certificatesigningrequests/nodeclient`: then
 //! kube-controller-manager approves kubelet certificates for any node with any flex token, the
 //! approver's token binding is moot, and the controller stays unready until the binding that
@@ -233,8 +233,7 @@ pub async fn check_kubelet_approval(api: &dyn PolicyApi, group: &str) -> Result<
     }
 }
 
-/// [`check`], then, when the CSR approver runs for `bootstrap_group`,
-/// [`check_kubelet_approval`].
+/// [`check`], then, for the flex tokens' `bootstrap_group`, [`check_kubelet_approval`].
 pub async fn check_all(
     api: &dyn PolicyApi,
     bootstrap_group: Option<&str>,
@@ -335,8 +334,8 @@ impl PolicyApi for KubePolicyApi {
 
 /// Checks the policies at once and every [`RECHECK`] until `stop`, keeping `ready` up to date
 /// and logging each change.
-/// With the CSR approver on (`bootstrap_group`), it also checks that kube-controller-manager
-/// does not approve kubelet certificates for that group ([`check_kubelet_approval`]).
+/// With `bootstrap_group`, it also checks that kube-controller-manager does not approve kubelet
+/// certificates for that group ([`check_kubelet_approval`]).
 pub async fn watch(
     api: &dyn PolicyApi,
     ready: &Readiness,

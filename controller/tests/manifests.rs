@@ -69,6 +69,9 @@ fn the_deployment_runs_valid_flags_on_its_port() {
         d["spec"]["selector"]["matchLabels"],
         d["spec"]["template"]["metadata"]["labels"]
     );
+    // One approver at a time, also during an update.
+    assert_eq!(d["spec"]["replicas"], 1);
+    assert_eq!(d["spec"]["strategy"]["type"], "Recreate");
     let c = &pod["containers"][0];
     let mut argv = vec!["aks-flex-controller".to_string()];
     argv.extend(

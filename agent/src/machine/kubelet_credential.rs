@@ -54,13 +54,21 @@ pub enum Unusable {
     /// It expires within [`MIN_LEFT`].
     #[error("the certificate expires within {}s", MIN_LEFT.as_secs())]
     EndingSoon,
+    /// Its `notBefore` is still to come (kubelet would not use it either).
+    #[error("the certificate is not valid yet")]
+    NotYetValid,
 }
 
-/// Whether the pair file `text` is `node`'s kubelet credential with at least [`MIN_LEFT`] left
-/// at `now` (pure).
+/// Whether the pair file `text` is `node`'s kubelet credential, its key the certificate's,
+/// valid at `now` with at least [`MIN_LEFT`] left (pure). A pair kubelet could not use is never
+/// kept: keeping it removes the token's kubeconfig kubelet would fall back to.
 pub fn usable(text: &str, node: &str, now: SystemTime) -> Result<pki::Validity, Unusable> {
-    let (_key, cert) = pki::split_pair(text)?;
+    let (key, cert) = pki::split_pair(text)?;
     let facts = pki::cert_facts(&cert)?;
+    pki::key_matches(&key, &facts.public_key)?;
+    if now < facts.validity.not_before {
+        return Err(Unusable::NotYetValid);
+    }
     let want = format!("system:node:{node}");
     if facts.common_name != want {
         return Err(PairError::WrongNode {

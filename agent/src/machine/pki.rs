@@ -134,3 +134,26 @@ pub fn split_pair(text: &str) -> Result<(Secret, String), PairError> {
         (_, None) => Err(PairError::NoCertificate),
     }
 }
+
+/// Whether the private key `key_pem` (PKCS#8, SEC1 as kubelet writes it, or PKCS#1) is the one
+/// whose public key is `cert_public_key` (a certificate's subject public key bits,
+/// [`CertFacts::public_key`]). Errors never hold the key.
+pub fn key_matches(key_pem: &Secret, cert_public_key: &[u8]) -> Result<(), PairError> {
+    use rustls::pki_types::PrivateKeyDer;
+    use rustls::pki_types::pem::PemObject as _;
+    let der = PrivateKeyDer::from_pem_slice(key_pem.expose().as_bytes())
+        .map_err(|e| PairError::BadKey(format!("not a PEM private key: {e:?}")))?;
+    let signer = rustls::crypto::ring::sign::any_supported_type(&der)
+        .map_err(|e| PairError::BadKey(e.to_string()))?;
+    let spki = signer
+        .public_key()
+        .ok_or_else(|| PairError::BadKey("no public key derivable from it".into()))?;
+    use x509_parser::prelude::FromDer as _;
+    let (_, info) = x509_parser::x509::SubjectPublicKeyInfo::from_der(spki.as_ref())
+        .map_err(|e| PairError::BadKey(format!("its public key does not parse: {e}")))?;
+    if info.subject_public_key.data.as_ref() == cert_public_key {
+        Ok(())
+    } else {
+        Err(PairError::WrongKey)
+    }
+}

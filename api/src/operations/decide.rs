@@ -412,6 +412,19 @@ pub fn node_settable_key(sel: &LabelSelector) -> Option<&str> {
         .find(|k| !node_cannot_set(k))
 }
 
+/// Whether `sel` has a requirement a label must be there to meet (`matchLabels`, `In`,
+/// `Exists`). A node cannot add a `node-restriction.kubernetes.io/` label to itself, but one that
+/// re-registers its Node loses them, and then meets `NotIn` and `DoesNotExist`: those may narrow
+/// a selector, never make one alone.
+pub fn has_positive_requirement(sel: &LabelSelector) -> bool {
+    sel.match_labels.as_ref().is_some_and(|m| !m.is_empty())
+        || sel
+            .match_expressions
+            .iter()
+            .flatten()
+            .any(|r| matches!(r.operator.as_str(), "In" | "Exists"))
+}
+
 /// Whether `sel` has no requirement. Kubernetes' empty selector selects everything; an
 /// operation's empty selector selects nothing (an operation aimed at every machine must say so
 /// with a requirement, such as `node-restriction.kubernetes.io/aks-flex Exists`), so that a selector emptied by
@@ -495,6 +508,11 @@ pub enum NotTargeted {
     /// The selector does not parse.
     #[error("its machineSelector is invalid: {0}")]
     InvalidSelector(SelectorError),
+    /// The selector has only requirements a label's absence meets.
+    #[error(
+        "its machineSelector has only NotIn or DoesNotExist requirements, which a node that lost its labels (re-registering its Node) meets: add a matchLabels entry, or an In or Exists requirement"
+    )]
+    NoPositiveRequirement,
     /// The selector matches a label a node may set on itself.
     #[error(
         "its machineSelector matches label {0:?}, which a node may set on itself: a selector \
@@ -530,6 +548,13 @@ pub fn targets(
     }
     if let Some(key) = node_settable_key(sel) {
         return Err(NotTargeted::NodeSettableLabel(key.to_string()));
+    }
+    // A malformed selector says so first, whatever else it lacks.
+    if let Err(e) = selector_matches(sel, &BTreeMap::new()) {
+        return Err(NotTargeted::InvalidSelector(e));
+    }
+    if !has_positive_requirement(sel) {
+        return Err(NotTargeted::NoPositiveRequirement);
     }
     let Some(labels) = labels else {
         return Err(NotTargeted::NoLabels(machine_name.to_string()));

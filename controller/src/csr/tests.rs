@@ -393,7 +393,7 @@ fn bootstrap_token_secret_table() {
     assert_eq!(
         ok(with(&[(
             "auth-extra-groups",
-            "system:bootstrappers:other , system:bootstrappers:aks-flex-node "
+            " system:bootstrappers:aks-flex-node ,"
         )])),
         Ok(())
     );
@@ -425,6 +425,20 @@ fn bootstrap_token_secret_table() {
                 "system:bootstrappers:kubeadm:default-node-token",
             )])),
             "do not include",
+        ),
+        (
+            Some(with(&[(
+                "auth-extra-groups",
+                "system:bootstrappers:kubeadm:default-node-token,system:bootstrappers:aks-flex-node",
+            )])),
+            "include \"system:bootstrappers:kubeadm:default-node-token\" beside \"system:bootstrappers:aks-flex-node\": a flex bootstrap token is in the flex group only",
+        ),
+        (
+            Some(with(&[(
+                "auth-extra-groups",
+                "system:bootstrappers:aks-flex-node,system:bootstrappers:other",
+            )])),
+            "include \"system:bootstrappers:other\" beside",
         ),
         (
             Some(with(&[("expiration", "2026-05-31T23:59:59Z")])),

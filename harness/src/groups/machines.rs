@@ -452,6 +452,17 @@ fn kubelet_pair(node: &str) -> anyhow::Result<String> {
 async fn kubelet_credential_carried(c: &Ctx<'_>) -> anyhow::Result<Checked> {
     use base64::Engine as _;
     use sha2::Digest as _;
+    if c.cluster {
+        // kubelet holds a real pair there, which a planted one would replace; the cluster's
+        // repave group moves the node with it.
+        return Ok(Checked {
+            outcome: Outcome::Skipped(
+                "a cluster run: kubelet holds the cluster's credential, which this check would replace with a planted one".into(),
+            ),
+            detail: None,
+            steps: Vec::new(),
+        });
+    }
     let from = c.active_machine().await?;
     let node = c.agent_config().await?.agent.node_name;
     ensure(!node.is_empty(), || {

@@ -86,6 +86,42 @@ fn usable_table() {
         let e = usable(&text, node, now).unwrap_err().to_string();
         assert_eq!(e, want, "{name}");
     }
+    // A key that is not the certificate's: kubelet could not use the pair.
+    let other = pair("system:node:node1", (2027, 6, 1));
+    let cert_at = |t: &str| t.find("-----BEGIN CERTIFICATE").unwrap();
+    let mismatched = format!("{}{}", &other[..cert_at(&other)], &good[cert_at(&good)..]);
+    assert_eq!(
+        usable(&mismatched, "node1", now).unwrap_err().to_string(),
+        "the certificate is not for the stored key"
+    );
+    // Not valid yet.
+    assert_eq!(
+        usable(&good, "node1", at("2025-12-31T00:00:00Z"))
+            .unwrap_err()
+            .to_string(),
+        "the certificate is not valid yet"
+    );
+}
+
+/// kubelet writes its key in SEC1 form (`EC PRIVATE KEY`); such a pair is usable, and the
+/// same certificate with another key is not. The fixture was made with openssl
+/// (`fixtures/README.md`).
+#[test]
+fn a_pair_as_kubelet_writes_it_is_usable() {
+    let sec1 = include_str!("fixtures/kubelet-pair-sec1.pem");
+    assert!(sec1.starts_with("-----BEGIN EC PRIVATE KEY-----"));
+    let now = at("2027-06-01T00:00:00Z");
+    usable(sec1, "node1", now).unwrap();
+    let other_key = pair("system:node:node1", (2027, 6, 1));
+    let swapped = format!(
+        "{}{}",
+        &other_key[..other_key.find("-----BEGIN CERTIFICATE").unwrap()],
+        &sec1[sec1.find("-----BEGIN CERTIFICATE").unwrap()..]
+    );
+    assert!(matches!(
+        usable(&swapped, "node1", now),
+        Err(Unusable::Pair(PairError::WrongKey))
+    ));
 }
 
 /// The first join: neither machine holds a credential, so nothing is kept and kubelet

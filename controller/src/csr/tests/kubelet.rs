@@ -67,20 +67,14 @@ fn examine_accepts_kubelets_bootstrap_and_renewal_without_a_lifetime() {
             credential: Credential::Kubelet,
         }
     );
-    // The daemon asking for its kubelet's certificate: its identity is in system:nodes too.
-    let by_daemon = kubelet_csr(
-        &kubelet_request("node1"),
-        "system:node:node1",
-        &[
-            "system:nodes",
-            "aks-flex-node-daemons",
-            "system:authenticated",
-        ],
-    );
-    assert_eq!(
-        examine(&by_daemon, &capped()).unwrap().requester,
-        Requester::Renewal
-    );
+    // With key encipherment too (kubelet asks so for an RSA key).
+    let mut rsa = kubelet_bootstrap_csr("node1");
+    rsa.spec.usages = Some(vec![
+        "digital signature".into(),
+        "key encipherment".into(),
+        "client auth".into(),
+    ]);
+    assert!(examine(&rsa, &capped()).is_ok());
 }
 
 #[test]
@@ -132,6 +126,24 @@ fn examine_refuses_kubelet_requests_table() {
             "server auth",
             |c| c.spec.usages = Some(vec!["client auth".into(), "server auth".into()]),
             "usage \"server auth\" is not allowed",
+        ),
+        (
+            "client auth alone, which the kubelet signer fails after the approval",
+            |c| c.spec.usages = Some(vec!["client auth".into()]),
+            "usages are [\"client auth\"], want digital signature and client auth",
+        ),
+        (
+            "client auth and key encipherment, without digital signature",
+            |c| c.spec.usages = Some(vec!["key encipherment".into(), "client auth".into()]),
+            "want digital signature and client auth",
+        ),
+        (
+            "the daemon's identity asking for kubelet's certificate (a year, renewed by itself)",
+            |c| {
+                c.spec.username = Some("system:node:node1".into());
+                c.spec.groups = Some(vec!["system:nodes".into(), "aks-flex-node-daemons".into()]);
+            },
+            "from an identity in \"aks-flex-node-daemons\" (the daemon's)",
         ),
         (
             "a year asked for, over the cap",
@@ -308,19 +320,29 @@ async fn an_approved_kubelet_request_awaiting_its_certificate_counts_as_held() {
     ));
 }
 
-/// kubelet's renewals (and the daemon asking for its kubelet's certificate) need the machine
-/// registered, nothing else; they are approved with their own condition reason.
+/// kubelet's renewals need the machine registered, nothing else (one of another node is left
+/// alone); they are approved with their own condition reason.
 #[tokio::test]
 async fn kubelets_renewal_needs_its_machine_registered() {
     let now: Timestamp = "2026-06-01T00:00:00Z".parse().unwrap();
     let store = MemoryStore::new();
     let a = apis(Some(with(&[])), vec![]);
+    // Every node of the cluster renews so: one that is no flex machine is not ours, and is
+    // not looked at again.
     let (d, why) = decide_why(&kubelet_renewal_csr("node1"), &cfg(), &a, &store, now).await;
     assert_eq!(
         d,
-        Decision::Retry("machine \"node1\" is not registered".into())
+        Decision::Ignore(
+            "machine \"node1\" is not registered: its kubelet's renewal is not a flex machine's"
+                .into()
+        )
     );
     assert_eq!(why, Why::machine_not_registered);
+    // The daemon's renewal of an unregistered machine is looked at again (its entry may come).
+    assert!(matches!(
+        decide(&renewal_csr("node1"), &cfg(), &a, &store, now).await,
+        Decision::Retry(_)
+    ));
     store.insert("node1.json", BOUND);
     let (d, why) = decide_why(&kubelet_renewal_csr("node1"), &cfg(), &a, &store, now).await;
     assert_eq!(
@@ -345,4 +367,88 @@ async fn kubelets_renewal_needs_its_machine_registered() {
         c.status.unwrap().conditions.unwrap()[0].reason.as_deref(),
         Some("AKSFlexNodeKubeletApprove")
     );
+}
+
+/// The use is recorded under the record's resourceVersion: a write raced by another approver
+/// (409) records nothing and says so; a token recorded for another request meanwhile is not
+/// written at all. A mock API server answers the GET and the PATCH, and keeps the PATCH body.
+#[tokio::test]
+async fn a_use_is_recorded_under_the_records_resource_version() {
+    use std::sync::{Arc, Mutex};
+    let run = |patch_status: u16, existing: Option<(&'static str, String)>| async move {
+        let bodies: Arc<Mutex<Vec<serde_json::Value>>> = Arc::default();
+        let seen = bodies.clone();
+        let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        tokio::spawn(async move {
+            while let Some((req, send)) = handle.next_request().await {
+                let method = req.method().clone();
+                let cm = serde_json::json!({
+                    "apiVersion": "v1", "kind": "ConfigMap",
+                    "metadata": {"name": ISSUED_CONFIGMAP, "namespace": "kube-system", "resourceVersion": "7"},
+                    "data": existing.iter().map(|(k, v)| (k.to_string(), v.clone())).collect::<BTreeMap<_, _>>(),
+                });
+                let resp = if method == http::Method::GET {
+                    Response::builder()
+                        .status(200)
+                        .body(Body::from(serde_json::to_vec(&cm).unwrap()))
+                } else {
+                    let body = http_body_util::BodyExt::collect(req.into_body())
+                        .await
+                        .unwrap()
+                        .to_bytes();
+                    seen.lock()
+                        .unwrap()
+                        .push(serde_json::from_slice(&body).unwrap());
+                    if patch_status == 200 {
+                        Response::builder()
+                            .status(200)
+                            .body(Body::from(serde_json::to_vec(&cm).unwrap()))
+                    } else {
+                        Response::builder().status(patch_status).body(Body::from(
+                            br#"{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"Conflict","code":409,"message":"the object has been modified"}"#.to_vec(),
+                        ))
+                    }
+                };
+                send.send_response(resp.unwrap());
+            }
+        });
+        let api: Api<k8s_openapi::api::core::v1::ConfigMap> =
+            Api::namespaced(kube::Client::new(svc, "default"), TOKEN_NAMESPACE);
+        let issued = IssuedToken {
+            node: "node1".into(),
+            request: "node-csr-1".into(),
+        };
+        let r = record_use(&api, "abcdef", Credential::Kubelet, &issued).await;
+        let bodies = bodies.lock().unwrap().clone();
+        (r, bodies)
+    };
+    let (r, bodies) = run(200, None).await;
+    assert_eq!(r, Ok(()));
+    assert_eq!(
+        bodies,
+        [serde_json::json!({
+            "metadata": {"resourceVersion": "7"},
+            "data": {"abcdef.kubelet": "{\"node\":\"node1\",\"request\":\"node-csr-1\"}"}
+        })]
+    );
+    let (r, _) = run(409, None).await;
+    assert!(
+        r.as_ref()
+            .unwrap_err()
+            .starts_with("it changed meanwhile (another approver recorded a use)"),
+        "{r:?}"
+    );
+    let other = serde_json::to_string(&IssuedToken {
+        node: "node1".into(),
+        request: "node-csr-0".into(),
+    })
+    .unwrap();
+    let (r, bodies) = run(200, Some(("abcdef.kubelet", other))).await;
+    assert!(
+        r.as_ref()
+            .unwrap_err()
+            .contains("already got a kubelet client certificate"),
+        "{r:?}"
+    );
+    assert!(bodies.is_empty(), "nothing written");
 }
