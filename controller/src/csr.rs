@@ -1067,14 +1067,14 @@ pub async fn record_use(
     token_id: &str,
     credential: Credential,
     issued: &IssuedToken,
-) -> Result<(), String> {
+) -> Result<(), RecordError> {
     let cm = configmaps
         .get_opt(ISSUED_CONFIGMAP)
         .await
-        .map_err(|e| flex_api::kube_errors::describe(&e))?;
+        .map_err(|e| RecordError::Api(flex_api::kube_errors::describe(&e)))?;
     let data = cm.as_ref().map(|cm| cm.data.clone().unwrap_or_default());
     if let Some(why) = token_used(data.as_ref(), token_id, credential, &issued.request) {
-        return Err(why);
+        return Err(RecordError::Used(why));
     }
     let rv = cm
         .and_then(|cm| cm.metadata.resource_version)
@@ -1090,12 +1090,26 @@ pub async fn record_use(
         .await
         .map(|_| ())
         .map_err(|e| match &e {
-            kube::Error::Api(s) if s.code == 409 => format!(
-                "it changed meanwhile (another approver recorded a use): {}",
-                flex_api::kube_errors::describe(&e)
-            ),
-            _ => flex_api::kube_errors::describe(&e),
+            kube::Error::Api(s) if s.code == 409 => {
+                RecordError::Conflict(flex_api::kube_errors::describe(&e))
+            }
+            _ => RecordError::Api(flex_api::kube_errors::describe(&e)),
         })
+}
+
+/// Why [`record_use`] recorded nothing (then nothing is approved).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RecordError {
+    /// The token is recorded used for another request, or the record is missing or garbled
+    /// ([`token_used`]'s reason).
+    #[error("{0}")]
+    Used(String),
+    /// Another approver wrote the record meanwhile (409): look again.
+    #[error("it changed meanwhile (another approver recorded a use): {0}")]
+    Conflict(String),
+    /// The API server's answer to the read or the write.
+    #[error("{0}")]
+    Api(String),
 }
 
 /// `csr` with an `Approved` condition added (`reason`: [`Credential::approve_reason`]).

@@ -433,9 +433,8 @@ async fn a_use_is_recorded_under_the_records_resource_version() {
     );
     let (r, _) = run(409, None).await;
     assert!(
-        r.as_ref()
-            .unwrap_err()
-            .starts_with("it changed meanwhile (another approver recorded a use)"),
+        matches!(&r, Err(e @ RecordError::Conflict(_))
+            if e.to_string().starts_with("it changed meanwhile (another approver recorded a use)")),
         "{r:?}"
     );
     let other = serde_json::to_string(&IssuedToken {
@@ -445,9 +444,7 @@ async fn a_use_is_recorded_under_the_records_resource_version() {
     .unwrap();
     let (r, bodies) = run(200, Some(("abcdef.kubelet", other))).await;
     assert!(
-        r.as_ref()
-            .unwrap_err()
-            .contains("already got a kubelet client certificate"),
+        matches!(&r, Err(RecordError::Used(why)) if why.contains("already got a kubelet client certificate")),
         "{r:?}"
     );
     assert!(bodies.is_empty(), "nothing written");
